@@ -1,0 +1,56 @@
+// Row-wise and element-wise ops: embedding lookup, RMSNorm, SwiGLU, residual add.
+#include <cmath>
+#include <cstring>
+
+#include "kernels/cpu/ops.h"
+
+namespace linnet::cpu {
+
+void embedding_lookup(const float* table, int64_t vocab_begin, int64_t vocab_local, int64_t hidden,
+                      const int32_t* ids, int64_t n, float* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t row = static_cast<int64_t>(ids[i]) - vocab_begin;
+    float* dst = out + i * hidden;
+    if (row >= 0 && row < vocab_local) {
+      std::memcpy(dst, table + row * hidden, sizeof(float) * hidden);
+    } else {
+      std::memset(dst, 0, sizeof(float) * hidden);
+    }
+  }
+}
+
+void rmsnorm(const float* x, const float* weight, float* out, int64_t rows, int64_t dim, float eps) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * dim;
+    float* o = out + r * dim;
+    double ss = 0.0;
+    for (int64_t i = 0; i < dim; ++i) ss += static_cast<double>(xr[i]) * xr[i];
+    const float inv = 1.0f / std::sqrt(static_cast<float>(ss / dim) + eps);
+    for (int64_t i = 0; i < dim; ++i) o[i] = weight[i] * (xr[i] * inv);
+  }
+}
+
+void swiglu(const float* gate_up, float* out, int64_t rows, int64_t inter) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* g = gate_up + r * 2 * inter;
+    const float* u = g + inter;
+    float* o = out + r * inter;
+    for (int64_t i = 0; i < inter; ++i) o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+  }
+}
+
+void add_inplace(float* x, const float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] += y[i];
+}
+
+}  // namespace linnet::cpu
+
+namespace linnet::cpu {
+void store_rows(const float* src, int64_t src_stride, float* cache, int64_t row_elems,
+                const int32_t* positions, int64_t rows) {
+  for (int64_t r = 0; r < rows; ++r) {
+    std::memcpy(cache + static_cast<int64_t>(positions[r]) * row_elems, src + r * src_stride,
+                sizeof(float) * row_elems);
+  }
+}
+}  // namespace linnet::cpu

@@ -1,0 +1,62 @@
+// The CPU op set: f32 kernels over raw pointers and sizes (they know no model structs
+// and no ranks). GEMMs go through OpenBLAS; the rest are plain loops. Each kernel's
+// math follows transformers' modeling_llama.py, cited per function.
+#pragma once
+
+#include <cstdint>
+
+namespace linnet::cpu {
+
+/// Sets the BLAS thread count for this process (OpenBLAS).
+void set_num_threads(int n);
+
+/// out[m, n] = x[m, k] * w[n, k]^T  (nn.Linear with weight [out, in], no bias).
+/// m == 1 takes the GEMV path.
+void matmul_nt(const float* x, const float* w, float* out, int64_t m, int64_t k, int64_t n);
+
+/// Vocab-parallel embedding lookup: out[i, :] = table[ids[i] - vocab_begin, :] when
+/// vocab_begin <= ids[i] < vocab_begin + vocab_local, else zeros (the all_reduce after it
+/// fills in the other ranks' rows). table [vocab_local, hidden], out [n, hidden].
+void embedding_lookup(const float* table, int64_t vocab_begin, int64_t vocab_local, int64_t hidden,
+                      const int32_t* ids, int64_t n, float* out);
+
+/// RMSNorm (LlamaRMSNorm): out = x / sqrt(mean(x^2) + eps) * weight, per row.
+/// x, out [rows, dim] (may alias), weight [dim].
+void rmsnorm(const float* x, const float* weight, float* out, int64_t rows, int64_t dim, float eps);
+
+/// Rotary inverse frequencies, inv_freq[i] = 1 / theta^(2i / head_dim), i < head_dim/2,
+/// computed in f32 as transformers' default rope init does. out [head_dim / 2].
+void rope_inv_freq(double theta, int64_t head_dim, float* out);
+
+/// RoPE in place, half-split layout (rotate_half in modeling_llama.py): for each row r,
+/// head h, i < head_dim/2 with angle a = positions[r] * inv_freq[i]:
+///   x[i] <- x[i] cos a - x[i + d/2] sin a;  x[i + d/2] <- x[i + d/2] cos a + x[i] sin a.
+/// x [rows, row_stride] holding n_heads heads of head_dim from column 0.
+void rope(float* x, int64_t rows, int64_t row_stride, int64_t n_heads, int64_t head_dim,
+          const int32_t* positions, const float* inv_freq);
+
+/// SwiGLU (LlamaMLP): out[r, i] = silu(gate_up[r, i]) * gate_up[r, inter + i].
+/// gate_up [rows, 2 * inter] ([gate | up]), out [rows, inter].
+void swiglu(const float* gate_up, float* out, int64_t rows, int64_t inter);
+
+/// Causal grouped-query attention of `rows` queries over a KV cache.
+/// q [rows, q_stride] with n_heads heads of head_dim from column 0; query r sits at
+/// positions[r] and sees cache positions [0, positions[r]].
+/// k_cache, v_cache [>= max position + 1, n_kv_heads, head_dim]; q head h reads KV head
+/// h / (n_heads / n_kv_heads). out [rows, n_heads * head_dim].
+/// softmax(q k^T / sqrt(head_dim)) v in f32 (eager_attention_forward in modeling_llama.py).
+void attention(const float* q, int64_t q_stride, const float* k_cache, const float* v_cache,
+               float* out, int64_t rows, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
+               const int32_t* positions);
+
+/// x[i] += y[i] for i < n.
+void add_inplace(float* x, const float* y, int64_t n);
+
+}  // namespace linnet::cpu
+
+namespace linnet::cpu {
+/// Scatters rows into a cache: cache[positions[r] * row_elems + i] = src[r * src_stride + i]
+/// for r < rows, i < row_elems.
+void store_rows(const float* src, int64_t src_stride, float* cache, int64_t row_elems,
+                const int32_t* positions, int64_t rows);
+}  // namespace linnet::cpu

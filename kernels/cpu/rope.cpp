@@ -1,0 +1,38 @@
+// Rotary position embedding, half-split layout as in transformers (rotate_half).
+// Angles are formed in f32 (pos * inv_freq) as transformers does, so positions far
+// into the context round the same way as the reference.
+#include <cmath>
+
+#include "kernels/cpu/ops.h"
+
+namespace linnet::cpu {
+
+void rope_inv_freq(double theta, int64_t head_dim, float* out) {
+  const float base = static_cast<float>(theta);
+  for (int64_t i = 0; i < head_dim / 2; ++i) {
+    const float e = static_cast<float>(2 * i) / static_cast<float>(head_dim);
+    out[i] = 1.0f / std::pow(base, e);
+  }
+}
+
+void rope(float* x, int64_t rows, int64_t row_stride, int64_t n_heads, int64_t head_dim,
+          const int32_t* positions, const float* inv_freq) {
+  const int64_t half = head_dim / 2;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float pos = static_cast<float>(positions[r]);
+    for (int64_t i = 0; i < half; ++i) {
+      const float a = pos * inv_freq[i];
+      const float c = static_cast<float>(std::cos(static_cast<double>(a)));
+      const float s = static_cast<float>(std::sin(static_cast<double>(a)));
+      for (int64_t h = 0; h < n_heads; ++h) {
+        float* xh = x + r * row_stride + h * head_dim;
+        const float x1 = xh[i];
+        const float x2 = xh[i + half];
+        xh[i] = x1 * c - x2 * s;
+        xh[i + half] = x2 * c + x1 * s;
+      }
+    }
+  }
+}
+
+}  // namespace linnet::cpu

@@ -1,0 +1,38 @@
+// Command-line options of linnet-tp's subcommands (parsed with cxxopts).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace linnet {
+
+/// Options of `linnet-tp [generate]`.
+struct GenerateOptions {
+  std::string model;                 // --model: a model directory
+  std::optional<std::string> prompt; // --prompt
+  std::string input;                 // --input: JSONL, one {"prompt": ...} per line
+  std::string output;                // --output: JSONL results (written atomically at the end)
+  int64_t max_new_tokens = 256;
+  std::optional<double> temperature;
+  std::optional<int64_t> top_k;
+  std::optional<double> top_p;
+  std::optional<uint64_t> seed;
+  int64_t max_seq_len = 0;           // 0: min(max_position_embeddings, 8192)
+  int threads = 0;                   // BLAS threads per rank; 0: cores / ranks on the node
+  bool verbose = false;
+};
+
+/// What the command line asked for.
+struct CommandLine {
+  enum class Kind { kGenerate, kHelp, kVersion } kind = Kind::kGenerate;
+  std::string help_text;  // for kHelp
+  GenerateOptions generate;
+};
+
+/// Parses argv. A first argument "generate" selects that subcommand (also the default).
+/// @throws Error naming the option on unknown options, bad values, or a missing
+///   --model / --prompt|--input.
+CommandLine parse_command_line(int argc, char** argv);
+
+}  // namespace linnet

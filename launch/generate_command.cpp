@@ -1,0 +1,192 @@
+#include "launch/generate_command.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "launch/jsonl_output.h"
+#include "loader/tokenizer.h"
+#include "parallel/mpi_communicator.h"
+#include "parallel/shard_plan.h"
+#include "runtime/backend.h"
+#include "runtime/generate.h"
+#include "runtime/model_loader.h"
+
+namespace linnet {
+namespace {
+
+struct Prompt {
+  std::string text;
+  std::vector<int32_t> ids;
+};
+
+std::vector<std::string> read_prompts(const GenerateOptions& o) {
+  if (o.prompt) return {*o.prompt};
+  std::ifstream in(o.input);
+  if (!in) throw Error("cannot open the input file", o.input);
+  std::vector<std::string> prompts;
+  std::string line;
+  for (int line_no = 1; std::getline(in, line); ++line_no) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = o.input + ":" + std::to_string(line_no);
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception& e) {
+      throw Error(std::string("not valid JSON: ") + e.what(), where);
+    }
+    if (!j.is_object() || !j.contains("prompt") || !j["prompt"].is_string()) {
+      throw Error("each line must be an object with a string \"prompt\"", where);
+    }
+    prompts.push_back(j["prompt"].get<std::string>());
+  }
+  if (prompts.empty()) throw Error("no prompts in the input file", o.input);
+  return prompts;
+}
+
+// generation_config.json gives the defaults (do_sample false or absent: greedy; with
+// sampling, transformers' defaults temperature 1, top_k 50, top_p 1), flags override.
+SamplingParams resolve_sampling(const GenerateOptions& o, const GenerationConfig& g) {
+  SamplingParams p;
+  const bool do_sample = g.do_sample.value_or(false);
+  p.temperature = do_sample ? g.temperature.value_or(1.0) : 0.0;
+  p.top_k = g.top_k.value_or(50);
+  p.top_p = g.top_p.value_or(1.0);
+  if (o.temperature) p.temperature = *o.temperature;
+  if (o.top_k) p.top_k = *o.top_k;
+  if (o.top_p) p.top_p = *o.top_p;
+  return p;
+}
+
+std::vector<int64_t> resolve_eos(const ModelFiles& files, const Tokenizer& tok) {
+  if (!files.generation.eos_token_ids.empty()) return files.generation.eos_token_ids;
+  if (!files.config.eos_token_ids.empty()) return files.config.eos_token_ids;
+  if (auto id = tok.eos_token_id()) return {*id};
+  return {};
+}
+
+std::string format_bytes(int64_t bytes) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.2f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
+  return buf;
+}
+
+}  // namespace
+
+int run_generate(const GenerateOptions& o, Job& job) {
+  set_verbose(o.verbose);
+  MpiGroups groups;
+  std::unique_ptr<ModelFiles> files;
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Engine> engine;
+  std::vector<Prompt> prompts;
+  SamplingParams sampling;
+  std::vector<int64_t> eos;
+  ShardPlan plan;
+
+  groups = make_mpi_groups(/*tp_size=*/0);  // one tp group of all ranks
+  const WorldConfig& w = groups.world_config;
+  set_log_rank(w.world_size > 1 ? w.world_rank : -1);
+
+  const bool loaded = job.load_phase([&] {
+    files = std::make_unique<ModelFiles>(open_model(o.model));
+    plan = ShardPlan::make(files->config, w.tp_rank, w.tp_size);
+    const int64_t max_seq_len = resolve_max_seq_len(files->config, o.max_seq_len);
+    tokenizer = std::make_unique<Tokenizer>(Tokenizer::from_dir(o.model));
+    for (std::string& text : read_prompts(o)) {
+      std::vector<int32_t> ids = tokenizer->encode(text);
+      if (ids.empty()) throw Error("the prompt has no tokens (and the tokenizer adds no BOS)", "--prompt");
+      if (static_cast<int64_t>(ids.size()) > max_seq_len) {
+        throw Error("prompt " + std::to_string(prompts.size()) + " is longer than the context",
+                    o.input.empty() ? "--prompt" : o.input,
+                    "<= --max-seq-len = " + std::to_string(max_seq_len) + " tokens",
+                    std::to_string(ids.size()) + " tokens");
+      }
+      prompts.push_back({std::move(text), std::move(ids)});
+    }
+    sampling = resolve_sampling(o, files->generation);
+    Sampler check(sampling);  // validates the values before any rank starts
+    eos = resolve_eos(*files, *tokenizer);
+    if (w.world_rank == 0 && !o.output.empty()) check_output_path(o.output);
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    const int threads = o.threads > 0 ? o.threads : std::max(1, cores / w.local_size);
+    backend = make_cpu_backend(threads);
+    engine = make_engine(*files, plan, *backend, *groups.tp, max_seq_len);
+    info("tp rank " + std::to_string(w.tp_rank) + "/" + std::to_string(w.tp_size) + ": " +
+         std::to_string(plan.num_heads_local) + " heads, " + std::to_string(plan.num_kv_heads_local) +
+         " KV heads, " + std::to_string(plan.intermediate_local) + " MLP units, vocab rows [" +
+         std::to_string(plan.vocab_begin) + ", " + std::to_string(plan.vocab_begin + plan.vocab_local) +
+         "), " + std::to_string(threads) + " BLAS threads, KV cache " + std::to_string(max_seq_len) +
+         " positions = " + format_bytes(engine->kv_cache_bytes()));
+  });
+  if (!loaded) return 1;
+
+  std::unique_ptr<JsonlOutput> output;
+  try {
+    if (w.world_rank == 0 && !files->unused_tensors.empty()) {
+      std::string names;
+      for (const auto& n : files->unused_tensors) names += (names.empty() ? "" : ", ") + n;
+      warn("checkpoint tensors the model does not use: " + names);
+    }
+    uint64_t seed = 0;
+    if (o.seed) {
+      seed = *o.seed;
+    } else if (w.world_rank == 0) {
+      seed = (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
+    }
+    groups.world->broadcast(&seed, sizeof seed, 0);
+    sampling.seed = seed;
+    if (w.world_rank == 0) {
+      info("sampling: temperature " + std::to_string(sampling.temperature) + ", top_k " +
+           std::to_string(sampling.top_k) + ", top_p " + std::to_string(sampling.top_p) + ", seed " +
+           std::to_string(seed));
+      if (!o.output.empty()) output = std::make_unique<JsonlOutput>(o.output);
+    }
+
+    for (const Prompt& p : prompts) {
+      std::unique_ptr<StreamingDetokenizer> stream;
+      std::string completion;
+      if (w.world_rank == 0) stream = std::make_unique<StreamingDetokenizer>(*tokenizer, p.ids);
+      auto on_token = [&](int32_t id) {
+        if (!stream) return;
+        const std::string piece = stream->push(id);
+        completion += piece;
+        std::fwrite(piece.data(), 1, piece.size(), stdout);
+        std::fflush(stdout);
+      };
+      GenerationResult r = generate_until(*engine, p.ids, sampling, o.max_new_tokens, eos, on_token);
+      if (w.world_rank != 0) continue;
+      const std::string tail = stream->flush();
+      completion += tail;
+      std::fwrite(tail.data(), 1, tail.size(), stdout);
+      std::fputc('\n', stdout);
+      std::fflush(stdout);
+      const double decode_tps =
+          r.decode_ms > 0 ? 1000.0 * static_cast<double>(r.ids.size() > 1 ? r.ids.size() - 1 : 0) / r.decode_ms : 0.0;
+      char stats[256];
+      std::snprintf(stats, sizeof stats,
+                    "[linnet-tp] prompt tokens: %zu, new tokens: %zu, prefill: %.1f ms, decode: %.1f tokens/s, "
+                    "finish: %s\n",
+                    p.ids.size(), r.ids.size(), r.prefill_ms, decode_tps, r.finish_reason.c_str());
+      std::fputs(stats, stderr);
+      if (output) output->add(p.text, completion, p.ids, r.ids, r.finish_reason);
+    }
+    if (output) output->commit();
+  } catch (const std::exception& e) {
+    job.abort(e.what(), [&] { output.reset(); });
+  }
+  return 0;
+}
+
+}  // namespace linnet

@@ -1,0 +1,53 @@
+#include "launch/jsonl_output.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+
+namespace linnet {
+
+void check_output_path(const std::string& path) {
+  namespace fs = std::filesystem;
+  const fs::path p(path);
+  const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
+  if (!fs::is_directory(dir)) throw Error("its directory does not exist", "--output " + path);
+  if (fs::is_directory(p)) throw Error("is a directory", "--output " + path);
+}
+
+JsonlOutput::JsonlOutput(std::string path)
+    : path_(std::move(path)), tmp_path_(path_ + ".tmp." + std::to_string(::getpid())) {}
+
+JsonlOutput::~JsonlOutput() { std::remove(tmp_path_.c_str()); }
+
+void JsonlOutput::add(const std::string& prompt, const std::string& completion,
+                      const std::vector<int32_t>& prompt_ids, const std::vector<int32_t>& completion_ids,
+                      const std::string& finish_reason) {
+  nlohmann::ordered_json j;
+  j["prompt"] = prompt;
+  j["completion"] = completion;
+  j["prompt_ids"] = prompt_ids;
+  j["completion_ids"] = completion_ids;
+  j["finish_reason"] = finish_reason;
+  lines_.push_back(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+}
+
+void JsonlOutput::commit() {
+  std::FILE* f = std::fopen(tmp_path_.c_str(), "wb");
+  if (!f) throw Error("cannot create the output file", tmp_path_);
+  bool ok = true;
+  for (const auto& line : lines_) {
+    ok = ok && std::fwrite(line.data(), 1, line.size(), f) == line.size() && std::fputc('\n', f) != EOF;
+  }
+  ok = (std::fclose(f) == 0) && ok;
+  if (!ok || std::rename(tmp_path_.c_str(), path_.c_str()) != 0) {
+    std::remove(tmp_path_.c_str());
+    throw Error("cannot write the output file", path_);
+  }
+}
+
+}  // namespace linnet

@@ -1,0 +1,38 @@
+// JsonlOutput: the --output file of generate. Results are kept in memory and written
+// to a temp file beside the target, then renamed over it, so a failed run never leaves
+// a partial output file behind.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace linnet {
+
+/// Throws Error naming --output when its directory does not exist or the path is a
+/// directory.
+void check_output_path(const std::string& path);
+
+/// Collects one JSON line per prompt and writes them atomically on commit().
+/// Destroyed without commit(), it leaves nothing on disk.
+class JsonlOutput {
+ public:
+  explicit JsonlOutput(std::string path);
+  ~JsonlOutput();
+  JsonlOutput(const JsonlOutput&) = delete;
+  JsonlOutput& operator=(const JsonlOutput&) = delete;
+
+  /// Adds {"prompt", "completion", "prompt_ids", "completion_ids", "finish_reason"}.
+  void add(const std::string& prompt, const std::string& completion, const std::vector<int32_t>& prompt_ids,
+           const std::vector<int32_t>& completion_ids, const std::string& finish_reason);
+  /// Writes path.tmp.<pid> and renames it to path.
+  /// @throws Error naming the file on I/O failure (the temp file is removed).
+  void commit();
+
+ private:
+  std::string path_;
+  std::string tmp_path_;
+  std::vector<std::string> lines_;
+};
+
+}  // namespace linnet

@@ -1,0 +1,35 @@
+// linnet-tp: the executable. Initializes MPI, parses the command line, runs the
+// subcommand, and makes every rank exit non-zero together on an error (launch/job.h).
+#include <mpi.h>
+
+#include <cstdio>
+#include <exception>
+
+#include "launch/cli_options.h"
+#include "launch/generate_command.h"
+#include "launch/job.h"
+
+#ifndef LINNET_VERSION
+#define LINNET_VERSION "unknown"
+#endif
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int code = 0;
+  {
+    linnet::Job job(MPI_COMM_WORLD);
+    linnet::CommandLine cl;
+    // Every rank parses the same argv, so a usage error is the same everywhere.
+    if (!job.load_phase([&] { cl = linnet::parse_command_line(argc, argv); })) {
+      code = 2;
+    } else if (cl.kind == linnet::CommandLine::Kind::kHelp) {
+      if (job.rank() == 0) std::fputs(cl.help_text.c_str(), stdout);
+    } else if (cl.kind == linnet::CommandLine::Kind::kVersion) {
+      if (job.rank() == 0) std::printf("linnet-tp %s\n", LINNET_VERSION);
+    } else {
+      code = linnet::run_generate(cl.generate, job);
+    }
+  }
+  MPI_Finalize();
+  return code;
+}

@@ -1,0 +1,148 @@
+// Checkpoint directories: one model.safetensors, or an index + shards.
+//
+// The name -> file table comes from weight_map when there is an index (as
+// transformers loads it); tensors a shard holds but the index does not name are
+// ignored, like transformers does.
+#include "loader/checkpoint.h"
+
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+
+namespace linnet {
+
+namespace {
+
+constexpr const char* kIndexName = "model.safetensors.index.json";
+constexpr const char* kSingleName = "model.safetensors";
+
+nlohmann::json read_json_file(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error("cannot open file", path.string());
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error("not valid JSON", path.string(), "a JSON object", e.what());
+  }
+}
+
+/// A shard name from weight_map must be a plain relative path inside the directory.
+void check_shard_name(const std::string& shard, const std::string& tensor,
+                      const std::string& index) {
+  const std::filesystem::path p(shard);
+  bool ok = !shard.empty() && p.is_relative();
+  for (const auto& part : p)
+    if (part == "..") ok = false;
+  if (!ok)
+    throw Error("weight_map entry for tensor '" + tensor +
+                    "' names a file outside the checkpoint directory",
+                index, "a relative file name", "\"" + shard + "\"");
+}
+
+}  // namespace
+
+Checkpoint Checkpoint::open(const std::filesystem::path& dir) {
+  Checkpoint ck;
+  ck.dir_ = dir;
+  const std::filesystem::path index_path = dir / kIndexName;
+  const std::filesystem::path single_path = dir / kSingleName;
+
+  if (std::filesystem::exists(index_path)) {
+    const std::string index = index_path.string();
+    const nlohmann::json j = read_json_file(index_path);
+    if (!j.is_object())
+      throw Error("checkpoint index is not a JSON object", index, "object", j.type_name());
+    if (!j.contains("weight_map"))
+      throw Error("checkpoint index lacks \"weight_map\"", index);
+    const nlohmann::json& wm = j["weight_map"];
+    if (!wm.is_object())
+      throw Error("weight_map is not an object of tensor name -> file name", index, "object",
+                  wm.type_name());
+
+    // Open each distinct shard once, in name order (deterministic error reporting).
+    std::map<std::string, const SafetensorsFile*> shards;
+    for (const auto& [tensor, file] : wm.items()) {
+      if (!file.is_string())
+        throw Error("weight_map entry for tensor '" + tensor + "' is not a file name", index,
+                    "string", file.type_name());
+      const std::string shard = file.get<std::string>();
+      check_shard_name(shard, tensor, index);
+      shards.emplace(shard, nullptr);
+    }
+    for (auto& [shard, ptr] : shards) {
+      const std::filesystem::path shard_path = dir / shard;
+      if (!std::filesystem::exists(shard_path))
+        throw Error("shard named by the checkpoint index does not exist", shard_path.string(),
+                    "a file listed in " + index, "no such file");
+      ck.files_.push_back(std::make_unique<SafetensorsFile>(shard_path));
+      ptr = ck.files_.back().get();
+    }
+    for (const auto& [tensor, file] : wm.items()) {
+      const SafetensorsFile* sf = shards.at(file.get<std::string>());
+      const TensorInfo* info = sf->find(tensor);
+      if (!info)
+        throw Error("tensor '" + tensor + "' is mapped by " + index + " to " +
+                        sf->path().string() + ", which does not contain it",
+                    sf->path().string());
+      ck.index_.emplace(tensor, std::make_pair(info, sf));
+    }
+    return ck;
+  }
+
+  if (std::filesystem::exists(single_path)) {
+    ck.files_.push_back(std::make_unique<SafetensorsFile>(single_path));
+    const SafetensorsFile* sf = ck.files_.back().get();
+    for (const auto& [name, info] : sf->tensors()) ck.index_.emplace(name, std::make_pair(&info, sf));
+    return ck;
+  }
+
+  throw Error(std::string("no checkpoint found: neither ") + kIndexName + " nor " + kSingleName +
+                  " exists",
+              dir.string());
+}
+
+std::pair<const TensorInfo*, const SafetensorsFile*> Checkpoint::find(std::string_view name) const {
+  auto it = index_.find(name);
+  if (it == index_.end()) return {nullptr, nullptr};
+  return it->second;
+}
+
+std::vector<std::string> Checkpoint::validate(const std::vector<TensorSpec>& specs) const {
+  std::vector<std::string> problems;
+  std::set<std::string, std::less<>> asked;
+  for (const TensorSpec& spec : specs) {
+    asked.insert(spec.name);
+    const auto [info, file] = find(spec.name);
+    if (!info) {
+      problems.push_back("missing tensor '" + spec.name + "' (expected shape " +
+                         shape_str(spec.shape) + ")");
+    } else if (info->shape != spec.shape) {
+      problems.push_back(file->path().string() + ": tensor '" + spec.name +
+                         "' has the wrong shape (expected " + shape_str(spec.shape) + ", got " +
+                         shape_str(info->shape) + ")");
+    }
+  }
+  if (!problems.empty()) {
+    std::ostringstream msg;
+    msg << "checkpoint does not match the model (" << problems.size() << " problem"
+        << (problems.size() == 1 ? "" : "s") << "):";
+    for (const std::string& p : problems) msg << "\n  " << p;
+    throw Error(msg.str(), dir_.string());
+  }
+  std::vector<std::string> unused;
+  for (const auto& [name, entry] : index_)
+    if (!asked.contains(name)) unused.push_back(name);
+  return unused;  // index_ is ordered, so this is sorted
+}
+
+void Checkpoint::read_f32(std::string_view name, const Slice2D& slice, float* out) const {
+  const auto [info, file] = find(name);
+  if (!info) throw Error("tensor '" + std::string(name) + "' is not in the checkpoint", dir_.string());
+  file->read_f32(*info, slice, out);
+}
+
+}  // namespace linnet

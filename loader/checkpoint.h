@@ -1,0 +1,58 @@
+// A Hugging Face checkpoint directory: model.safetensors, or
+// model.safetensors.index.json + the shards its weight_map names.
+//
+// Design choice: every header of every shard is validated on open, and the model's
+// whole tensor list is checked (presence, shape, dtype) before any weight is read,
+// with all problems reported in one error.
+#pragma once
+
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "loader/safetensors.h"
+
+namespace linnet {
+
+/// What the model needs of one checkpoint tensor. dtype: any of F32/F16/BF16 is
+/// accepted (the CPU backend converts to f32 at load).
+struct TensorSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+};
+
+/// The tensors of a checkpoint directory, across its shard files.
+class Checkpoint {
+ public:
+  /// Opens `dir`: model.safetensors.index.json when present (every file its
+  /// weight_map names must exist and hold the tensors mapped to it), else
+  /// model.safetensors.
+  /// @throws Error naming the directory/file when neither exists, the index JSON is
+  ///   malformed, a shard is missing, or any shard fails SafetensorsFile validation.
+  static Checkpoint open(const std::filesystem::path& dir);
+
+  const std::filesystem::path& dir() const { return dir_; }
+
+  /// The tensor `name` and the file that holds it, or {nullptr, nullptr}.
+  std::pair<const TensorInfo*, const SafetensorsFile*> find(std::string_view name) const;
+
+  /// Checks every spec for presence and shape (dtype is always one of F32/F16/BF16
+  /// once open() succeeded). Throws one Error listing every problem, each with file,
+  /// tensor, expected and actual shape. Returns the names of checkpoint tensors no
+  /// spec asked for (the caller lists them in a warning).
+  std::vector<std::string> validate(const std::vector<TensorSpec>& specs) const;
+
+  /// read_f32 of the file holding `name`.
+  /// @throws Error naming the tensor when it is absent.
+  void read_f32(std::string_view name, const Slice2D& slice, float* out) const;
+
+ private:
+  std::filesystem::path dir_;
+  std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::map<std::string, std::pair<const TensorInfo*, const SafetensorsFile*>, std::less<>> index_;
+};
+
+}  // namespace linnet

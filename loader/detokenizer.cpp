@@ -1,0 +1,105 @@
+// StreamingDetokenizer: generated ids -> text, one id at a time, emitting only text
+// that no later id can change.
+//
+// Method (vLLM, vllm/transformers_utils/detokenizer_utils.py, detokenize_incrementally):
+// keep prefix_offset <= read_offset; each step decodes ids[prefix_offset:] and
+// ids[prefix_offset:read_offset] and emits the difference. Decoding a window gives the
+// same text as decoding the whole sequence once the window starts where decoding is
+// local: not inside a run of byte tokens (ByteFallback decodes a run as a unit), and with
+// non-empty text in [prefix_offset, read_offset), so a leading-space Strip treats both
+// decodes the same way. Text is held (nothing emitted) while the ids end in a byte run,
+// which a later invalid byte would turn into U+FFFDs, and while the window text ends in
+// U+FFFD (an unfinished character, for decoders that decode bytes lossily).
+#include "common/error.h"
+#include "loader/tokenizer_parts.h"
+
+namespace linnet {
+namespace {
+
+constexpr std::size_t kInitialWindow = 5;  // prompt ids re-decoded at the start, as vLLM
+constexpr std::string_view kReplacement = "\xEF\xBF\xBD";  // U+FFFD
+
+bool ends_with(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
+
+}  // namespace
+
+StreamingDetokenizer::StreamingDetokenizer(const Tokenizer& tok, std::vector<int32_t> prompt_ids,
+                                           bool skip_special_tokens)
+    : tok_(tok), skip_special_(skip_special_tokens) {
+  const Tokenizer::Impl& impl = *tok_.impl_;
+  ids_.reserve(prompt_ids.size() + 256);
+  for (const int32_t id : prompt_ids) {
+    impl.token_of(id);  // throws naming an out-of-range id
+    if (!(skip_special_ && impl.special[id])) ids_.push_back(id);
+  }
+  read_offset_ = ids_.size();
+  prefix_offset_ = read_offset_ > kInitialWindow ? read_offset_ - kInitialWindow : 0;
+  while (true) {
+    while (!is_window_start(prefix_offset_)) --prefix_offset_;
+    prefix_text_ = decode_range(prefix_offset_, read_offset_);
+    if (prefix_offset_ == 0 || !prefix_text_.empty()) break;
+    --prefix_offset_;
+  }
+}
+
+bool StreamingDetokenizer::is_window_start(std::size_t i) const {
+  if (i == 0 || i >= ids_.size()) return true;
+  const auto& byte_value = tok_.impl_->byte_value;
+  return byte_value[ids_[i - 1]] < 0 || byte_value[ids_[i]] < 0;
+}
+
+std::string StreamingDetokenizer::decode_range(std::size_t begin, std::size_t end) const {
+  return tok_.impl_->decode(std::span<const int32_t>(ids_).subspan(begin, end - begin),
+                            skip_special_);
+}
+
+std::string StreamingDetokenizer::push(int32_t id) {
+  const Tokenizer::Impl& impl = *tok_.impl_;
+  impl.token_of(id);  // throws naming an out-of-range id
+  if (skip_special_ && impl.special[id]) return {};
+  ids_.push_back(id);
+  if (impl.byte_value[id] >= 0) return {};  // inside a byte run: wait for its end
+  return emit(false);
+}
+
+std::string StreamingDetokenizer::flush() { return emit(true); }
+
+std::string StreamingDetokenizer::emit(bool force) {
+  if (read_offset_ == ids_.size()) return {};
+  std::string new_text = decode_range(prefix_offset_, ids_.size());
+  if (!force && (new_text.size() <= prefix_text_.size() || ends_with(new_text, kReplacement))) {
+    return {};
+  }
+  std::string out;
+  if (new_text.compare(0, prefix_text_.size(), prefix_text_) == 0) {
+    out = new_text.substr(prefix_text_.size());
+  } else {
+    // Only when the prompt ends inside a byte run that the new ids change (e.g. an
+    // unfinished character that now completes): emit from where the texts differ,
+    // backed up to a character boundary.
+    std::size_t common = 0;
+    while (common < new_text.size() && common < prefix_text_.size() &&
+           new_text[common] == prefix_text_[common]) {
+      ++common;
+    }
+    while (common > 0 && (static_cast<unsigned char>(new_text[common]) & 0xC0) == 0x80) --common;
+    out = new_text.substr(common);
+  }
+
+  // Advance the window to [read_offset, end) when that is a valid window start with text;
+  // otherwise keep the start and let the window grow.
+  const std::size_t old_read = read_offset_;
+  read_offset_ = ids_.size();
+  std::string next_prefix;
+  if (is_window_start(old_read) && !(next_prefix = decode_range(old_read, read_offset_)).empty()) {
+    prefix_offset_ = old_read;
+    prefix_text_ = std::move(next_prefix);
+  } else {
+    prefix_text_ = std::move(new_text);
+  }
+  return out;
+}
+
+}  // namespace linnet

@@ -1,0 +1,30 @@
+// generation_config.json: special token ids and the model's sampling defaults.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace linnet {
+
+/// The fields of generation_config.json linnet-tp uses. Absent fields stay empty;
+/// the caller falls back to ModelConfig (bos/eos) or to greedy decoding.
+struct GenerationConfig {
+  std::optional<int64_t> bos_token_id;
+  std::vector<int64_t> eos_token_ids;   // eos_token_id: an int or a list
+  std::optional<bool> do_sample;
+  std::optional<double> temperature;
+  std::optional<int64_t> top_k;
+  std::optional<double> top_p;
+
+  /// @throws Error naming the field when it has the wrong JSON type.
+  static GenerationConfig from_json(const nlohmann::json& j, const std::string& source);
+  /// Reads `path`; a missing file gives an empty GenerationConfig (it is optional).
+  /// @throws Error naming the file when it exists but is not valid JSON.
+  static GenerationConfig load(const std::filesystem::path& path);
+};
+
+}  // namespace linnet

@@ -1,0 +1,220 @@
+// config.json -> ModelConfig.
+//
+// Defaults follow transformers' LlamaConfig (configuration_llama.py): kv heads =
+// attention heads, head_dim = hidden_size / heads, 2048 positions, rms_norm_eps 1e-6,
+// rope_theta 10000, untied embeddings, hidden_act silu. A config that asks
+// for a feature this build does not implement is refused by name rather than run
+// with silently different math. Unknown fields are ignored (configs carry many
+// training-only keys).
+#include "loader/model_config.h"
+
+#include <algorithm>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+
+namespace linnet {
+
+namespace {
+
+using nlohmann::json;
+
+/// `v` for an error message: its JSON text when flat and short, else its type and
+/// size. json::dump() recurses, and a hostile file can nest millions of levels deep.
+std::string brief(const json& v) {
+  std::string s;
+  if (v.is_primitive() || (v.size() <= 16 && std::all_of(v.begin(), v.end(), [](const json& e) {
+                             return e.is_primitive();
+                           }))) {
+    s = brief(v);
+  } else {
+    s = std::string(v.type_name()) + " of " + std::to_string(v.size()) + " entries";
+  }
+  if (s.size() > 200) s = s.substr(0, 200) + "...";
+  return s;
+}
+
+/// Typed access to one config object; every error names the source file and field.
+class Fields {
+ public:
+  Fields(const json& j, const std::string& source) : j_(j), source_(source) {}
+
+  /// The field's value, or nullptr when it is absent or JSON null.
+  const json* get(const char* field) const {
+    auto it = j_.find(field);
+    if (it == j_.end() || it->is_null()) return nullptr;
+    return &*it;
+  }
+
+  [[noreturn]] void fail(const char* field, const std::string& what, const std::string& expected,
+                         const std::string& actual) const {
+    throw Error(what, source_ + ": field \"" + field + "\"", expected, actual);
+  }
+
+  void type_error(const char* field, const char* expected, const json& v) const {
+    fail(field, "wrong JSON type", expected, std::string(v.type_name()) + " " + brief(v));
+  }
+
+  std::optional<int64_t> opt_int(const char* field) const {
+    const json* v = get(field);
+    if (!v) return std::nullopt;
+    if (!v->is_number_integer()) type_error(field, "an integer", *v);
+    if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+      fail(field, "integer out of range", "<= 2^63-1", brief(*v));
+    return v->get<int64_t>();
+  }
+
+  /// A required integer > 0.
+  int64_t positive_int(const char* field) const {
+    const std::optional<int64_t> v = opt_int(field);
+    if (!v) fail(field, "missing required field", "a positive integer", "absent");
+    check_positive(field, *v);
+    return *v;
+  }
+
+  /// An optional integer > 0, `fallback` when absent.
+  int64_t positive_int_or(const char* field, int64_t fallback) const {
+    const std::optional<int64_t> v = opt_int(field);
+    if (!v) return fallback;
+    check_positive(field, *v);
+    return *v;
+  }
+
+  void check_positive(const char* field, int64_t v) const {
+    if (v <= 0) fail(field, "impossible value", "> 0", std::to_string(v));
+  }
+
+  /// An optional number > 0, `fallback` when absent.
+  double positive_double_or(const char* field, double fallback) const {
+    const json* v = get(field);
+    if (!v) return fallback;
+    if (!v->is_number()) type_error(field, "a number", *v);
+    const double d = v->get<double>();
+    if (!(d > 0)) fail(field, "impossible value", "> 0", brief(*v));
+    return d;
+  }
+
+  std::optional<bool> opt_bool(const char* field) const {
+    const json* v = get(field);
+    if (!v) return std::nullopt;
+    if (!v->is_boolean()) type_error(field, "true or false", *v);
+    return v->get<bool>();
+  }
+
+  std::optional<std::string> opt_string(const char* field) const {
+    const json* v = get(field);
+    if (!v) return std::nullopt;
+    if (!v->is_string()) type_error(field, "a string", *v);
+    return v->get<std::string>();
+  }
+
+  /// A token id field: an integer >= 0.
+  std::optional<int64_t> opt_token_id(const char* field) const {
+    const std::optional<int64_t> v = opt_int(field);
+    if (v && *v < 0) fail(field, "impossible token id", ">= 0", std::to_string(*v));
+    return v;
+  }
+
+  /// eos_token_id: an integer or a list of integers (Llama 3 lists several).
+  std::vector<int64_t> token_id_list(const char* field) const {
+    const json* v = get(field);
+    if (!v) return {};
+    std::vector<int64_t> ids;
+    if (v->is_number_integer()) {
+      ids.push_back(opt_token_id(field).value());
+      return ids;
+    }
+    if (!v->is_array()) type_error(field, "an integer or a list of integers", *v);
+    for (const json& e : *v) {
+      if (!e.is_number_integer() || (!e.is_number_unsigned() && e.get<int64_t>() < 0))
+        fail(field, "list entry is not a token id", "non-negative integers", brief(*v));
+      ids.push_back(e.get<int64_t>());
+    }
+    return ids;
+  }
+
+  /// Refuses a feature: the field is present with a value this build cannot run.
+  [[noreturn]] void not_implemented(const char* field, const std::string& expected,
+                                    const json& v) const {
+    fail(field, "not implemented in this build", expected, brief(v));
+  }
+
+ private:
+  const json& j_;
+  const std::string& source_;
+};
+
+}  // namespace
+
+ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
+  if (!j.is_object()) throw Error("config is not a JSON object", source, "object", j.type_name());
+  const Fields f(j, source);
+  ModelConfig c;
+
+  // Refusals first: a config for another architecture should say so, not complain
+  // about a missing field.
+  const std::optional<std::string> model_type = f.opt_string("model_type");
+  if (!model_type) f.fail("model_type", "missing required field", "\"llama\"", "absent");
+  if (*model_type != "llama") f.not_implemented("model_type", "\"llama\"", j["model_type"]);
+  c.model_type = *model_type;
+  if (const json* rs = f.get("rope_scaling"))
+    f.not_implemented("rope_scaling", "null (plain RoPE)", *rs);
+  if (f.opt_bool("attention_bias").value_or(false))
+    f.not_implemented("attention_bias", "false", j["attention_bias"]);
+  if (f.opt_bool("mlp_bias").value_or(false)) f.not_implemented("mlp_bias", "false", j["mlp_bias"]);
+  for (const char* act : {"hidden_act", "hidden_activation"}) {
+    const std::optional<std::string> a = f.opt_string(act);
+    if (a && *a != "silu") f.not_implemented(act, "\"silu\"", j[act]);
+  }
+
+  c.hidden_size = f.positive_int("hidden_size");
+  c.intermediate_size = f.positive_int("intermediate_size");
+  c.num_hidden_layers = f.positive_int("num_hidden_layers");
+  c.num_attention_heads = f.positive_int("num_attention_heads");
+  c.num_key_value_heads = f.positive_int_or("num_key_value_heads", c.num_attention_heads);
+  if (c.num_attention_heads % c.num_key_value_heads != 0)
+    f.fail("num_key_value_heads", "num_attention_heads is not a multiple of num_key_value_heads",
+           "a divisor of num_attention_heads = " + std::to_string(c.num_attention_heads),
+           std::to_string(c.num_key_value_heads));
+  if (f.get("head_dim")) {
+    c.head_dim = f.positive_int("head_dim");
+  } else {
+    if (c.hidden_size % c.num_attention_heads != 0)
+      f.fail("head_dim",
+             "missing, and hidden_size is not a multiple of num_attention_heads = " +
+                 std::to_string(c.num_attention_heads),
+             "head_dim, or hidden_size divisible by num_attention_heads",
+             "hidden_size " + std::to_string(c.hidden_size));
+    c.head_dim = c.hidden_size / c.num_attention_heads;
+  }
+  c.vocab_size = f.positive_int("vocab_size");
+  c.max_position_embeddings = f.positive_int_or("max_position_embeddings", 2048);
+  c.rms_norm_eps = f.positive_double_or("rms_norm_eps", 1e-6);
+  c.rope_theta = f.positive_double_or("rope_theta", 10000.0);
+  c.tie_word_embeddings = f.opt_bool("tie_word_embeddings").value_or(false);
+  c.bos_token_id = f.opt_token_id("bos_token_id");
+  c.eos_token_ids = f.token_id_list("eos_token_id");
+  // Newer transformers write "dtype" instead of "torch_dtype".
+  if (std::optional<std::string> d = f.opt_string("torch_dtype")) {
+    c.torch_dtype = *d;
+  } else if (const json* d2 = f.get("dtype"); d2 && d2->is_string()) {
+    c.torch_dtype = d2->get<std::string>();
+  }
+  return c;
+}
+
+ModelConfig ModelConfig::load(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error("cannot open model config", path.string());
+  json j;
+  try {
+    j = json::parse(in);
+  } catch (const json::exception& e) {
+    throw Error("model config is not valid JSON", path.string(), "a JSON object", e.what());
+  }
+  return from_json(j, path.string());
+}
+
+}  // namespace linnet

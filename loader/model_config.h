@@ -1,0 +1,46 @@
+// config.json -> ModelConfig. Global model dimensions, named as Hugging Face names
+// them; they never change after load (per-rank sizes live in ShardPlan).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace linnet {
+
+/// The architecture of a Llama-family decoder, from config.json.
+struct ModelConfig {
+  std::string model_type;                 // "llama"
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t num_hidden_layers = 0;
+  int64_t num_attention_heads = 0;
+  int64_t num_key_value_heads = 0;        // defaults to num_attention_heads
+  int64_t head_dim = 0;                   // defaults to hidden_size / num_attention_heads
+  int64_t vocab_size = 0;
+  int64_t max_position_embeddings = 0;
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  bool tie_word_embeddings = false;
+  std::optional<int64_t> bos_token_id;
+  std::vector<int64_t> eos_token_ids;     // eos_token_id: an int or a list
+  std::string torch_dtype;                // informational ("float32", "bfloat16", ...)
+
+  /// Parses a config.json object. `source` (usually the file path) names the file in
+  /// errors.
+  /// @throws Error naming the field when a required field is missing, has the wrong
+  ///   JSON type or an impossible value (<= 0), or when the config uses something this
+  ///   build does not implement: model_type other than "llama", a non-null
+  ///   rope_scaling, attention_bias or mlp_bias true, hidden_act other than "silu".
+  static ModelConfig from_json(const nlohmann::json& j, const std::string& source);
+
+  /// Reads and parses `path` (config.json).
+  /// @throws Error naming the file when it is missing or not valid JSON, then as from_json.
+  static ModelConfig load(const std::filesystem::path& path);
+};
+
+}  // namespace linnet

@@ -1,0 +1,391 @@
+// safetensors reader: mmap + complete header validation + f32 slice copies.
+//
+// The header is untrusted input: every field is type-checked, every size is checked
+// for overflow, and every range is checked against the data area and against the
+// other ranges before the constructor returns. After that, read_f32 only has to check
+// the caller's slice.
+#include "loader/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+
+namespace linnet {
+
+static_assert(std::endian::native == std::endian::little,
+              "safetensors data is little-endian; big-endian hosts are not supported");
+
+const char* dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::F32: return "F32";
+    case DType::F16: return "F16";
+    case DType::BF16: return "BF16";
+  }
+  return "?";
+}
+
+std::size_t dtype_size(DType dtype) {
+  switch (dtype) {
+    case DType::F32: return 4;
+    case DType::F16: return 2;
+    case DType::BF16: return 2;
+  }
+  return 0;
+}
+
+int64_t TensorInfo::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string shape_str(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(shape[i]);
+  }
+  return s + "]";
+}
+
+namespace {
+
+using nlohmann::json;
+
+/// IEEE 754 binary16 -> binary32, exact (every half is representable as a float).
+/// Handles signed zeros, subnormals, infinities and NaNs (payload kept).
+float half_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t mant = h & 0x3ffu;
+  uint32_t bits;
+  if (exp == 0) {
+    if (mant == 0) {
+      bits = sign;
+    } else {
+      // Subnormal half: normalise it; every half subnormal is a normal float.
+      int shift = 0;
+      while ((mant & 0x400u) == 0) {
+        mant <<= 1;
+        ++shift;
+      }
+      mant &= 0x3ffu;
+      bits = sign | (static_cast<uint32_t>(127 - 15 + 1 - shift) << 23) | (mant << 13);
+    }
+  } else if (exp == 0x1f) {
+    bits = sign | 0x7f800000u | (mant << 13);
+  } else {
+    bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+  }
+  return std::bit_cast<float>(bits);
+}
+
+float bf16_to_float(uint16_t b) { return std::bit_cast<float>(static_cast<uint32_t>(b) << 16); }
+
+/// Converts `n` little-endian elements at `src` (any alignment) to f32.
+void convert_to_f32(DType dtype, const std::byte* src, int64_t n, float* out) {
+  switch (dtype) {
+    case DType::F32:
+      std::memcpy(out, src, static_cast<std::size_t>(n) * 4);
+      return;
+    case DType::F16:
+      for (int64_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, src + 2 * i, 2);
+        out[i] = half_to_float(h);
+      }
+      return;
+    case DType::BF16:
+      for (int64_t i = 0; i < n; ++i) {
+        uint16_t b;
+        std::memcpy(&b, src + 2 * i, 2);
+        out[i] = bf16_to_float(b);
+      }
+      return;
+  }
+}
+
+/// `v` for an error message: its JSON text when flat and short, else its type and
+/// size. json::dump() recurses, and a hostile file can nest millions of levels deep.
+std::string brief(const json& v) {
+  std::string s;
+  if (v.is_primitive() || (v.size() <= 16 && std::all_of(v.begin(), v.end(), [](const json& e) {
+                             return e.is_primitive();
+                           }))) {
+    s = v.dump();
+  } else {
+    s = std::string(v.type_name()) + " of " + std::to_string(v.size()) + " entries";
+  }
+  if (s.size() > 200) s = s.substr(0, 200) + "...";
+  return s;
+}
+
+/// A JSON integer >= 0 (the parser stores those as unsigned) as uint64.
+bool as_u64(const json& v, uint64_t& out) {
+  if (v.is_number_unsigned()) {
+    out = v.get<uint64_t>();
+    return true;
+  }
+  if (v.is_number_integer() && v.get<int64_t>() >= 0) {
+    out = static_cast<uint64_t>(v.get<int64_t>());
+    return true;
+  }
+  return false;
+}
+
+/// Validates a JSON-parsed header against the data area and fills the tables.
+/// Each failure names the file (where) and the tensor or key.
+class HeaderParser {
+ public:
+  HeaderParser(const std::string& file, uint64_t data_size) : file_(file), data_size_(data_size) {}
+
+  void parse(const json& header, std::map<std::string, TensorInfo>& tensors,
+             std::map<std::string, std::string>& metadata) {
+    if (!header.is_object())
+      fail("safetensors header is not a JSON object", "a JSON object", header.type_name());
+    for (const auto& [key, value] : header.items()) {
+      if (key == "__metadata__") {
+        parse_metadata(value, metadata);
+        continue;
+      }
+      tensors.emplace(key, parse_entry(key, value));
+    }
+    check_overlaps(tensors);
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& what, const std::string& expected = {},
+                         const std::string& actual = {}) const {
+    throw Error(what, file_, expected, actual);
+  }
+
+  void parse_metadata(const json& value, std::map<std::string, std::string>& metadata) const {
+    if (!value.is_object())
+      fail("__metadata__ is not a map of strings", "a JSON object", value.type_name());
+    for (const auto& [k, v] : value.items()) {
+      if (!v.is_string())
+        fail("__metadata__ value '" + k + "' is not a string", "string", v.type_name());
+      metadata.emplace(k, v.get<std::string>());
+    }
+  }
+
+  TensorInfo parse_entry(const std::string& name, const json& entry) const {
+    const std::string t = "tensor '" + name + "'";
+    if (!entry.is_object())
+      fail(t + ": header entry is not an object", "object", entry.type_name());
+    for (const char* field : {"dtype", "shape", "data_offsets"})
+      if (!entry.contains(field)) fail(t + ": header entry lacks \"" + field + "\"");
+
+    TensorInfo info;
+    info.name = name;
+
+    const json& dt = entry["dtype"];
+    if (!dt.is_string()) fail(t + ": dtype is not a string", "string", dt.type_name());
+    const std::string ds = dt.get<std::string>();
+    if (ds == "F32") {
+      info.dtype = DType::F32;
+    } else if (ds == "F16") {
+      info.dtype = DType::F16;
+    } else if (ds == "BF16") {
+      info.dtype = DType::BF16;
+    } else {
+      fail("unsupported dtype " + ds + " for " + t + "; supported: F32, F16, BF16");
+    }
+
+    const json& sh = entry["shape"];
+    if (!sh.is_array()) fail(t + ": shape is not an array", "array of integers", sh.type_name());
+    uint64_t numel = 1;
+    bool overflow = false;
+    for (const json& d : sh) {
+      uint64_t v = 0;
+      if (!as_u64(d, v))
+        fail(t + ": shape has an entry that is not a non-negative integer",
+             "non-negative integers", brief(sh));
+      if (v > static_cast<uint64_t>(INT64_MAX))
+        fail(t + ": shape dimension too large", "<= 2^63-1", brief(sh));
+      info.shape.push_back(static_cast<int64_t>(v));
+      overflow = overflow || __builtin_mul_overflow(numel, v, &numel);
+    }
+
+    const json& off = entry["data_offsets"];
+    if (!off.is_array() || off.size() != 2 || !as_u64(off[0], info.begin) ||
+        !as_u64(off[1], info.end))
+      fail(t + ": data_offsets is not [begin, end] of non-negative integers",
+           "[begin, end]", brief(off));
+    if (info.begin > info.end)
+      fail(t + ": data_offsets begin > end", "begin <= end", brief(off));
+
+    const uint64_t item = dtype_size(info.dtype);
+    uint64_t bytes = 0;
+    overflow = overflow || __builtin_mul_overflow(numel, item, &bytes);
+    if (overflow || bytes != info.end - info.begin)
+      fail(t + ": byte size does not match dtype and shape " + shape_str(info.shape),
+           (overflow ? std::string("an element count that fits in 64 bits")
+                     : std::to_string(bytes) + " bytes (" + std::to_string(numel) + " x " + ds +
+                           ")"),
+           std::to_string(info.end - info.begin) + " bytes from data_offsets [" +
+               std::to_string(info.begin) + ", " + std::to_string(info.end) + "]");
+    if (info.end > data_size_)
+      fail(t + ": data_offsets run past the data area",
+           "end <= " + std::to_string(data_size_), "end " + std::to_string(info.end));
+    return info;
+  }
+
+  void check_overlaps(const std::map<std::string, TensorInfo>& tensors) const {
+    std::vector<const TensorInfo*> order;
+    order.reserve(tensors.size());
+    for (const auto& [name, info] : tensors)
+      if (info.begin != info.end) order.push_back(&info);  // empty tensors own no bytes
+    std::sort(order.begin(), order.end(), [](const TensorInfo* a, const TensorInfo* b) {
+      return a->begin < b->begin;
+    });
+    for (std::size_t i = 1; i < order.size(); ++i) {
+      const TensorInfo& a = *order[i - 1];
+      const TensorInfo& b = *order[i];
+      if (b.begin < a.end)
+        fail("data ranges of tensors '" + a.name + "' [" + std::to_string(a.begin) + ", " +
+             std::to_string(a.end) + ") and '" + b.name + "' [" + std::to_string(b.begin) +
+             ", " + std::to_string(b.end) + ") overlap");
+    }
+  }
+
+  const std::string& file_;
+  uint64_t data_size_;
+};
+
+}  // namespace
+
+SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path) {
+  const std::string file = path.string();
+  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw Error(std::string("cannot open safetensors file: ") + std::strerror(errno), file);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int e = errno;
+    ::close(fd);
+    throw Error(std::string("cannot stat safetensors file: ") + std::strerror(e), file);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw Error("not a regular file", file);
+  }
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (size < 8) {
+    ::close(fd);
+    throw Error("file too short for a safetensors header length", file, ">= 8 bytes",
+                std::to_string(size) + " bytes");
+  }
+  void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  const int map_errno = errno;
+  ::close(fd);  // the mapping keeps the file alive
+  if (p == MAP_FAILED)
+    throw Error(std::string("cannot mmap safetensors file: ") + std::strerror(map_errno), file);
+  map_ = static_cast<const std::byte*>(p);
+  map_size_ = size;
+
+  try {
+    uint64_t n = 0;
+    std::memcpy(&n, map_, 8);
+    if (n > kMaxHeaderBytes)
+      throw Error("safetensors header length exceeds the cap", file,
+                  "<= " + std::to_string(kMaxHeaderBytes) + " bytes", std::to_string(n) + " bytes");
+    if (n > size - 8)
+      throw Error("safetensors header runs past the end of the file", file,
+                  "8 + header length <= file size " + std::to_string(size),
+                  "8 + " + std::to_string(n));
+    const char* h = reinterpret_cast<const char*>(map_ + 8);
+    json header;
+    try {
+      header = json::parse(h, h + n);
+    } catch (const json::exception& e) {
+      throw Error("safetensors header is not valid JSON", file, "a JSON object", e.what());
+    }
+    data_ = map_ + 8 + n;
+    HeaderParser(file, size - 8 - n).parse(header, tensors_, metadata_);
+  } catch (...) {
+    ::munmap(const_cast<std::byte*>(map_), map_size_);
+    map_ = nullptr;
+    throw;
+  }
+}
+
+SafetensorsFile::~SafetensorsFile() {
+  if (map_) ::munmap(const_cast<std::byte*>(map_), map_size_);
+}
+
+SafetensorsFile::SafetensorsFile(SafetensorsFile&& other) noexcept
+    : path_(std::move(other.path_)),
+      map_(std::exchange(other.map_, nullptr)),
+      map_size_(std::exchange(other.map_size_, 0)),
+      data_(std::exchange(other.data_, nullptr)),
+      tensors_(std::move(other.tensors_)),
+      metadata_(std::move(other.metadata_)) {}
+
+SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&& other) noexcept {
+  if (this != &other) {
+    if (map_) ::munmap(const_cast<std::byte*>(map_), map_size_);
+    path_ = std::move(other.path_);
+    map_ = std::exchange(other.map_, nullptr);
+    map_size_ = std::exchange(other.map_size_, 0);
+    data_ = std::exchange(other.data_, nullptr);
+    tensors_ = std::move(other.tensors_);
+    metadata_ = std::move(other.metadata_);
+  }
+  return *this;
+}
+
+const TensorInfo* SafetensorsFile::find(std::string_view name) const {
+  auto it = tensors_.find(std::string(name));
+  return it == tensors_.end() ? nullptr : &it->second;
+}
+
+void SafetensorsFile::read_f32(const TensorInfo& info, const Slice2D& slice, float* out) const {
+  const std::string where = path_.string();
+  const std::string t = "tensor '" + info.name + "'";
+  if (info.shape.size() > 2)
+    throw Error(t + ": read_f32 takes 1-D or 2-D tensors", where, "rank <= 2",
+                "shape " + shape_str(info.shape));
+  // A 0-D tensor is read as one column; a 1-D one as one row.
+  const int64_t rows = info.shape.size() == 2 ? info.shape[0] : 1;
+  const int64_t cols = info.shape.empty() ? 1 : info.shape.back();
+  const bool two_d = info.shape.size() == 2;
+  const int64_t r0 = two_d ? slice.row_begin : 0;
+  const int64_t r1 = two_d ? slice.row_end : 1;
+  const int64_t c0 = slice.col_begin, c1 = slice.col_end;
+  if (r0 < 0 || r0 > r1 || r1 > rows || c0 < 0 || c0 > c1 || c1 > cols)
+    throw Error(t + ": slice outside the tensor", where,
+                "rows within [0, " + std::to_string(rows) + "), cols within [0, " +
+                    std::to_string(cols) + ")",
+                "rows [" + std::to_string(r0) + ", " + std::to_string(r1) + "), cols [" +
+                    std::to_string(c0) + ", " + std::to_string(c1) + ")");
+  // The header promised this; a check here guards against a TensorInfo from elsewhere.
+  LINNET_CHECK(info.end <= map_size_ && data_ + info.end <= map_ + map_size_,
+               "tensor '" << info.name << "' is not from file " << where);
+
+  const std::size_t item = dtype_size(info.dtype);
+  const std::byte* base = data_ + info.begin;
+  const int64_t n_cols = c1 - c0;
+  if (n_cols == 0 || r1 == r0) return;
+  if (c0 == 0 && c1 == cols) {
+    // Whole rows are one contiguous run.
+    convert_to_f32(info.dtype, base + static_cast<std::size_t>(r0 * cols) * item,
+                   (r1 - r0) * cols, out);
+    return;
+  }
+  for (int64_t r = r0; r < r1; ++r)
+    convert_to_f32(info.dtype, base + static_cast<std::size_t>(r * cols + c0) * item, n_cols,
+                   out + (r - r0) * n_cols);
+}
+
+}  // namespace linnet

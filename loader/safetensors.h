@@ -1,0 +1,94 @@
+// safetensors reader: mmap the file, validate the header completely before any
+// tensor is used, then hand out f32 copies of (slices of) tensors.
+//
+// Format (huggingface/safetensors): 8-byte little-endian header length N, N bytes of
+// JSON {"name": {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {..}},
+// then the data area. Offsets are relative to the data area.
+//
+// Design choice: the mapping is lazy, so a rank that reads only its slice of a tensor
+// only faults in those pages: "each rank reads only the bytes of its own slices".
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace linnet {
+
+/// Element types the loader accepts. Anything else in a header is an error naming it.
+enum class DType { F32, F16, BF16 };
+
+/// "F32" / "F16" / "BF16", as safetensors spells them.
+const char* dtype_name(DType dtype);
+/// Bytes per element: 4, 2, 2.
+std::size_t dtype_size(DType dtype);
+
+/// One tensor's header entry. begin/end are byte offsets into the data area.
+struct TensorInfo {
+  std::string name;
+  DType dtype = DType::F32;
+  std::vector<int64_t> shape;  // row-major; empty = scalar
+  uint64_t begin = 0;
+  uint64_t end = 0;
+
+  /// Product of shape (1 for a scalar).
+  int64_t numel() const;
+};
+
+/// "[a, b, c]" for messages.
+std::string shape_str(const std::vector<int64_t>& shape);
+
+/// A rectangle of a 1-D or 2-D tensor: rows [row_begin, row_end) and columns
+/// [col_begin, col_end). For a 1-D tensor only the column range is used (rows = 1).
+struct Slice2D {
+  int64_t row_begin = 0, row_end = 0;
+  int64_t col_begin = 0, col_end = 0;
+};
+
+/// A validated, memory-mapped safetensors file. Move-only.
+class SafetensorsFile {
+ public:
+  /// Maps `path` and validates its header.
+  /// @throws Error naming the file when: it cannot be opened or is shorter than 8 bytes;
+  ///   the header length exceeds kMaxHeaderBytes or runs past the end of the file;
+  ///   the header is not a JSON object; an entry lacks dtype/shape/data_offsets or has
+  ///   them of the wrong JSON type; a dtype is not F32/F16/BF16 (the error names the
+  ///   tensor and dtype); prod(shape) * itemsize != end - begin; a range lies outside
+  ///   the data area; two ranges overlap; __metadata__ is not a map of strings.
+  explicit SafetensorsFile(const std::filesystem::path& path);
+  ~SafetensorsFile();
+  SafetensorsFile(SafetensorsFile&& other) noexcept;
+  SafetensorsFile& operator=(SafetensorsFile&& other) noexcept;
+  SafetensorsFile(const SafetensorsFile&) = delete;
+  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
+
+  static constexpr uint64_t kMaxHeaderBytes = 100ull << 20;  // 100 MiB
+
+  const std::filesystem::path& path() const { return path_; }
+  /// All tensors, by name.
+  const std::map<std::string, TensorInfo>& tensors() const { return tensors_; }
+  /// The tensor called `name`, or nullptr.
+  const TensorInfo* find(std::string_view name) const;
+  /// The string map under "__metadata__" (empty when absent).
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+
+  /// Copies `slice` of a 1-D or 2-D tensor into `out` as f32, row-major
+  /// [rows, cols], converting F16/BF16. Reads only the bytes of the slice.
+  /// @throws Error naming file and tensor when the slice is outside the shape or the
+  ///   tensor has more than 2 dimensions.
+  void read_f32(const TensorInfo& info, const Slice2D& slice, float* out) const;
+
+ private:
+  std::filesystem::path path_;
+  const std::byte* map_ = nullptr;
+  std::size_t map_size_ = 0;
+  const std::byte* data_ = nullptr;  // start of the data area
+  std::map<std::string, TensorInfo> tensors_;
+  std::map<std::string, std::string> metadata_;
+};
+
+}  // namespace linnet

@@ -1,0 +1,50 @@
+// CpuBackend: forwards the Backend ops to kernels/cpu.
+#include "kernels/cpu/ops.h"
+#include "runtime/backend.h"
+
+namespace linnet {
+namespace {
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(int num_threads) { cpu::set_num_threads(num_threads); }
+  Device device() const override { return Device::kCpu; }
+  Tensor zeros(std::vector<int64_t> shape) override { return Tensor::zeros(std::move(shape)); }
+
+  void matmul_nt(const float* x, const float* w, float* out, int64_t m, int64_t k, int64_t n) override {
+    cpu::matmul_nt(x, w, out, m, k, n);
+  }
+  void embedding_lookup(const float* table, int64_t vocab_begin, int64_t vocab_local, int64_t hidden,
+                        const int32_t* ids, int64_t n, float* out) override {
+    cpu::embedding_lookup(table, vocab_begin, vocab_local, hidden, ids, n, out);
+  }
+  void rmsnorm(const float* x, const float* weight, float* out, int64_t rows, int64_t dim,
+               float eps) override {
+    cpu::rmsnorm(x, weight, out, rows, dim, eps);
+  }
+  void rope(float* x, int64_t rows, int64_t row_stride, int64_t n_heads, int64_t head_dim,
+            const int32_t* positions, const float* inv_freq) override {
+    cpu::rope(x, rows, row_stride, n_heads, head_dim, positions, inv_freq);
+  }
+  void swiglu(const float* gate_up, float* out, int64_t rows, int64_t inter) override {
+    cpu::swiglu(gate_up, out, rows, inter);
+  }
+  void attention(const float* q, int64_t q_stride, const float* k_cache, const float* v_cache, float* out,
+                 int64_t rows, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
+                 const int32_t* positions) override {
+    cpu::attention(q, q_stride, k_cache, v_cache, out, rows, n_heads, n_kv_heads, head_dim, positions);
+  }
+  void add_inplace(float* x, const float* y, int64_t n) override { cpu::add_inplace(x, y, n); }
+  void store_rows(const float* src, int64_t src_stride, float* cache, int64_t row_elems,
+                  const int32_t* positions, int64_t rows) override {
+    cpu::store_rows(src, src_stride, cache, row_elems, positions, rows);
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(int num_threads) {
+  return std::make_unique<CpuBackend>(num_threads);
+}
+
+}  // namespace linnet

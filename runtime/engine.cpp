@@ -1,0 +1,143 @@
+#include "runtime/engine.h"
+
+#include <numeric>
+#include <string>
+
+#include "common/error.h"
+#include "kernels/cpu/ops.h"
+
+namespace linnet {
+
+Engine::Engine(const ModelConfig& config, const ShardPlan& plan, ModelWeights weights, Backend& backend,
+               Communicator& tp_comm, int64_t max_seq_len)
+    : config_(config),
+      plan_(plan),
+      weights_(std::move(weights)),
+      backend_(backend),
+      comm_(tp_comm),
+      cache_(KvCache::make(backend, config.num_hidden_layers, max_seq_len, plan.num_kv_heads_local,
+                           config.head_dim)) {
+  LINNET_CHECK(max_seq_len >= 1, "max_seq_len must be positive");
+  inv_freq_ = Tensor::zeros({config.head_dim / 2});
+  cpu::rope_inv_freq(config.rope_theta, config.head_dim, inv_freq_.data());
+}
+
+void Engine::check_tokens(std::span<const int32_t> tokens, int64_t pos, int64_t capacity) const {
+  if (tokens.empty()) throw Error("no tokens to run", "prompt");
+  if (pos < 0 || pos + static_cast<int64_t>(tokens.size()) > capacity) {
+    throw Error("sequence does not fit in the KV cache", "--max-seq-len",
+                "positions < " + std::to_string(capacity),
+                std::to_string(tokens.size()) + " tokens at position " + std::to_string(pos));
+  }
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] < 0 || tokens[i] >= config_.vocab_size) {
+      throw Error("token id out of range", "token " + std::to_string(i),
+                  "[0, " + std::to_string(config_.vocab_size) + ")", std::to_string(tokens[i]));
+    }
+  }
+}
+
+Tensor Engine::run(std::span<const int32_t> tokens, int64_t pos, KvCache& cache, bool all_rows) {
+  const int64_t S = static_cast<int64_t>(tokens.size());
+  const int64_t H = config_.hidden_size;
+  const int64_t hd = config_.head_dim;
+  const int64_t nh = plan_.num_heads_local;
+  const int64_t nkv = plan_.num_kv_heads_local;
+  const int64_t qkv_cols = (nh + 2 * nkv) * hd;
+  const int64_t inter = plan_.intermediate_local;
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+
+  std::vector<int32_t> positions(static_cast<size_t>(S));
+  std::iota(positions.begin(), positions.end(), static_cast<int32_t>(pos));
+
+  Tensor h = backend_.zeros({S, H});         // residual stream
+  Tensor xn = backend_.zeros({S, H});        // normed input of a block
+  Tensor qkv = backend_.zeros({S, qkv_cols});
+  Tensor attn = backend_.zeros({S, nh * hd});
+  Tensor partial = backend_.zeros({S, H});   // row-parallel output before all_reduce
+  Tensor gate_up = backend_.zeros({S, 2 * inter});
+  Tensor act = backend_.zeros({S, inter});
+
+  // Vocab-parallel embedding: rows this rank does not own are zero, the sum fills them.
+  backend_.embedding_lookup(weights_.embed_tokens.data(), plan_.vocab_begin, plan_.vocab_local, H,
+                            tokens.data(), S, h.data());
+  comm_.all_reduce_sum(h.data(), static_cast<size_t>(S * H));
+
+  for (size_t l = 0; l < weights_.layers.size(); ++l) {
+    const LayerWeights& L = weights_.layers[l];
+    // Attention block: column-parallel q/k/v (this rank's heads), row-parallel o_proj.
+    backend_.rmsnorm(h.data(), L.input_norm.data(), xn.data(), S, H, eps);
+    backend_.matmul_nt(xn.data(), L.wqkv.data(), qkv.data(), S, H, qkv_cols);
+    backend_.rope(qkv.data(), S, qkv_cols, nh, hd, positions.data(), inv_freq_.data());
+    backend_.rope(qkv.data() + nh * hd, S, qkv_cols, nkv, hd, positions.data(), inv_freq_.data());
+    backend_.store_rows(qkv.data() + nh * hd, qkv_cols, cache.k[l].data(), nkv * hd, positions.data(), S);
+    backend_.store_rows(qkv.data() + (nh + nkv) * hd, qkv_cols, cache.v[l].data(), nkv * hd,
+                        positions.data(), S);
+    backend_.attention(qkv.data(), qkv_cols, cache.k[l].data(), cache.v[l].data(), attn.data(), S, nh, nkv,
+                       hd, positions.data());
+    backend_.matmul_nt(attn.data(), L.wo.data(), partial.data(), S, nh * hd, H);
+    comm_.all_reduce_sum(partial.data(), static_cast<size_t>(S * H));  // row-parallel o_proj
+    backend_.add_inplace(h.data(), partial.data(), S * H);
+
+    // MLP block: column-parallel gate/up, row-parallel down_proj.
+    backend_.rmsnorm(h.data(), L.post_attn_norm.data(), xn.data(), S, H, eps);
+    backend_.matmul_nt(xn.data(), L.w_gate_up.data(), gate_up.data(), S, H, 2 * inter);
+    backend_.swiglu(gate_up.data(), act.data(), S, inter);
+    backend_.matmul_nt(act.data(), L.w_down.data(), partial.data(), S, inter, H);
+    comm_.all_reduce_sum(partial.data(), static_cast<size_t>(S * H));  // row-parallel down_proj
+    backend_.add_inplace(h.data(), partial.data(), S * H);
+  }
+
+  // Final norm and the vocab-parallel lm_head, on every row or only the last.
+  const int64_t rows = all_rows ? S : 1;
+  const float* last = h.data() + (S - rows) * H;
+  Tensor normed = backend_.zeros({rows, H});
+  backend_.rmsnorm(last, weights_.final_norm.data(), normed.data(), rows, H, eps);
+  Tensor logits = backend_.zeros({rows, plan_.vocab_local});
+  backend_.matmul_nt(normed.data(), weights_.lm_head.data(), logits.data(), rows, H, plan_.vocab_local);
+  return logits;
+}
+
+std::vector<float> Engine::gather_logits(const Tensor& local, int64_t rows) {
+  const int64_t vl = plan_.vocab_local;
+  const int tp = comm_.size();
+  std::vector<float> recv(static_cast<size_t>(tp * rows * vl));
+  comm_.all_gather(local.data(), static_cast<size_t>(rows * vl), recv.data());
+  std::vector<float> out(static_cast<size_t>(rows * config_.vocab_size));
+  for (int r = 0; r < tp; ++r) {
+    for (int64_t i = 0; i < rows; ++i) {
+      const float* src = recv.data() + (r * rows + i) * vl;
+      std::copy(src, src + vl, out.begin() + i * config_.vocab_size + r * vl);
+    }
+  }
+  return out;
+}
+
+std::vector<float> Engine::forward(std::span<const int32_t> tokens) {
+  const int64_t S = static_cast<int64_t>(tokens.size());
+  check_tokens(tokens, 0, cache_.max_seq_len);
+  KvCache scratch = KvCache::make(backend_, config_.num_hidden_layers, S, plan_.num_kv_heads_local,
+                                  config_.head_dim);
+  Tensor local = run(tokens, 0, scratch, /*all_rows=*/true);
+  return gather_logits(local, S);
+}
+
+std::vector<float> Engine::next_token(std::span<const int32_t> tokens) {
+  const int64_t S = static_cast<int64_t>(tokens.size());
+  check_tokens(tokens, 0, cache_.max_seq_len);
+  KvCache scratch = KvCache::make(backend_, config_.num_hidden_layers, S, plan_.num_kv_heads_local,
+                                  config_.head_dim);
+  return gather_logits(run(tokens, 0, scratch, /*all_rows=*/false), 1);
+}
+
+std::vector<float> Engine::prefill(std::span<const int32_t> tokens, int64_t pos) {
+  check_tokens(tokens, pos, cache_.max_seq_len);
+  return gather_logits(run(tokens, pos, cache_, /*all_rows=*/false), 1);
+}
+
+std::vector<float> Engine::decode(int32_t token, int64_t pos) {
+  const int32_t t[1] = {token};
+  return prefill(std::span<const int32_t>(t, 1), pos);
+}
+
+}  // namespace linnet

@@ -1,0 +1,74 @@
+// Engine: the decoder forward pass of the Llama family under Megatron-style tensor
+// parallelism, and the batch-1 entries built on it (forward, next_token, prefill,
+// decode). One implementation for the family; source of the math: transformers'
+// modeling_llama.py (LlamaDecoderLayer, LlamaAttention, LlamaMLP).
+//
+// Per layer, the two all_reduce calls are visible in Engine::run: after the
+// row-parallel o_proj and after the row-parallel down_proj.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "loader/model_config.h"
+#include "parallel/communicator.h"
+#include "parallel/shard_plan.h"
+#include "runtime/backend.h"
+#include "runtime/kv_cache.h"
+#include "runtime/weights.h"
+
+namespace linnet {
+
+/// One rank's share of a model, with its KV cache. Every rank of the tp group must make
+/// the same calls with the same arguments (the collectives inside pair them up).
+class Engine {
+ public:
+  /// @param max_seq_len  positions the KV cache holds (>= 1).
+  Engine(const ModelConfig& config, const ShardPlan& plan, ModelWeights weights, Backend& backend,
+         Communicator& tp_comm, int64_t max_seq_len);
+
+  /// Logits for every position of `tokens` (positions 0..S-1, a fresh sequence), f32
+  /// [S, vocab_size] row-major, the vocab slices gathered from all ranks. Does not touch
+  /// the engine's KV cache.
+  /// @throws Error when tokens is empty, longer than max_seq_len, or holds an id outside
+  ///   [0, vocab_size).
+  std::vector<float> forward(std::span<const int32_t> tokens);
+
+  /// Logits [vocab_size] of the last position of `tokens` (a fresh sequence).
+  std::vector<float> next_token(std::span<const int32_t> tokens);
+
+  /// Runs a chunk of prompt through the KV cache in one pass: tokens at positions
+  /// pos..pos+S-1 (the cache must hold positions < pos). Returns the logits
+  /// [vocab_size] after the last token; decoding continues at pos + S.
+  /// @throws Error when pos + S > max_seq_len or an id is outside [0, vocab_size).
+  std::vector<float> prefill(std::span<const int32_t> tokens, int64_t pos);
+
+  /// One token at position `pos` through the KV cache: logits [vocab_size].
+  std::vector<float> decode(int32_t token, int64_t pos);
+
+  const ModelConfig& config() const { return config_; }
+  const ShardPlan& plan() const { return plan_; }
+  Communicator& tp_comm() { return comm_; }
+  int64_t max_seq_len() const { return cache_.max_seq_len; }
+  /// Bytes of this rank's KV cache.
+  int64_t kv_cache_bytes() const { return cache_.bytes(); }
+
+ private:
+  // The decoder over tokens at positions pos..pos+S-1 with `cache`. Returns this rank's
+  // logits slice [rows, vocab_local] for every row (all_rows) or only the last one.
+  Tensor run(std::span<const int32_t> tokens, int64_t pos, KvCache& cache, bool all_rows);
+  // all_gather of local logits [rows, vocab_local] into [rows, vocab_size].
+  std::vector<float> gather_logits(const Tensor& local, int64_t rows);
+  void check_tokens(std::span<const int32_t> tokens, int64_t pos, int64_t capacity) const;
+
+  ModelConfig config_;
+  ShardPlan plan_;
+  ModelWeights weights_;
+  Backend& backend_;
+  Communicator& comm_;
+  KvCache cache_;
+  Tensor inv_freq_;  // [head_dim / 2]
+};
+
+}  // namespace linnet

@@ -1,0 +1,65 @@
+#include "runtime/generate.h"
+
+#include <algorithm>
+#include <chrono>
+
+namespace linnet {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+// Draws on tp rank 0 and broadcasts, so every rank continues with one token even if a
+// logit differed in its last bit.
+int32_t draw(Engine& engine, Sampler& sampler, const std::vector<float>& logits) {
+  int32_t token = 0;
+  if (engine.tp_comm().rank() == 0) token = sampler.sample(logits);
+  engine.tp_comm().broadcast(&token, sizeof(token), 0);
+  return token;
+}
+
+}  // namespace
+
+GenerationResult generate_until(Engine& engine, std::span<const int32_t> prompt,
+                                const SamplingParams& params, int64_t max_new_tokens,
+                                std::span<const int64_t> eos_ids, const TokenCallback& on_token) {
+  GenerationResult result;
+  result.finish_reason = "length";
+  Sampler sampler(params);
+  if (max_new_tokens <= 0) {
+    return result;
+  }
+  auto t0 = Clock::now();
+  std::vector<float> logits = engine.prefill(prompt, 0);
+  int64_t pos = static_cast<int64_t>(prompt.size());
+  int32_t token = draw(engine, sampler, logits);
+  result.prefill_ms = ms_since(t0);
+  auto t1 = Clock::now();
+  while (true) {
+    result.ids.push_back(token);
+    if (on_token) on_token(token);
+    if (std::find(eos_ids.begin(), eos_ids.end(), static_cast<int64_t>(token)) != eos_ids.end()) {
+      result.finish_reason = "stop";
+      break;
+    }
+    if (static_cast<int64_t>(result.ids.size()) >= max_new_tokens || pos >= engine.max_seq_len()) break;
+    logits = engine.decode(token, pos++);
+    token = draw(engine, sampler, logits);
+  }
+  result.decode_ms = ms_since(t1);
+  return result;
+}
+
+GenerationResult generate(Engine& engine, std::span<const int32_t> prompt, int64_t steps) {
+  return generate_until(engine, prompt, SamplingParams{}, steps, {});
+}
+
+GenerationResult sample(Engine& engine, std::span<const int32_t> prompt, int64_t steps,
+                        const SamplingParams& params) {
+  return generate_until(engine, prompt, params, steps, {});
+}
+
+}  // namespace linnet

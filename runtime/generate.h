@@ -1,0 +1,44 @@
+// The generation loops over an Engine (batch 1): generate (greedy, fixed steps),
+// sample (seeded sampling, fixed steps) and generate_until (stop at an EOS id or at
+// max_new_tokens). The prompt goes through prefill in one pass, then one decode per
+// new token. Every rank of the tp group runs the loop; the token is drawn on tp rank 0
+// and broadcast, so all ranks continue with the same token.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "runtime/engine.h"
+#include "runtime/sampler.h"
+
+namespace linnet {
+
+/// What a generation loop produced.
+struct GenerationResult {
+  std::vector<int32_t> ids;   // new tokens only (an EOS that stopped the loop included)
+  std::string finish_reason;  // "stop" (an EOS id) or "length" (max_new_tokens or cache full)
+  double prefill_ms = 0.0;    // wall time of the prompt's prefill, incl. its first token
+  double decode_ms = 0.0;     // wall time of the decode steps after it
+};
+
+/// Called with each new token as it is drawn (on every rank).
+using TokenCallback = std::function<void(int32_t)>;
+
+/// Greedy decoding of `steps` tokens after `prompt` (no stop token).
+GenerationResult generate(Engine& engine, std::span<const int32_t> prompt, int64_t steps);
+
+/// Seeded sampling of `steps` tokens after `prompt` (no stop token).
+GenerationResult sample(Engine& engine, std::span<const int32_t> prompt, int64_t steps,
+                        const SamplingParams& params);
+
+/// Decodes after `prompt` until a token in `eos_ids` (finish "stop"), `max_new_tokens`
+/// tokens, or the end of the KV cache (finish "length").
+/// @throws Error when the prompt does not fit in the KV cache (from Engine::prefill).
+GenerationResult generate_until(Engine& engine, std::span<const int32_t> prompt,
+                                const SamplingParams& params, int64_t max_new_tokens,
+                                std::span<const int64_t> eos_ids, const TokenCallback& on_token = {});
+
+}  // namespace linnet

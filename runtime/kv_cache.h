@@ -1,0 +1,27 @@
+// KvCache: contiguous per-layer K and V rows for one sequence (batch 1), holding this
+// rank's KV heads. Sized by --max-seq-len.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "runtime/backend.h"
+
+namespace linnet {
+
+/// K and V for every layer: k[layer], v[layer] are [max_seq_len, num_kv_heads_local, head_dim].
+struct KvCache {
+  int64_t max_seq_len = 0;
+  int64_t num_kv_heads_local = 0;
+  int64_t head_dim = 0;
+  std::vector<Tensor> k;  // [num_hidden_layers] x [max_seq_len, num_kv_heads_local, head_dim]
+  std::vector<Tensor> v;
+
+  /// Allocates a zeroed cache on `backend`.
+  static KvCache make(Backend& backend, int64_t num_layers, int64_t max_seq_len,
+                      int64_t num_kv_heads_local, int64_t head_dim);
+  /// Bytes held by this rank's cache (K and V, all layers).
+  int64_t bytes() const;
+};
+
+}  // namespace linnet

@@ -1,0 +1,38 @@
+#include "runtime/model_loader.h"
+
+#include <algorithm>
+
+#include "common/error.h"
+#include "loader/weight_table.h"
+#include "runtime/weights.h"
+
+namespace linnet {
+
+ModelFiles open_model(const std::filesystem::path& dir) {
+  if (!std::filesystem::is_directory(dir)) {
+    throw Error("model directory not found", dir.string());
+  }
+  ModelConfig config = ModelConfig::load(dir / "config.json");
+  GenerationConfig generation = GenerationConfig::load(dir / "generation_config.json");
+  Checkpoint checkpoint = Checkpoint::open(dir);
+  std::vector<std::string> unused = checkpoint.validate(tensor_specs(weight_table(config)));
+  return ModelFiles{dir, std::move(config), std::move(generation), std::move(checkpoint), std::move(unused)};
+}
+
+int64_t resolve_max_seq_len(const ModelConfig& config, int64_t requested) {
+  if (requested <= 0) return std::min<int64_t>(config.max_position_embeddings, 8192);
+  if (requested > config.max_position_embeddings) {
+    throw Error("longer than the model's context", "--max-seq-len",
+                "<= max_position_embeddings = " + std::to_string(config.max_position_embeddings),
+                std::to_string(requested));
+  }
+  return requested;
+}
+
+std::unique_ptr<Engine> make_engine(const ModelFiles& files, const ShardPlan& plan, Backend& backend,
+                                    Communicator& tp_comm, int64_t max_seq_len) {
+  ModelWeights weights = load_weights(files.checkpoint, files.config, plan);
+  return std::make_unique<Engine>(files.config, plan, std::move(weights), backend, tp_comm, max_seq_len);
+}
+
+}  // namespace linnet

@@ -1,0 +1,38 @@
+// ModelWeights: this rank's slices of the checkpoint, laid out for the forward pass.
+// q/k/v rows of the rank's heads are stacked into one column-parallel wqkv and gate/up
+// into one w_gate_up, so each is a single GEMM.
+#pragma once
+
+#include <vector>
+
+#include "loader/checkpoint.h"
+#include "loader/model_config.h"
+#include "parallel/shard_plan.h"
+#include "runtime/tensor.h"
+
+namespace linnet {
+
+/// One decoder layer on one rank.
+struct LayerWeights {
+  Tensor input_norm;      // [hidden_size], replicated
+  Tensor wqkv;            // [(num_heads_local + 2 * num_kv_heads_local) * head_dim, hidden_size], column-parallel
+  Tensor wo;              // [hidden_size, num_heads_local * head_dim], row-parallel
+  Tensor post_attn_norm;  // [hidden_size], replicated
+  Tensor w_gate_up;       // [2 * intermediate_local, hidden_size], column-parallel ([gate | up])
+  Tensor w_down;          // [hidden_size, intermediate_local], row-parallel
+};
+
+/// The whole model on one rank.
+struct ModelWeights {
+  Tensor embed_tokens;    // [vocab_local, hidden_size], vocab-parallel
+  Tensor lm_head;         // [vocab_local, hidden_size], vocab-parallel (embed_tokens when tied)
+  Tensor final_norm;      // [hidden_size], replicated
+  std::vector<LayerWeights> layers;
+};
+
+/// Reads this rank's slices (and only those bytes) from `ckpt`, converting to f32.
+/// The checkpoint must already be validated against weight_table(config).
+/// @throws Error from the loader on read failures.
+ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& config, const ShardPlan& plan);
+
+}  // namespace linnet

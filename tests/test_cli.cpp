@@ -1,0 +1,295 @@
+// End-to-end: the linnet-tp executable under mpirun (1, 2, 4 ranks, oversubscribed),
+// as a user runs it. Greedy text vs llama2.c's documented output and transformers'
+// ids; bad input makes every rank exit non-zero within seconds and leaves no --output.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "tests/test_data.h"
+
+namespace fs = std::filesystem;
+
+namespace linnet {
+namespace {
+
+constexpr const char* kLlama2cText =
+    "Once upon a time, there was a little girl named Lily. She loved to play outside in the park.";
+
+struct Result {
+  int code = -1;
+  std::string out, err;
+  double seconds = 0;
+};
+
+std::string quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+class Cli : public testing::Test {
+ protected:
+  void SetUp() override {
+    bin_ = test::env_path("LINNET_BIN");
+    mpiexec_ = test::env_path("LINNET_MPIEXEC");
+    if (bin_.empty() || mpiexec_.empty()) GTEST_SKIP() << "LINNET_BIN / LINNET_MPIEXEC not set (run via ctest)";
+    tmp_ = fs::temp_directory_path() /
+           ("linnet_cli_" + std::to_string(::getpid()) + "_" +
+            testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(tmp_);
+    fs::create_directories(tmp_);
+  }
+  void TearDown() override {
+    if (!tmp_.empty()) fs::remove_all(tmp_);
+  }
+
+  // Runs `args` under mpirun -np ranks with a 60 s timeout.
+  Result run(int ranks, const std::string& args, const std::string& wrapper = "") {
+    const fs::path out = tmp_ / "stdout", err = tmp_ / "stderr";
+    std::string exe = quote(bin_.string());
+    if (!wrapper.empty()) exe = wrapper + " " + exe;
+    const std::string cmd = "timeout -k 5 60 " + quote(mpiexec_.string()) +
+                            " --oversubscribe --allow-run-as-root -np " + std::to_string(ranks) + " " + exe +
+                            " " + args + " >" + quote(out.string()) + " 2>" + quote(err.string()) + " </dev/null";
+    const auto t0 = std::chrono::steady_clock::now();
+    const int status = std::system(cmd.c_str());
+    Result r;
+    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+    r.out = slurp(out);
+    r.err = slurp(err);
+    return r;
+  }
+
+  fs::path copy_model() {
+    const fs::path dst = tmp_ / "model";
+    fs::copy(test::stories_dir(), dst);
+    for (const auto& e : fs::directory_iterator(dst)) {
+      fs::permissions(e.path(), fs::perms::owner_write, fs::perm_options::add);
+    }
+    return dst;
+  }
+
+  // Rewrites a safetensors header in place (data area untouched).
+  static void edit_header(const fs::path& file, const std::function<void(nlohmann::json&)>& edit) {
+    std::string bytes = slurp(file);
+    uint64_t n = 0;
+    std::memcpy(&n, bytes.data(), 8);
+    nlohmann::json h = nlohmann::json::parse(bytes.substr(8, n));
+    edit(h);
+    const std::string header = h.dump();
+    const uint64_t m = header.size();
+    std::string out(reinterpret_cast<const char*>(&m), 8);
+    out += header + bytes.substr(8 + n);
+    std::ofstream(file, std::ios::binary | std::ios::trunc) << out;
+  }
+
+  // Expects a clean failure of a 2-rank job: non-zero exit, within seconds, the message
+  // on stderr, and no --output file.
+  void expect_clean_failure(const std::string& args, const std::string& message, int ranks = 2) {
+    const fs::path output = tmp_ / "out.jsonl";
+    const Result r = run(ranks, args + " --output " + quote(output.string()));
+    EXPECT_NE(r.code, 0) << r.err;
+    EXPECT_NE(r.code, 124) << "timed out: " << r.err;
+    EXPECT_LT(r.seconds, 30.0);
+    EXPECT_NE(r.err.find(message), std::string::npos) << "stderr was:\n" << r.err;
+    EXPECT_FALSE(fs::exists(output));
+    for (const auto& e : fs::directory_iterator(tmp_)) {
+      EXPECT_EQ(e.path().filename().string().find("out.jsonl"), std::string::npos) << e.path();
+    }
+  }
+
+  fs::path bin_, mpiexec_, tmp_;
+};
+
+TEST_F(Cli, VersionAndHelp) {
+  Result v = run(1, "--version");
+  EXPECT_EQ(v.code, 0);
+  EXPECT_EQ(v.out.rfind("linnet-tp ", 0), 0u) << v.out;
+  Result h = run(1, "--help");
+  EXPECT_EQ(h.code, 0);
+  EXPECT_NE(h.out.find("--max-new-tokens"), std::string::npos);
+}
+
+TEST_F(Cli, GreedyStoryIsTheSameAtTp124) {
+  const auto golden = test::read_json(test::test_data_dir() / "stories260k" / "greedy.json");
+  const auto expected_ids = golden["cases"][0]["output_ids"].get<std::vector<int>>();
+  ASSERT_EQ(golden["cases"][0]["prompt"], "");
+  for (int np : {1, 2, 4}) {
+    const fs::path output = tmp_ / ("np" + std::to_string(np) + ".jsonl");
+    const Result r = run(np, "--model " + quote(test::stories_dir().string()) +
+                                 " --prompt '' --max-new-tokens 60 --temperature 0 --output " +
+                                 quote(output.string()));
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_EQ(r.out.rfind(kLlama2cText, 0), 0u) << "np " << np << " printed:\n" << r.out;
+    EXPECT_NE(r.err.find("new tokens: 60"), std::string::npos) << r.err;
+    const auto line = nlohmann::json::parse(slurp(output));
+    EXPECT_EQ(line["completion_ids"].get<std::vector<int>>(), expected_ids) << "np " << np;
+    EXPECT_EQ(line["prompt_ids"], nlohmann::json::array({1}));
+    EXPECT_EQ(line["finish_reason"], "length");
+    EXPECT_EQ(line["completion"].get<std::string>() + "\n", r.out);
+  }
+}
+
+TEST_F(Cli, CompletionKeepsTheLeadingSpace) {
+  const Result r = run(2, "--model " + quote(test::stories_dir().string()) +
+                              " --prompt 'Once upon a time' --max-new-tokens 8 --temperature 0");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out.rfind(", there was a little girl", 0), 0u) << r.out;
+}
+
+TEST_F(Cli, SeededSamplingRepeatsAcrossRunsAndTpSizes) {
+  const std::string args = "--model " + quote(test::stories_dir().string()) +
+                           " --prompt 'The cat' --max-new-tokens 40 --temperature 1.0 --top-k 40 --top-p 0.95 --seed 2024";
+  const Result a = run(2, args), b = run(2, args), c = run(1, args), d = run(4, args);
+  ASSERT_EQ(a.code, 0) << a.err;
+  EXPECT_EQ(a.out, b.out);
+  EXPECT_EQ(a.out, c.out);
+  EXPECT_EQ(a.out, d.out);
+  const Result e = run(2, "--model " + quote(test::stories_dir().string()) +
+                              " --prompt 'The cat' --max-new-tokens 40 --temperature 1.0 --seed 7");
+  EXPECT_NE(a.out, e.out);
+}
+
+TEST_F(Cli, InputJsonlKeepsOrderAndWritesEveryField) {
+  const fs::path in = tmp_ / "prompts.jsonl", out = tmp_ / "results.jsonl";
+  std::ofstream(in) << "{\"prompt\": \"Once upon a time\"}\n\n{\"prompt\": \"Lily and Ben\"}\n";
+  const Result r = run(2, "--model " + quote(test::stories_dir().string()) + " --input " + quote(in.string()) +
+                              " --output " + quote(out.string()) + " --max-new-tokens 500 --temperature 0");
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::ifstream lines(out);
+  std::string l1, l2, l3;
+  std::getline(lines, l1);
+  std::getline(lines, l2);
+  EXPECT_FALSE(std::getline(lines, l3));
+  const auto j1 = nlohmann::json::parse(l1), j2 = nlohmann::json::parse(l2);
+  EXPECT_EQ(j1["prompt"], "Once upon a time");
+  EXPECT_EQ(j2["prompt"], "Lily and Ben");
+  for (const auto& j : {j1, j2}) {
+    for (const char* k : {"prompt", "completion", "prompt_ids", "completion_ids", "finish_reason"}) {
+      EXPECT_TRUE(j.contains(k)) << k;
+    }
+    // stories260k ends its stories with EOS long before 500 tokens or the 512 context.
+    EXPECT_TRUE(j["finish_reason"] == "stop" || j["finish_reason"] == "length");
+  }
+}
+
+TEST_F(Cli, TruncatedSafetensorsFile) {
+  const fs::path m = copy_model();
+  fs::resize_file(m / "model-00002-of-00002.safetensors", 300000);
+  expect_clean_failure("--model " + quote(m.string()) + " --prompt hi", "model-00002-of-00002.safetensors");
+}
+
+TEST_F(Cli, HeaderLengthPastTheEnd) {
+  const fs::path m = copy_model();
+  const fs::path f = m / "model-00001-of-00002.safetensors";
+  std::string bytes = slurp(f);
+  const uint64_t n = 1u << 30;
+  std::memcpy(bytes.data(), &n, 8);
+  std::ofstream(f, std::ios::binary | std::ios::trunc) << bytes;
+  expect_clean_failure("--model " + quote(m.string()) + " --prompt hi", "model-00001-of-00002.safetensors");
+}
+
+TEST_F(Cli, OverlappingRanges) {
+  const fs::path m = copy_model();
+  edit_header(m / "model-00002-of-00002.safetensors", [](nlohmann::json& h) {
+    // Point the final norm's 256 bytes at the start of another tensor's data.
+    auto& off = h["model.norm.weight"]["data_offsets"];
+    off = nlohmann::json::array({0, 256});
+  });
+  expect_clean_failure("--model " + quote(m.string()) + " --prompt hi", "overlap");
+}
+
+TEST_F(Cli, UnknownDtype) {
+  const fs::path m = copy_model();
+  edit_header(m / "model-00002-of-00002.safetensors",
+              [](nlohmann::json& h) { h["model.norm.weight"]["dtype"] = "I32"; });
+  expect_clean_failure("--model " + quote(m.string()) + " --prompt hi", "I32");
+}
+
+TEST_F(Cli, MissingTensor) {
+  const fs::path m = copy_model();
+  edit_header(m / "model-00002-of-00002.safetensors", [](nlohmann::json& h) {
+    h["model.norm.renamed"] = h["model.norm.weight"];
+    h.erase("model.norm.weight");
+  });
+  auto index = test::read_json(m / "model.safetensors.index.json");
+  index["weight_map"].erase("model.norm.weight");
+  std::ofstream(m / "model.safetensors.index.json", std::ios::trunc) << index.dump(2);
+  expect_clean_failure("--model " + quote(m.string()) + " --prompt hi", "model.norm.weight");
+}
+
+TEST_F(Cli, WrongShape) {
+  const fs::path m = copy_model();
+  edit_header(m / "model-00002-of-00002.safetensors",
+              [](nlohmann::json& h) { h["model.norm.weight"]["shape"] = nlohmann::json::array({2, 32}); });
+  expect_clean_failure("--model " + quote(m.string()) + " --prompt hi", "[2, 32]");
+}
+
+TEST_F(Cli, HeadsNotDivisibleByTp) {
+  expect_clean_failure("--model " + quote(test::stories_dir().string()) + " --prompt hi",
+                       "num_attention_heads = 8", /*ranks=*/3);
+}
+
+TEST_F(Cli, UnsupportedConfigField) {
+  const fs::path m = copy_model();
+  auto cfg = test::read_json(m / "config.json");
+  cfg["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}};
+  std::ofstream(m / "config.json", std::ios::trunc) << cfg.dump(2);
+  expect_clean_failure("--model " + quote(m.string()) + " --prompt hi", "rope_scaling");
+}
+
+TEST_F(Cli, PromptLongerThanTheContext) {
+  expect_clean_failure("--model " + quote(test::stories_dir().string()) +
+                           " --prompt 'Once upon a time there was a dog' --max-seq-len 4",
+                       "--max-seq-len");
+}
+
+TEST_F(Cli, InvalidUtf8Prompt) {
+  expect_clean_failure("--model " + quote(test::stories_dir().string()) + " --prompt \"$(printf 'ab\\377')\"", "offset");
+}
+
+TEST_F(Cli, MissingModelDirectory) {
+  expect_clean_failure("--model " + quote((tmp_ / "nope").string()) + " --prompt hi", "nope");
+}
+
+TEST_F(Cli, ARankThatDiesEndsTheJob) {
+  // Rank 1 is killed one second into a long batch; mpirun must end the job quickly.
+  const fs::path in = tmp_ / "many.jsonl", output = tmp_ / "out.jsonl";
+  {
+    std::ofstream f(in);
+    for (int i = 0; i < 3000; ++i) f << "{\"prompt\": \"Once upon a time\"}\n";
+  }
+  const std::string wrapper =
+      "sh -c 'if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then \"$0\" \"$@\" & p=$!; sleep 1; kill -9 $p; wait $p; "
+      "exit 137; else exec \"$0\" \"$@\"; fi'";
+  const Result r = run(2, "--model " + quote(test::stories_dir().string()) + " --input " + quote(in.string()) +
+                              " --max-new-tokens 200 --output " + quote(output.string()),
+                       wrapper);
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.code, 124) << "timed out";
+  EXPECT_LT(r.seconds, 30.0);
+  EXPECT_FALSE(fs::exists(output));
+}
+
+}  // namespace
+}  // namespace linnet

@@ -1,0 +1,302 @@
+// ModelConfig and GenerationConfig: the shared model cards parse to the values their
+// files hold, defaults follow transformers' LlamaConfig, and every feature this build
+// does not implement is refused by field name.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "loader/generation_config.h"
+#include "loader/model_config.h"
+
+namespace fs = std::filesystem;
+using linnet::GenerationConfig;
+using linnet::ModelConfig;
+using nlohmann::json;
+
+namespace {
+
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const linnet::Error& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "threw a non-linnet exception: " << e.what();
+    return {};
+  }
+  ADD_FAILURE() << "no linnet::Error thrown";
+  return {};
+}
+
+#define EXPECT_CONTAINS(haystack, needle)                                          \
+  EXPECT_NE(std::string(haystack).find(needle), std::string::npos)                 \
+      << "message: \"" << (haystack) << "\"\n does not contain \"" << (needle) << "\""
+
+std::string shared_dir() {
+  const char* s = std::getenv("LINNET_SHARED_DIR");
+  return s ? s : "";
+}
+
+#define REQUIRE_SHARED_DIR()                                                       \
+  if (shared_dir().empty())                                                        \
+  GTEST_SKIP() << "LINNET_SHARED_DIR is not set (ctest sets it to the shared/ "     \
+                  "reference data directory); the model cards live there"
+
+/// A small valid Llama config; tests change one field at a time.
+json base_config() {
+  return json::parse(R"({
+    "model_type": "llama", "hidden_size": 64, "intermediate_size": 172,
+    "num_hidden_layers": 2, "num_attention_heads": 8, "vocab_size": 512
+  })");
+}
+
+std::string config_error(const json& j) {
+  const std::string msg = error_of([&] { ModelConfig::from_json(j, "test/config.json"); });
+  EXPECT_CONTAINS(msg, "test/config.json");
+  return msg;
+}
+
+/// A file under the temp dir, removed at scope end.
+struct TempFile {
+  fs::path path;
+  explicit TempFile(const std::string& contents) {
+    static std::atomic<int> counter{0};
+    path = fs::temp_directory_path() / ("linnet-test-config-" + std::to_string(::getpid()) +
+                                        "-" + std::to_string(counter++) + ".json");
+    std::ofstream(path) << contents;
+  }
+  ~TempFile() {
+    std::error_code ec;
+    fs::remove(path, ec);
+  }
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------- ModelConfig
+
+TEST(ModelConfig, Stories260k) {
+  REQUIRE_SHARED_DIR();
+  const ModelConfig c =
+      ModelConfig::load(fs::path(shared_dir()) / "models" / "stories260k" / "config.json");
+  EXPECT_EQ(c.model_type, "llama");
+  EXPECT_EQ(c.hidden_size, 64);
+  EXPECT_EQ(c.intermediate_size, 172);
+  EXPECT_EQ(c.num_hidden_layers, 5);
+  EXPECT_EQ(c.num_attention_heads, 8);
+  EXPECT_EQ(c.num_key_value_heads, 4);
+  EXPECT_EQ(c.head_dim, 8);
+  EXPECT_EQ(c.vocab_size, 512);
+  EXPECT_EQ(c.max_position_embeddings, 512);
+  EXPECT_DOUBLE_EQ(c.rms_norm_eps, 1e-5);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 10000.0);
+  EXPECT_TRUE(c.tie_word_embeddings);
+  EXPECT_EQ(c.bos_token_id, 1);
+  EXPECT_EQ(c.eos_token_ids, (std::vector<int64_t>{2}));
+  EXPECT_EQ(c.torch_dtype, "float32");
+}
+
+TEST(ModelConfig, DefaultsFollowLlamaConfig) {
+  const ModelConfig c = ModelConfig::from_json(base_config(), "test/config.json");
+  EXPECT_EQ(c.num_key_value_heads, 8);
+  EXPECT_EQ(c.head_dim, 8);
+  EXPECT_EQ(c.max_position_embeddings, 2048);
+  EXPECT_DOUBLE_EQ(c.rms_norm_eps, 1e-6);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 10000.0);
+  EXPECT_FALSE(c.tie_word_embeddings);
+  EXPECT_FALSE(c.bos_token_id.has_value());
+  EXPECT_TRUE(c.eos_token_ids.empty());
+}
+
+TEST(ModelConfig, ExplicitHeadDimAndNullsAndUnknownFields) {
+  json j = base_config();
+  j["head_dim"] = 16;  // need not equal hidden_size / heads
+  j["num_key_value_heads"] = 2;
+  j["rope_scaling"] = nullptr;
+  j["attention_bias"] = false;
+  j["mlp_bias"] = false;
+  j["hidden_act"] = "silu";
+  j["bos_token_id"] = nullptr;
+  j["pretraining_tp"] = 1;
+  j["some_future_field"] = {{"nested", true}};
+  const ModelConfig c = ModelConfig::from_json(j, "test/config.json");
+  EXPECT_EQ(c.head_dim, 16);
+  EXPECT_EQ(c.num_key_value_heads, 2);
+  EXPECT_FALSE(c.bos_token_id.has_value());
+}
+
+TEST(ModelConfig, EosAsList) {
+  json j = base_config();
+  j["eos_token_id"] = {128001, 128008, 128009};
+  EXPECT_EQ(ModelConfig::from_json(j, "x").eos_token_ids,
+            (std::vector<int64_t>{128001, 128008, 128009}));
+  j["eos_token_id"] = "2";
+  EXPECT_CONTAINS(config_error(j), "eos_token_id");
+  j["eos_token_id"] = {1, "2"};
+  EXPECT_CONTAINS(config_error(j), "eos_token_id");
+}
+
+TEST(ModelConfig, RefusedFeaturesNameTheField) {
+  struct Case {
+    const char* field;
+    json value;
+  };
+  const Case cases[] = {
+      {"rope_scaling", json::parse(R"({"rope_type": "llama3", "factor": 8.0,
+                                       "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                       "original_max_position_embeddings": 8192})")},
+      {"attention_bias", true},
+      {"mlp_bias", true},
+      {"hidden_act", "gelu"},
+      {"hidden_activation", "gelu_pytorch_tanh"},
+      {"model_type", "qwen3"},
+  };
+  for (const Case& c : cases) {
+    json j = base_config();
+    j[c.field] = c.value;
+    const std::string msg = config_error(j);
+    EXPECT_CONTAINS(msg, std::string("\"") + c.field + "\"");
+    EXPECT_CONTAINS(msg, "not implemented");
+  }
+}
+
+TEST(ModelConfig, Llama31CardIsRefusedForRopeScaling) {
+  REQUIRE_SHARED_DIR();
+  const fs::path p =
+      fs::path(shared_dir()) / "models" / "cards" / "llama-3.1-8b-instruct" / "config.json";
+  const std::string msg = error_of([&] { ModelConfig::load(p); });
+  EXPECT_CONTAINS(msg, "rope_scaling");
+  EXPECT_CONTAINS(msg, "llama3");
+  EXPECT_CONTAINS(msg, p.string());
+}
+
+TEST(ModelConfig, MissingOrMistypedFieldsAreNamed) {
+  for (const char* field : {"hidden_size", "intermediate_size", "num_hidden_layers",
+                            "num_attention_heads", "vocab_size", "model_type"}) {
+    json j = base_config();
+    j.erase(field);
+    const std::string msg = config_error(j);
+    EXPECT_CONTAINS(msg, std::string("\"") + field + "\"");
+    EXPECT_CONTAINS(msg, "missing");
+  }
+  json j = base_config();
+  j["hidden_size"] = "64";
+  EXPECT_CONTAINS(config_error(j), "\"hidden_size\"");
+  j = base_config();
+  j["hidden_size"] = 64.5;
+  EXPECT_CONTAINS(config_error(j), "\"hidden_size\"");
+  j = base_config();
+  j["num_hidden_layers"] = 0;
+  EXPECT_CONTAINS(config_error(j), "\"num_hidden_layers\"");
+  j = base_config();
+  j["vocab_size"] = -1;
+  EXPECT_CONTAINS(config_error(j), "\"vocab_size\"");
+  j = base_config();
+  j["rms_norm_eps"] = "1e-5";
+  EXPECT_CONTAINS(config_error(j), "\"rms_norm_eps\"");
+  j = base_config();
+  j["tie_word_embeddings"] = 1;
+  EXPECT_CONTAINS(config_error(j), "\"tie_word_embeddings\"");
+  j = base_config();
+  j["attention_bias"] = "no";
+  EXPECT_CONTAINS(config_error(j), "\"attention_bias\"");
+  EXPECT_CONTAINS(config_error(json::array()), "not a JSON object");
+}
+
+TEST(ModelConfig, HeadArithmetic) {
+  json j = base_config();
+  j["num_key_value_heads"] = 3;  // 8 % 3 != 0
+  std::string msg = config_error(j);
+  EXPECT_CONTAINS(msg, "\"num_key_value_heads\"");
+  EXPECT_CONTAINS(msg, "num_attention_heads");
+
+  j = base_config();
+  j["hidden_size"] = 60;  // 60 % 8 != 0 and no head_dim
+  msg = config_error(j);
+  EXPECT_CONTAINS(msg, "\"head_dim\"");
+  EXPECT_CONTAINS(msg, "hidden_size");
+
+  j["head_dim"] = 8;
+  EXPECT_EQ(ModelConfig::from_json(j, "x").head_dim, 8);
+}
+
+TEST(ModelConfig, LoadNamesTheFile) {
+  const fs::path absent = fs::temp_directory_path() / "linnet-no-such-dir" / "config.json";
+  EXPECT_CONTAINS(error_of([&] { ModelConfig::load(absent); }), absent.string());
+  TempFile bad("{\"hidden_size\": ");
+  const std::string msg = error_of([&] { ModelConfig::load(bad.path); });
+  EXPECT_CONTAINS(msg, bad.path.string());
+  EXPECT_CONTAINS(msg, "not valid JSON");
+}
+
+// ---------------------------------------------------------------- GenerationConfig
+
+TEST(GenerationConfig, Stories260k) {
+  REQUIRE_SHARED_DIR();
+  const GenerationConfig g = GenerationConfig::load(fs::path(shared_dir()) / "models" /
+                                                    "stories260k" / "generation_config.json");
+  EXPECT_EQ(g.bos_token_id, 1);
+  EXPECT_EQ(g.eos_token_ids, (std::vector<int64_t>{2}));
+  ASSERT_TRUE(g.do_sample.has_value());
+  EXPECT_FALSE(*g.do_sample);
+  EXPECT_FALSE(g.temperature.has_value());
+  EXPECT_FALSE(g.top_k.has_value());
+  EXPECT_FALSE(g.top_p.has_value());
+}
+
+TEST(GenerationConfig, Llama31Card) {
+  REQUIRE_SHARED_DIR();
+  const GenerationConfig g =
+      GenerationConfig::load(fs::path(shared_dir()) / "models" / "cards" /
+                             "llama-3.1-8b-instruct" / "generation_config.json");
+  EXPECT_EQ(g.bos_token_id, 128000);
+  EXPECT_EQ(g.eos_token_ids, (std::vector<int64_t>{128001, 128008, 128009}));
+  EXPECT_EQ(g.do_sample, true);
+  ASSERT_TRUE(g.temperature.has_value());
+  EXPECT_DOUBLE_EQ(*g.temperature, 0.6);
+  ASSERT_TRUE(g.top_p.has_value());
+  EXPECT_DOUBLE_EQ(*g.top_p, 0.9);
+  EXPECT_FALSE(g.top_k.has_value());
+}
+
+TEST(GenerationConfig, MissingFileIsEmpty) {
+  const GenerationConfig g =
+      GenerationConfig::load(fs::temp_directory_path() / "linnet-no-such-dir" / "gen.json");
+  EXPECT_FALSE(g.bos_token_id.has_value());
+  EXPECT_TRUE(g.eos_token_ids.empty());
+  EXPECT_FALSE(g.do_sample.has_value());
+}
+
+TEST(GenerationConfig, TopKAndNulls) {
+  const GenerationConfig g = GenerationConfig::from_json(
+      json::parse(R"({"top_k": 40, "temperature": 1, "eos_token_id": 7, "bos_token_id": null})"),
+      "x");
+  EXPECT_EQ(g.top_k, 40);
+  EXPECT_DOUBLE_EQ(g.temperature.value(), 1.0);
+  EXPECT_EQ(g.eos_token_ids, (std::vector<int64_t>{7}));
+  EXPECT_FALSE(g.bos_token_id.has_value());
+}
+
+TEST(GenerationConfig, TypeErrorsNameTheField) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"bos_token_id", R"("1")"}, {"eos_token_id", R"({"a": 1})"}, {"eos_token_id", "[1, 2.5]"},
+      {"do_sample", "1"},         {"temperature", R"("hot")"},     {"top_k", "0.5"},
+      {"top_p", "[0.9]"}};
+  for (const auto& [field, value] : cases) {
+    const json j = json::parse(std::string("{\"") + field + "\": " + value + "}");
+    const std::string msg = error_of([&] { GenerationConfig::from_json(j, "gen.json"); });
+    EXPECT_CONTAINS(msg, std::string("\"") + field + "\"");
+    EXPECT_CONTAINS(msg, "gen.json");
+  }
+  TempFile bad("not json");
+  EXPECT_CONTAINS(error_of([&] { GenerationConfig::load(bad.path); }), bad.path.string());
+}

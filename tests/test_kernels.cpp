@@ -1,0 +1,142 @@
+// CPU kernels against naive double-precision references written from the formulas in
+// modeling_llama.py (tolerance atol + |ref| * rtol, as llm.c compares kernels).
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "kernels/cpu/ops.h"
+
+namespace linnet::cpu {
+namespace {
+
+std::vector<float> randn(size_t n, uint32_t seed) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(g);
+  return v;
+}
+
+void expect_close(const std::vector<float>& got, const std::vector<double>& ref, double atol = 1e-5,
+                  double rtol = 1e-5) {
+  ASSERT_EQ(got.size(), ref.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_NEAR(got[i], ref[i], atol + std::fabs(ref[i]) * rtol) << "at " << i;
+  }
+}
+
+TEST(Kernels, MatmulNtGemmAndGemv) {
+  for (int64_t m : {1, 5}) {
+    const int64_t k = 37, n = 23;
+    auto x = randn(m * k, 1), w = randn(n * k, 2);
+    std::vector<float> out(m * n);
+    matmul_nt(x.data(), w.data(), out.data(), m, k, n);
+    std::vector<double> ref(m * n);
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j)
+        for (int64_t t = 0; t < k; ++t) ref[i * n + j] += double(x[i * k + t]) * w[j * k + t];
+    expect_close(out, ref, 1e-4);
+  }
+}
+
+TEST(Kernels, EmbeddingLookupZeroesRowsOfOtherRanks) {
+  const int64_t hidden = 4, vocab_local = 3, vocab_begin = 6;
+  auto table = randn(vocab_local * hidden, 3);
+  const std::vector<int32_t> ids = {5, 6, 8, 9};
+  std::vector<float> out(ids.size() * hidden, 7.0f);
+  embedding_lookup(table.data(), vocab_begin, vocab_local, hidden, ids.data(), 4, out.data());
+  std::vector<double> ref(out.size(), 0.0);
+  for (int i = 0; i < hidden; ++i) {
+    ref[1 * hidden + i] = table[0 * hidden + i];
+    ref[2 * hidden + i] = table[2 * hidden + i];
+  }
+  expect_close(out, ref, 0.0, 0.0);
+}
+
+TEST(Kernels, RmsNorm) {
+  const int64_t rows = 3, dim = 64;
+  auto x = randn(rows * dim, 4), w = randn(dim, 5);
+  std::vector<float> out(rows * dim);
+  rmsnorm(x.data(), w.data(), out.data(), rows, dim, 1e-5f);
+  std::vector<double> ref(rows * dim);
+  for (int64_t r = 0; r < rows; ++r) {
+    double ss = 0;
+    for (int64_t i = 0; i < dim; ++i) ss += double(x[r * dim + i]) * x[r * dim + i];
+    const double inv = 1.0 / std::sqrt(ss / dim + 1e-5);
+    for (int64_t i = 0; i < dim; ++i) ref[r * dim + i] = w[i] * x[r * dim + i] * inv;
+  }
+  expect_close(out, ref);
+}
+
+TEST(Kernels, RopeRotatesHalfSplitPairs) {
+  const int64_t rows = 3, heads = 2, hd = 8, stride = 20;
+  auto x = randn(rows * stride, 6);
+  const auto x0 = x;
+  std::vector<float> inv(hd / 2);
+  rope_inv_freq(10000.0, hd, inv.data());
+  for (int64_t i = 0; i < hd / 2; ++i) EXPECT_NEAR(inv[i], std::pow(10000.0, -2.0 * i / hd), 1e-7);
+  const std::vector<int32_t> pos = {0, 7, 300};
+  rope(x.data(), rows, stride, heads, hd, pos.data(), inv.data());
+  std::vector<double> ref(x0.begin(), x0.end());
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t i = 0; i < hd / 2; ++i) {
+        const double a = pos[r] * std::pow(10000.0, -2.0 * i / hd);
+        const double x1 = x0[r * stride + h * hd + i], x2 = x0[r * stride + h * hd + i + hd / 2];
+        ref[r * stride + h * hd + i] = x1 * std::cos(a) - x2 * std::sin(a);
+        ref[r * stride + h * hd + i + hd / 2] = x2 * std::cos(a) + x1 * std::sin(a);
+      }
+  expect_close(x, ref, 1e-4);  // f32 angles at position 300
+}
+
+TEST(Kernels, SwiGlu) {
+  const int64_t rows = 2, inter = 5;
+  auto gu = randn(rows * 2 * inter, 7);
+  std::vector<float> out(rows * inter);
+  swiglu(gu.data(), out.data(), rows, inter);
+  std::vector<double> ref(rows * inter);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < inter; ++i) {
+      const double g = gu[r * 2 * inter + i], u = gu[r * 2 * inter + inter + i];
+      ref[r * inter + i] = g / (1 + std::exp(-g)) * u;
+    }
+  expect_close(out, ref);
+}
+
+TEST(Kernels, CausalGqaAttention) {
+  const int64_t heads = 4, kv_heads = 2, hd = 8, len = 9, rows = 3;
+  const std::vector<int32_t> pos = {6, 7, 8};  // the last three positions of the cache
+  auto q = randn(rows * heads * hd, 8), k = randn(len * kv_heads * hd, 9), v = randn(len * kv_heads * hd, 10);
+  std::vector<float> out(rows * heads * hd);
+  attention(q.data(), heads * hd, k.data(), v.data(), out.data(), rows, heads, kv_heads, hd, pos.data());
+  std::vector<double> ref(out.size());
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t h = 0; h < heads; ++h) {
+      const int64_t g = h / (heads / kv_heads);
+      std::vector<double> s(pos[r] + 1);
+      double mx = -1e300, sum = 0;
+      for (int64_t t = 0; t <= pos[r]; ++t) {
+        double d = 0;
+        for (int64_t i = 0; i < hd; ++i) d += double(q[r * heads * hd + h * hd + i]) * k[(t * kv_heads + g) * hd + i];
+        s[t] = d / std::sqrt(double(hd));
+        mx = std::max(mx, s[t]);
+      }
+      for (auto& e : s) sum += (e = std::exp(e - mx));
+      for (int64_t t = 0; t <= pos[r]; ++t)
+        for (int64_t i = 0; i < hd; ++i) ref[r * heads * hd + h * hd + i] += s[t] / sum * v[(t * kv_heads + g) * hd + i];
+    }
+  expect_close(out, ref);
+}
+
+TEST(Kernels, StoreRowsScattersByPosition) {
+  const std::vector<float> src = {1, 2, 9, 3, 4, 9};  // 2 rows of stride 3, 2 elements used
+  std::vector<float> cache(8, 0.0f);
+  const std::vector<int32_t> pos = {3, 1};
+  store_rows(src.data(), 3, cache.data(), 2, pos.data(), 2);
+  EXPECT_EQ(cache, (std::vector<float>{0, 0, 3, 4, 0, 0, 1, 2}));
+}
+
+}  // namespace
+}  // namespace linnet::cpu

@@ -1,0 +1,131 @@
+// ShardPlan splits, WorldConfig groups and the Sampler, without MPI.
+#include <algorithm>
+#include <map>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "common/error.h"
+#include "parallel/shard_plan.h"
+#include "parallel/world_config.h"
+#include "runtime/sampler.h"
+
+namespace linnet {
+namespace {
+
+ModelConfig stories_like() {
+  ModelConfig c;
+  c.model_type = "llama";
+  c.hidden_size = 64;
+  c.intermediate_size = 172;
+  c.num_hidden_layers = 5;
+  c.num_attention_heads = 8;
+  c.num_key_value_heads = 4;
+  c.head_dim = 8;
+  c.vocab_size = 512;
+  return c;
+}
+
+TEST(ShardPlan, EvenSplitsCoverEveryDimension) {
+  const ModelConfig c = stories_like();
+  for (int tp : {1, 2, 4}) {
+    int64_t heads = 0, kv = 0, inter = 0, vocab = 0;
+    for (int r = 0; r < tp; ++r) {
+      const ShardPlan p = ShardPlan::make(c, r, tp);
+      EXPECT_EQ(p.head_begin, heads);
+      EXPECT_EQ(p.kv_head_begin, kv);
+      EXPECT_EQ(p.intermediate_begin, inter);
+      EXPECT_EQ(p.vocab_begin, vocab);
+      heads += p.num_heads_local;
+      kv += p.num_kv_heads_local;
+      inter += p.intermediate_local;
+      vocab += p.vocab_local;
+    }
+    EXPECT_EQ(heads, 8);
+    EXPECT_EQ(kv, 4);
+    EXPECT_EQ(inter, 172);
+    EXPECT_EQ(vocab, 512);
+  }
+}
+
+TEST(ShardPlan, RefusesSplitsNamingTheDimensionAndWorkingSizes) {
+  const ModelConfig c = stories_like();
+  try {
+    ShardPlan::make(c, 0, 3);
+    FAIL() << "tp 3 must be refused";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("num_attention_heads = 8"), std::string::npos) << m;
+    EXPECT_NE(m.find("tp sizes that work for this model: 1, 2, 4"), std::string::npos) << m;
+  }
+  try {
+    ShardPlan::make(c, 0, 8);
+    FAIL() << "tp 8 must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("num_key_value_heads = 4"), std::string::npos) << e.what();
+  }
+}
+
+TEST(WorldConfig, TpGroupsAreContiguousRanks) {
+  const WorldConfig w = WorldConfig::make(5, 8, 4, 1, 4);
+  EXPECT_EQ(w.tp_rank, 1);
+  EXPECT_EQ(w.dp_rank, 1);
+  EXPECT_EQ(w.dp_size, 2);
+  EXPECT_EQ(WorldConfig::make(3, 4, 0, 3, 4).tp_size, 4);
+  EXPECT_THROW(WorldConfig::make(0, 6, 4, 0, 6), Error);
+}
+
+TEST(Sampler, GreedyTiesGoToLowestId) {
+  const std::vector<float> logits = {0.5f, 2.0f, -1.0f, 2.0f};
+  EXPECT_EQ(Sampler::argmax(logits), 1);
+  Sampler s(SamplingParams{});
+  EXPECT_EQ(s.sample(logits), 1);
+}
+
+TEST(Sampler, TopKAndTopPRestrictCandidates) {
+  // Probabilities ~ softmax([4, 3, 2, 1, 0]): 0.64, 0.24, 0.09, 0.03, 0.01.
+  const std::vector<float> logits = {1.0f, 4.0f, 0.0f, 3.0f, 2.0f};
+  SamplingParams p;
+  p.temperature = 1.0;
+  p.top_k = 2;
+  p.seed = 7;
+  Sampler top2(p);
+  std::map<int, int> seen;
+  for (int i = 0; i < 2000; ++i) seen[top2.sample(logits)]++;
+  EXPECT_EQ(seen.size(), 2u);
+  EXPECT_GT(seen[1], seen[3]);
+  p.top_k = 0;
+  p.top_p = 0.8;  // 0.64 < 0.8 <= 0.88: ids 1 and 3
+  Sampler nucleus(p);
+  seen.clear();
+  for (int i = 0; i < 2000; ++i) seen[nucleus.sample(logits)]++;
+  EXPECT_EQ(seen.size(), 2u);
+  EXPECT_TRUE(seen.count(1) && seen.count(3));
+  // Frequencies follow the renormalized probabilities 0.73 / 0.27 (loose bound).
+  EXPECT_NEAR(seen[1] / 2000.0, 0.731, 0.05);
+}
+
+TEST(Sampler, SameSeedSameDraws) {
+  std::vector<float> logits(100);
+  for (int i = 0; i < 100; ++i) logits[i] = static_cast<float>(i % 7) * 0.3f;
+  SamplingParams p;
+  p.temperature = 0.8;
+  p.seed = 42;
+  Sampler a(p), b(p);
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(a.sample(logits), b.sample(logits));
+}
+
+TEST(Sampler, RejectsBadParameters) {
+  SamplingParams p;
+  p.temperature = -1;
+  EXPECT_THROW(Sampler{p}, Error);
+  p = {};
+  p.top_p = 0;
+  EXPECT_THROW(Sampler{p}, Error);
+  p = {};
+  p.top_k = -2;
+  EXPECT_THROW(Sampler{p}, Error);
+}
+
+}  // namespace
+}  // namespace linnet
