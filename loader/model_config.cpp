@@ -28,7 +28,7 @@ std::string brief(const json& v) {
   if (v.is_primitive() || (v.size() <= 16 && std::all_of(v.begin(), v.end(), [](const json& e) {
                              return e.is_primitive();
                            }))) {
-    s = brief(v);
+    s = v.dump();
   } else {
     s = std::string(v.type_name()) + " of " + std::to_string(v.size()) + " entries";
   }

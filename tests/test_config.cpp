@@ -169,6 +169,12 @@ TEST(ModelConfig, RefusedFeaturesNameTheField) {
   }
 }
 
+TEST(ModelConfig, DeeplyNestedValueGivesAnErrorNotACrash) {
+  json j = base_config();
+  j["rope_scaling"] = json::parse(std::string(200000, '[') + std::string(200000, ']'));
+  EXPECT_CONTAINS(config_error(j), "\"rope_scaling\"");
+}
+
 TEST(ModelConfig, Llama31CardIsRefusedForRopeScaling) {
   REQUIRE_SHARED_DIR();
   const fs::path p =
