@@ -105,11 +105,17 @@ int run_generate(const GenerateOptions& o, Job& job) {
     const int64_t max_seq_len = resolve_max_seq_len(files->config, o.max_seq_len);
     tokenizer = std::make_unique<Tokenizer>(Tokenizer::from_dir(o.model));
     for (std::string& text : read_prompts(o)) {
-      std::vector<int32_t> ids = tokenizer->encode(text);
-      if (ids.empty()) throw Error("the prompt has no tokens (and the tokenizer adds no BOS)", "--prompt");
+      const std::string where =
+          o.input.empty() ? std::string("--prompt") : o.input + ": prompt #" + std::to_string(prompts.size() + 1);
+      std::vector<int32_t> ids;
+      try {
+        ids = tokenizer->encode(text);
+      } catch (const Error& e) {
+        throw Error(e.what(), where);
+      }
+      if (ids.empty()) throw Error("the prompt has no tokens (and the tokenizer adds no BOS)", where);
       if (static_cast<int64_t>(ids.size()) > max_seq_len) {
-        throw Error("prompt " + std::to_string(prompts.size()) + " is longer than the context",
-                    o.input.empty() ? "--prompt" : o.input,
+        throw Error("the prompt is longer than the context", where,
                     "<= --max-seq-len = " + std::to_string(max_seq_len) + " tokens",
                     std::to_string(ids.size()) + " tokens");
       }

@@ -36,7 +36,7 @@ ShardPlan ShardPlan::make(const ModelConfig& c, int tp_rank, int tp_size) {
       throw Error(std::string(name) + " = " + std::to_string(size) + " cannot be split evenly over " +
                       std::to_string(tp_size) + " tensor-parallel ranks; tp sizes that work for this model: " +
                       working_tp_sizes(dims),
-                  std::string("config.json: ") + name);
+                  "config.json");
     }
   }
   ShardPlan p;
