@@ -9,6 +9,7 @@ PACKAGES=(
   libopenblas-dev
   libcxxopts-dev nlohmann-json3-dev
   libgtest-dev
+  libicu-dev
 )
 
 missing=()

@@ -1,0 +1,279 @@
+// The components of the tokenizer pipeline, each built from its tokenizer.json section.
+// Internal to loader/ (tokenizer.h is the API).
+//
+// Each component is a small class holding a list of steps, a std::variant per step
+// type; a "Sequence" in the JSON flattens into that list. Supporting another type (the
+// byte-level pieces of Llama-3 / Qwen, Metaspace, NFC) is one more variant alternative
+// and one more branch in from_json. Names and semantics follow huggingface/tokenizers:
+// normalizers/, pre_tokenizers/, models/bpe/, processors/template.rs, decoders/.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <variant>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "loader/tokenizer.h"
+
+namespace linnet::tok {
+
+using Json = nlohmann::json;
+
+// ---- UTF-8 and Unicode properties (tokenizer_pipeline.cpp) ----
+
+/// Length of the valid UTF-8 sequence that starts at s[i] (1..4), or 0 when the bytes
+/// there are not one (overlong forms, surrogates and > U+10FFFF are invalid, as in Rust).
+std::size_t utf8_length_at(std::string_view s, std::size_t i);
+
+/// @throws Error "invalid UTF-8 at byte offset N" (where = `where`) unless `s` is valid.
+void check_utf8(std::string_view s, const std::string& where);
+
+/// The code point at s[i]; s must hold a valid sequence there.
+char32_t utf8_decode_at(std::string_view s, std::size_t i);
+
+/// The code point that ends at s[end-1]; s[..end) must be valid UTF-8 and end > 0.
+char32_t utf8_decode_before(std::string_view s, std::size_t end);
+
+/// Unicode White_Space (Rust's char::is_whitespace), from ICU.
+bool is_unicode_whitespace(char32_t c);
+
+/// A word character as the Rust regex crate's Unicode \w matches it (UTS #18: Alphabetic,
+/// marks, decimal digits, connector punctuation, join controls), from ICU.
+bool is_word_char(char32_t c);
+
+/// Replaces every non-overlapping occurrence of `from` (non-empty), left to right.
+std::string replace_all(std::string_view s, std::string_view from, std::string_view to);
+
+/// The JSON string at j[key], or an Error naming `where` and the key.
+std::string json_string(const Json& j, const char* key, const std::string& where);
+
+/// The byte of a byte-fallback token: "<0xAB>" (6 bytes, hex as Rust's
+/// u8::from_str_radix reads it) -> 0xAB, anything else -> empty (decoders/byte_fallback.rs).
+std::optional<uint8_t> byte_token_value(std::string_view token);
+
+// ---- normalizers (tokenizer_pipeline.cpp) ----
+
+/// Text -> normalized text. Types: Prepend, Replace (String pattern), Sequence; null is
+/// the identity.
+class Normalizer {
+ public:
+  /// @throws Error naming `where` and the type when the type is not supported.
+  static Normalizer from_json(const Json& j, const std::string& where);
+  std::string normalize(std::string text) const;
+
+ private:
+  struct Prepend {
+    std::string prepend;  // added in front of non-empty text
+  };
+  struct Replace {
+    std::string pattern;  // literal, non-empty
+    std::string content;
+  };
+  using Step = std::variant<Prepend, Replace>;
+  void add(const Json& j, const std::string& where);
+  std::vector<Step> steps_;
+};
+
+// ---- pre-tokenizers (tokenizer_pipeline.cpp) ----
+
+/// Normalized text -> words, each encoded by the model on its own. Only null (the
+/// whole text is one word, as for SentencePiece-converted Llama-2 tokenizers) today;
+/// Split / ByteLevel / Metaspace slot in here.
+class PreTokenizer {
+ public:
+  /// @throws Error naming `where` and the type for any non-null pre-tokenizer.
+  static PreTokenizer from_json(const Json& j, const std::string& where);
+  std::vector<std::string_view> split(std::string_view text) const { return {text}; }
+};
+
+// ---- the BPE model (bpe.cpp) ----
+
+/// Byte-pair encoding with byte fallback (tokenizers/src/models/bpe/model.rs and
+/// word.rs): a word is split into characters, characters missing from the vocabulary
+/// become <0xXX> byte tokens (or the unk token), then merges apply lowest rank first,
+/// leftmost first among equal ranks.
+class BpeModel {
+ public:
+  /// Reads vocab, merges ("a b" strings or ["a", "b"] pairs), unk_token, fuse_unk,
+  /// byte_fallback, ignore_merges, continuing_subword_prefix, end_of_word_suffix.
+  /// @throws Error naming `where` for a malformed field, a merge whose parts or result
+  ///   are not in the vocabulary, or dropout > 0. (An unk_token missing from the
+  ///   vocabulary is an error only when a word needs it, as in tokenizers.)
+  static BpeModel from_json(const Json& j, const std::string& where);
+
+  BpeModel(BpeModel&&) noexcept;
+  BpeModel& operator=(BpeModel&&) noexcept;
+  ~BpeModel();
+
+  /// Appends the ids of one pre-tokenized word (valid UTF-8) to `out`. Thread-safe
+  /// (the cache is shared under a mutex).
+  void tokenize(std::string_view word, std::vector<int32_t>& out) const;
+
+  std::optional<int32_t> token_to_id(std::string_view token) const;
+  /// The token of `id`, or nullptr when the vocabulary has none.
+  const std::string* id_to_token(int32_t id) const;
+  /// Largest id + 1 (0 for an empty vocabulary).
+  int64_t id_limit() const { return static_cast<int64_t>(id_to_token_.size()); }
+
+ private:
+  struct Cache;
+  BpeModel();
+  std::vector<int32_t> merge_word(std::string_view word) const;
+
+  struct StringHash {
+    using is_transparent = void;
+    std::size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
+  std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>> vocab_;
+  std::vector<std::optional<std::string>> id_to_token_;
+  struct MergeTarget {
+    int32_t rank;
+    int32_t new_id;
+  };
+  std::unordered_map<uint64_t, MergeTarget> merges_;  // key: (left id << 32) | right id
+  std::string where_;      // the file, for messages
+  std::string unk_token_;  // "" when none
+  std::optional<int32_t> unk_id_;  // empty when none or not in the vocabulary
+  bool fuse_unk_ = false;
+  bool byte_fallback_ = false;
+  bool ignore_merges_ = false;
+  std::string continuing_subword_prefix_;
+  std::string end_of_word_suffix_;
+  std::vector<int32_t> byte_ids_;  // [256] id of "<0xXX>" or -1
+  std::unique_ptr<Cache> cache_;
+};
+
+// ---- post-processors (tokenizer_pipeline.cpp) ----
+
+/// Adds the special tokens around an encoded sequence: TemplateProcessing's "single"
+/// template (processors/template.rs); null adds nothing.
+class PostProcessor {
+ public:
+  /// One template item: the sequence itself ($A) or a special token's ids.
+  struct Piece {
+    bool is_sequence = false;
+    std::vector<int32_t> ids;  // when !is_sequence
+  };
+  /// @throws Error naming `where` for an unsupported type or a malformed template.
+  static PostProcessor from_json(const Json& j, const std::string& where);
+  /// Replaces the single template (the tokenizer_config add_bos/add_eos override).
+  void set_single(std::vector<Piece> single) { single_ = std::move(single); }
+  std::vector<int32_t> process(std::vector<int32_t> ids) const;
+  /// The id of a one-token special piece that starts the template, if any.
+  std::optional<int32_t> leading_special() const;
+
+ private:
+  std::vector<Piece> single_;  // empty: add nothing
+};
+
+// ---- decoders (tokenizer_decoder.cpp) ----
+
+/// Tokens -> text: the decoder chain (decoders/: Replace with a String pattern,
+/// ByteFallback, Fuse, Strip, Sequence). Without a decoder the tokens are joined with
+/// " ", as tokenizers does.
+class Decoder {
+ public:
+  /// @throws Error naming `where` and the type when the type is not supported.
+  static Decoder from_json(const Json& j, const std::string& where);
+  std::string decode(std::vector<std::string> tokens) const;
+  /// True when the chain holds ByteFallback (runs of <0xXX> tokens decode together).
+  bool has_byte_fallback() const;
+
+ private:
+  struct Replace {
+    std::string pattern;  // literal, non-empty
+    std::string content;
+  };
+  struct ByteFallback {};
+  struct Fuse {};
+  struct Strip {
+    char32_t content = U' ';
+    std::size_t start = 0;  // at most this many leading `content` chars removed
+    std::size_t stop = 0;   // at most this many trailing ones
+  };
+  using Step = std::variant<Replace, ByteFallback, Fuse, Strip>;
+  void add(const Json& j, const std::string& where);
+  bool present_ = false;
+  std::vector<Step> steps_;
+};
+
+// ---- added tokens (tokenizer.cpp) ----
+
+/// One entry of tokenizer.json's "added_tokens".
+struct AddedToken {
+  int32_t id = 0;
+  std::string content;  // what is matched in the text (normalized first if `normalized`)
+  std::string token;    // what id_to_token / decode see: content, or for a normalized token
+                        // its normalized form (tokenizers' normalized_cache)
+  bool single_word = false;
+  bool lstrip = false;
+  bool rstrip = false;
+  bool normalized = false;
+  bool special = false;
+};
+
+/// A piece of the text during encoding: either still text, or an added token's id.
+struct Piece {
+  std::string text;
+  int32_t id = -1;  // >= 0: an added token
+};
+
+/// Finds added tokens in text: leftmost-longest, non-overlapping, then the
+/// single_word / lstrip / rstrip rules (tokenizers/src/tokenizer/added_vocabulary.rs,
+/// find_matches: a single_word token must not touch a \w character; lstrip / rstrip take
+/// in the \s characters around it).
+class AddedTokenMatcher {
+ public:
+  AddedTokenMatcher() = default;
+  /// `patterns[i]` is matched for `tokens[i]` (the content, or the normalized content).
+  AddedTokenMatcher(std::vector<const AddedToken*> tokens, std::vector<std::string> patterns);
+  /// Splits `text` into pieces (empty text pieces dropped) and appends them to `out`.
+  void split(const std::string& text, std::vector<Piece>& out) const;
+  bool empty() const { return tokens_.empty(); }
+
+ private:
+  std::vector<const AddedToken*> tokens_;
+  std::vector<std::string> patterns_;
+  std::vector<std::vector<std::size_t>> by_first_byte_;  // [256] -> indices, longest first
+};
+
+}  // namespace linnet::tok
+
+namespace linnet {
+
+/// Everything a loaded tokenizer holds (shared by copies of a Tokenizer).
+struct Tokenizer::Impl {
+  std::string where;  // the tokenizer.json path, for messages
+  std::vector<tok::AddedToken> added_tokens;
+  tok::Normalizer normalizer;
+  tok::PreTokenizer pre_tokenizer;
+  tok::BpeModel model;
+  tok::PostProcessor post_processor;
+  tok::Decoder decoder;
+  tok::AddedTokenMatcher raw_matcher;         // added tokens with normalized = false
+  tok::AddedTokenMatcher normalized_matcher;  // normalized = true, matched after normalizing
+  std::unordered_map<std::string, int32_t> added_by_content;
+  std::vector<const std::string*> added_by_id;  // [vocab_size], nullptr where none
+  std::vector<uint8_t> special;                 // [vocab_size] 1 for special added tokens
+  std::vector<int16_t> byte_value;  // [vocab_size] byte of a <0xXX> token if the decoder
+                                    // has ByteFallback, else -1
+  int64_t vocab_size = 0;
+  std::optional<int32_t> bos_id;
+  std::optional<int32_t> eos_id;
+  std::string chat_template;
+
+  explicit Impl(tok::BpeModel m) : model(std::move(m)) {}
+  /// The token string of `id`; throws Error naming the id when there is none.
+  const std::string& token_of(int32_t id) const;
+  std::vector<int32_t> encode(std::string_view text, bool add_special_tokens) const;
+  std::string decode(std::span<const int32_t> ids, bool skip_special_tokens) const;
+};
+
+}  // namespace linnet

@@ -1,0 +1,257 @@
+// Encode-side pieces of the tokenizer pipeline: UTF-8 checks, Unicode properties (from
+// ICU, no hand-written tables), normalizers, pre-tokenizers and post-processors, each
+// built from its tokenizer.json section. Semantics: huggingface/tokenizers
+// normalizers/{prepend,replace}.rs, processors/template.rs.
+#include <unicode/uchar.h>
+
+#include "common/error.h"
+#include "loader/tokenizer_parts.h"
+
+namespace linnet::tok {
+
+// ---- UTF-8 ----
+
+std::size_t utf8_length_at(std::string_view s, std::size_t i) {
+  const std::size_t n = s.size();
+  auto byte = [&](std::size_t k) { return static_cast<unsigned char>(s[k]); };
+  auto cont = [&](std::size_t k) { return k < n && (byte(k) & 0xC0) == 0x80; };
+  const unsigned char b0 = byte(i);
+  if (b0 < 0x80) return 1;
+  if (b0 >= 0xC2 && b0 <= 0xDF) return cont(i + 1) ? 2 : 0;
+  if (b0 >= 0xE0 && b0 <= 0xEF) {
+    if (i + 1 >= n) return 0;
+    const unsigned char b1 = byte(i + 1);
+    // E0 needs A0..BF (no overlongs); ED needs 80..9F (no surrogates).
+    const unsigned char lo = b0 == 0xE0 ? 0xA0 : 0x80;
+    const unsigned char hi = b0 == 0xED ? 0x9F : 0xBF;
+    return (b1 >= lo && b1 <= hi && cont(i + 2)) ? 3 : 0;
+  }
+  if (b0 >= 0xF0 && b0 <= 0xF4) {
+    if (i + 1 >= n) return 0;
+    const unsigned char b1 = byte(i + 1);
+    // F0 needs 90..BF (no overlongs); F4 needs 80..8F (<= U+10FFFF).
+    const unsigned char lo = b0 == 0xF0 ? 0x90 : 0x80;
+    const unsigned char hi = b0 == 0xF4 ? 0x8F : 0xBF;
+    return (b1 >= lo && b1 <= hi && cont(i + 2) && cont(i + 3)) ? 4 : 0;
+  }
+  return 0;
+}
+
+void check_utf8(std::string_view s, const std::string& where) {
+  for (std::size_t i = 0; i < s.size();) {
+    const std::size_t len = utf8_length_at(s, i);
+    if (len == 0) {
+      throw Error("invalid UTF-8 at byte offset " + std::to_string(i), where);
+    }
+    i += len;
+  }
+}
+
+char32_t utf8_decode_at(std::string_view s, std::size_t i) {
+  const auto b = [&](std::size_t k) { return static_cast<char32_t>(static_cast<unsigned char>(s[k])); };
+  const char32_t b0 = b(i);
+  if (b0 < 0x80) return b0;
+  if (b0 < 0xE0) return ((b0 & 0x1F) << 6) | (b(i + 1) & 0x3F);
+  if (b0 < 0xF0) return ((b0 & 0x0F) << 12) | ((b(i + 1) & 0x3F) << 6) | (b(i + 2) & 0x3F);
+  return ((b0 & 0x07) << 18) | ((b(i + 1) & 0x3F) << 12) | ((b(i + 2) & 0x3F) << 6) |
+         (b(i + 3) & 0x3F);
+}
+
+char32_t utf8_decode_before(std::string_view s, std::size_t end) {
+  std::size_t i = end - 1;
+  while (i > 0 && (static_cast<unsigned char>(s[i]) & 0xC0) == 0x80) --i;
+  return utf8_decode_at(s, i);
+}
+
+bool is_unicode_whitespace(char32_t c) { return u_isUWhiteSpace(static_cast<UChar32>(c)); }
+
+bool is_word_char(char32_t c) {
+  const auto cp = static_cast<UChar32>(c);
+  if (u_isUAlphabetic(cp) || u_hasBinaryProperty(cp, UCHAR_JOIN_CONTROL)) return true;
+  switch (u_charType(cp)) {
+    case U_NON_SPACING_MARK:
+    case U_ENCLOSING_MARK:
+    case U_COMBINING_SPACING_MARK:
+    case U_DECIMAL_DIGIT_NUMBER:
+    case U_CONNECTOR_PUNCTUATION:
+      return true;
+    default:
+      return false;
+  }
+}
+
+std::string replace_all(std::string_view s, std::string_view from, std::string_view to) {
+  std::string out;
+  out.reserve(s.size());
+  std::size_t pos = 0;
+  while (true) {
+    const std::size_t hit = s.find(from, pos);
+    if (hit == std::string_view::npos) break;
+    out.append(s, pos, hit - pos);
+    out.append(to);
+    pos = hit + from.size();
+  }
+  out.append(s, pos, std::string_view::npos);
+  return out;
+}
+
+std::string json_string(const Json& j, const char* key, const std::string& where) {
+  if (!j.is_object() || !j.contains(key) || !j.at(key).is_string()) {
+    throw Error(std::string("field '") + key + "' missing or not a string", where, "string",
+                j.is_object() && j.contains(key) ? j.at(key).type_name() : "nothing");
+  }
+  return j.at(key).get<std::string>();
+}
+
+std::optional<uint8_t> byte_token_value(std::string_view token) {
+  if (token.size() != 6 || token.substr(0, 3) != "<0x" || token.back() != '>') return {};
+  // Rust's u8::from_str_radix(s, 16) on token[3..5]: an optional '+', then hex digits.
+  std::string_view digits = token.substr(3, 2);
+  if (digits[0] == '+') digits.remove_prefix(1);
+  unsigned value = 0;
+  for (char c : digits) {
+    unsigned d;
+    if (c >= '0' && c <= '9') d = static_cast<unsigned>(c - '0');
+    else if (c >= 'a' && c <= 'f') d = static_cast<unsigned>(c - 'a' + 10);
+    else if (c >= 'A' && c <= 'F') d = static_cast<unsigned>(c - 'A' + 10);
+    else return {};
+    value = value * 16 + d;
+  }
+  return static_cast<uint8_t>(value);
+}
+
+namespace {
+
+/// The "type" of a component, or an Error naming the section.
+std::string type_of(const Json& j, const char* section, const std::string& where) {
+  if (!j.is_object()) {
+    throw Error(std::string(section) + " is not an object", where, "object", j.type_name());
+  }
+  return json_string(j, "type", where + " (" + section + ")");
+}
+
+/// The literal of a {"String": "..."} pattern; Error for {"Regex": ...} or anything else.
+std::string string_pattern(const Json& j, const char* section, const std::string& where) {
+  const Json& pattern = j.contains("pattern") ? j.at("pattern") : Json();
+  if (pattern.is_object() && pattern.contains("String") && pattern.at("String").is_string()) {
+    std::string literal = pattern.at("String").get<std::string>();
+    if (literal.empty()) {
+      throw Error(std::string("empty Replace pattern in ") + section, where);
+    }
+    return literal;
+  }
+  if (pattern.is_object() && pattern.contains("Regex")) {
+    throw Error(std::string("unsupported Replace pattern type 'Regex' in ") + section, where);
+  }
+  throw Error(std::string("malformed Replace pattern in ") + section, where,
+              "{\"String\": ...}", pattern.dump());
+}
+
+}  // namespace
+
+// ---- normalizers ----
+
+Normalizer Normalizer::from_json(const Json& j, const std::string& where) {
+  Normalizer n;
+  if (!j.is_null()) n.add(j, where);
+  return n;
+}
+
+void Normalizer::add(const Json& j, const std::string& where) {
+  const std::string type = type_of(j, "normalizer", where);
+  if (type == "Sequence") {
+    if (!j.contains("normalizers") || !j.at("normalizers").is_array()) {
+      throw Error("normalizer Sequence without a 'normalizers' array", where);
+    }
+    for (const Json& child : j.at("normalizers")) add(child, where);
+  } else if (type == "Prepend") {
+    steps_.push_back(Prepend{json_string(j, "prepend", where + " (Prepend normalizer)")});
+  } else if (type == "Replace") {
+    steps_.push_back(Replace{string_pattern(j, "Replace normalizer", where),
+                             json_string(j, "content", where + " (Replace normalizer)")});
+  } else {
+    throw Error("unsupported normalizer type '" + type + "'", where);
+  }
+}
+
+std::string Normalizer::normalize(std::string text) const {
+  for (const Step& step : steps_) {
+    if (const auto* p = std::get_if<Prepend>(&step)) {
+      if (!text.empty()) text = p->prepend + text;
+    } else if (const auto* r = std::get_if<Replace>(&step)) {
+      text = replace_all(text, r->pattern, r->content);
+    }
+  }
+  return text;
+}
+
+// ---- pre-tokenizers ----
+
+PreTokenizer PreTokenizer::from_json(const Json& j, const std::string& where) {
+  if (!j.is_null()) {
+    throw Error("unsupported pre_tokenizer type '" + type_of(j, "pre_tokenizer", where) + "'",
+                where);
+  }
+  return PreTokenizer{};
+}
+
+// ---- post-processors ----
+
+PostProcessor PostProcessor::from_json(const Json& j, const std::string& where) {
+  PostProcessor p;
+  if (j.is_null()) return p;
+  const std::string type = type_of(j, "post_processor", where);
+  if (type != "TemplateProcessing") {
+    throw Error("unsupported post_processor type '" + type + "'", where);
+  }
+  const std::string ctx = where + " (TemplateProcessing)";
+  if (!j.contains("single") || !j.at("single").is_array()) {
+    throw Error("'single' template missing or not an array", ctx);
+  }
+  const Json specials = j.value("special_tokens", Json::object());
+  for (const Json& item : j.at("single")) {
+    if (item.contains("Sequence")) {
+      const std::string seq = json_string(item.at("Sequence"), "id", ctx);
+      if (seq != "A") throw Error("single template uses sequence '" + seq + "'", ctx, "A", seq);
+      p.single_.push_back(Piece{true, {}});
+    } else if (item.contains("SpecialToken")) {
+      const std::string name = json_string(item.at("SpecialToken"), "id", ctx);
+      if (!specials.is_object() || !specials.contains(name)) {
+        throw Error("template special token '" + name + "' not in special_tokens", ctx);
+      }
+      const Json& ids = specials.at(name).at("ids");
+      Piece piece;
+      for (const Json& id : ids) {
+        if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX) {
+          throw Error("bad id for special token '" + name + "'", ctx, "an id", id.dump());
+        }
+        piece.ids.push_back(id.get<int32_t>());
+      }
+      p.single_.push_back(std::move(piece));
+    } else {
+      throw Error("template item is neither Sequence nor SpecialToken", ctx, "", item.dump());
+    }
+  }
+  return p;
+}
+
+std::vector<int32_t> PostProcessor::process(std::vector<int32_t> ids) const {
+  if (single_.empty()) return ids;
+  std::vector<int32_t> out;
+  out.reserve(ids.size() + single_.size());
+  for (const Piece& piece : single_) {
+    if (piece.is_sequence) {
+      out.insert(out.end(), ids.begin(), ids.end());
+    } else {
+      out.insert(out.end(), piece.ids.begin(), piece.ids.end());
+    }
+  }
+  return out;
+}
+
+std::optional<int32_t> PostProcessor::leading_special() const {
+  if (single_.empty() || single_[0].is_sequence || single_[0].ids.size() != 1) return {};
+  return single_[0].ids[0];
+}
+
+}  // namespace linnet::tok
