@@ -11,6 +11,7 @@
 #include <queue>
 
 #include "common/error.h"
+#include "loader/json_brief.h"
 #include "loader/tokenizer_parts.h"
 
 namespace linnet::tok {
@@ -49,7 +50,7 @@ std::pair<std::string, std::string> parse_merge(const Json& m, std::size_t rank,
     return {m[0].get<std::string>(), m[1].get<std::string>()};
   }
   throw Error("merge " + std::to_string(rank) + " is malformed", where,
-              "\"a b\" or [\"a\", \"b\"]", m.dump());
+              "\"a b\" or [\"a\", \"b\"]", json_brief(m));
 }
 
 }  // namespace
@@ -65,7 +66,7 @@ BpeModel BpeModel::from_json(const Json& j, const std::string& where) {
     if (!id_json.is_number_integer() || id_json.get<int64_t>() < 0 ||
         id_json.get<int64_t>() > INT32_MAX) {
       throw Error("vocab id of '" + token + "' is not a non-negative 32-bit integer", ctx, "",
-                  id_json.dump());
+                  json_brief(id_json));
     }
     const auto id = id_json.get<int32_t>();
     m.vocab_.emplace(token, id);
@@ -92,7 +93,7 @@ BpeModel BpeModel::from_json(const Json& j, const std::string& where) {
   if (j.contains("dropout") && !j.at("dropout").is_null()) {
     if (!j.at("dropout").is_number() || j.at("dropout").get<double>() != 0.0) {
       throw Error("BPE dropout is not supported (it makes encoding random)", ctx, "null",
-                  j.at("dropout").dump());
+                  json_brief(j.at("dropout")));
     }
   }
 

@@ -10,27 +10,13 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "loader/json_brief.h"
 
 namespace linnet {
 
 namespace {
 
 using nlohmann::json;
-
-/// `v` for an error message: its JSON text when flat and short, else its type and
-/// size. json::dump() recurses, and a hostile file can nest millions of levels deep.
-std::string brief(const json& v) {
-  std::string s;
-  if (v.is_primitive() || (v.size() <= 16 && std::all_of(v.begin(), v.end(), [](const json& e) {
-                             return e.is_primitive();
-                           }))) {
-    s = v.dump();
-  } else {
-    s = std::string(v.type_name()) + " of " + std::to_string(v.size()) + " entries";
-  }
-  if (s.size() > 200) s = s.substr(0, 200) + "...";
-  return s;
-}
 
 const json* field_of(const json& j, const char* field) {
   auto it = j.find(field);
@@ -41,7 +27,7 @@ const json* field_of(const json& j, const char* field) {
 [[noreturn]] void type_error(const std::string& source, const char* field, const char* expected,
                              const json& v) {
   throw Error("wrong JSON type", source + ": field \"" + field + "\"", expected,
-              std::string(v.type_name()) + " " + brief(v));
+              std::string(v.type_name()) + " " + json_brief(v));
 }
 
 bool is_token_id(const json& v) {

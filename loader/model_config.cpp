@@ -14,27 +14,13 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "loader/json_brief.h"
 
 namespace linnet {
 
 namespace {
 
 using nlohmann::json;
-
-/// `v` for an error message: its JSON text when flat and short, else its type and
-/// size. json::dump() recurses, and a hostile file can nest millions of levels deep.
-std::string brief(const json& v) {
-  std::string s;
-  if (v.is_primitive() || (v.size() <= 16 && std::all_of(v.begin(), v.end(), [](const json& e) {
-                             return e.is_primitive();
-                           }))) {
-    s = v.dump();
-  } else {
-    s = std::string(v.type_name()) + " of " + std::to_string(v.size()) + " entries";
-  }
-  if (s.size() > 200) s = s.substr(0, 200) + "...";
-  return s;
-}
 
 /// Typed access to one config object; every error names the source file and field.
 class Fields {
@@ -54,7 +40,7 @@ class Fields {
   }
 
   void type_error(const char* field, const char* expected, const json& v) const {
-    fail(field, "wrong JSON type", expected, std::string(v.type_name()) + " " + brief(v));
+    fail(field, "wrong JSON type", expected, std::string(v.type_name()) + " " + json_brief(v));
   }
 
   std::optional<int64_t> opt_int(const char* field) const {
@@ -62,7 +48,7 @@ class Fields {
     if (!v) return std::nullopt;
     if (!v->is_number_integer()) type_error(field, "an integer", *v);
     if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
-      fail(field, "integer out of range", "<= 2^63-1", brief(*v));
+      fail(field, "integer out of range", "<= 2^63-1", json_brief(*v));
     return v->get<int64_t>();
   }
 
@@ -92,7 +78,7 @@ class Fields {
     if (!v) return fallback;
     if (!v->is_number()) type_error(field, "a number", *v);
     const double d = v->get<double>();
-    if (!(d > 0)) fail(field, "impossible value", "> 0", brief(*v));
+    if (!(d > 0)) fail(field, "impossible value", "> 0", json_brief(*v));
     return d;
   }
 
@@ -129,7 +115,7 @@ class Fields {
     if (!v->is_array()) type_error(field, "an integer or a list of integers", *v);
     for (const json& e : *v) {
       if (!e.is_number_integer() || (!e.is_number_unsigned() && e.get<int64_t>() < 0))
-        fail(field, "list entry is not a token id", "non-negative integers", brief(*v));
+        fail(field, "list entry is not a token id", "non-negative integers", json_brief(*v));
       ids.push_back(e.get<int64_t>());
     }
     return ids;
@@ -138,7 +124,7 @@ class Fields {
   /// Refuses a feature: the field is present with a value this build cannot run.
   [[noreturn]] void not_implemented(const char* field, const std::string& expected,
                                     const json& v) const {
-    fail(field, "not implemented in this build", expected, brief(v));
+    fail(field, "not implemented in this build", expected, json_brief(v));
   }
 
  private:

@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "loader/json_brief.h"
 
 namespace linnet {
 
@@ -116,21 +117,6 @@ void convert_to_f32(DType dtype, const std::byte* src, int64_t n, float* out) {
   }
 }
 
-/// `v` for an error message: its JSON text when flat and short, else its type and
-/// size. json::dump() recurses, and a hostile file can nest millions of levels deep.
-std::string brief(const json& v) {
-  std::string s;
-  if (v.is_primitive() || (v.size() <= 16 && std::all_of(v.begin(), v.end(), [](const json& e) {
-                             return e.is_primitive();
-                           }))) {
-    s = v.dump();
-  } else {
-    s = std::string(v.type_name()) + " of " + std::to_string(v.size()) + " entries";
-  }
-  if (s.size() > 200) s = s.substr(0, 200) + "...";
-  return s;
-}
-
 /// A JSON integer >= 0 (the parser stores those as unsigned) as uint64.
 bool as_u64(const json& v, uint64_t& out) {
   if (v.is_number_unsigned()) {
@@ -211,9 +197,9 @@ class HeaderParser {
       uint64_t v = 0;
       if (!as_u64(d, v))
         fail(t + ": shape has an entry that is not a non-negative integer",
-             "non-negative integers", brief(sh));
+             "non-negative integers", json_brief(sh));
       if (v > static_cast<uint64_t>(INT64_MAX))
-        fail(t + ": shape dimension too large", "<= 2^63-1", brief(sh));
+        fail(t + ": shape dimension too large", "<= 2^63-1", json_brief(sh));
       info.shape.push_back(static_cast<int64_t>(v));
       overflow = overflow || __builtin_mul_overflow(numel, v, &numel);
     }
@@ -222,9 +208,9 @@ class HeaderParser {
     if (!off.is_array() || off.size() != 2 || !as_u64(off[0], info.begin) ||
         !as_u64(off[1], info.end))
       fail(t + ": data_offsets is not [begin, end] of non-negative integers",
-           "[begin, end]", brief(off));
+           "[begin, end]", json_brief(off));
     if (info.begin > info.end)
-      fail(t + ": data_offsets begin > end", "begin <= end", brief(off));
+      fail(t + ": data_offsets begin > end", "begin <= end", json_brief(off));
 
     const uint64_t item = dtype_size(info.dtype);
     uint64_t bytes = 0;

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "common/error.h"
+#include "loader/json_brief.h"
 #include "loader/tokenizer_parts.h"
 
 namespace linnet {
@@ -131,7 +132,7 @@ std::vector<tok::AddedToken> parse_added_tokens(const Json& j, const std::string
     tok::AddedToken a;
     if (!t.is_object() || !t.contains("id") || !t.at("id").is_number_integer() ||
         t.at("id").get<int64_t>() < 0 || t.at("id").get<int64_t>() > INT32_MAX) {
-      throw Error("added token without a valid 'id'", where, "", t.dump());
+      throw Error("added token without a valid 'id'", where, "", json_brief(t));
     }
     a.id = t.at("id").get<int32_t>();
     a.content = tok::json_string(t, "content", where + " (added_tokens)");

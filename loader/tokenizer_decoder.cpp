@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "common/error.h"
+#include "loader/json_brief.h"
 #include "loader/tokenizer_parts.h"
 
 namespace linnet::tok {
@@ -101,7 +102,7 @@ void Decoder::add(const Json& j, const std::string& where) {
         throw Error("unsupported Replace pattern type 'Regex' in decoder", where);
       }
       throw Error("malformed Replace pattern in decoder", where, "{\"String\": ...}",
-                  pattern.dump());
+                  json_brief(pattern));
     }
     std::string literal = pattern.at("String").get<std::string>();
     if (literal.empty()) throw Error("empty Replace pattern in decoder", where);

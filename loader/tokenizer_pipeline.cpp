@@ -5,6 +5,7 @@
 #include <unicode/uchar.h>
 
 #include "common/error.h"
+#include "loader/json_brief.h"
 #include "loader/tokenizer_parts.h"
 
 namespace linnet::tok {
@@ -144,7 +145,7 @@ std::string string_pattern(const Json& j, const char* section, const std::string
     throw Error(std::string("unsupported Replace pattern type 'Regex' in ") + section, where);
   }
   throw Error(std::string("malformed Replace pattern in ") + section, where,
-              "{\"String\": ...}", pattern.dump());
+              "{\"String\": ...}", json_brief(pattern));
 }
 
 }  // namespace
@@ -223,13 +224,13 @@ PostProcessor PostProcessor::from_json(const Json& j, const std::string& where) 
       Piece piece;
       for (const Json& id : ids) {
         if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX) {
-          throw Error("bad id for special token '" + name + "'", ctx, "an id", id.dump());
+          throw Error("bad id for special token '" + name + "'", ctx, "an id", json_brief(id));
         }
         piece.ids.push_back(id.get<int32_t>());
       }
       p.single_.push_back(std::move(piece));
     } else {
-      throw Error("template item is neither Sequence nor SpecialToken", ctx, "", item.dump());
+      throw Error("template item is neither Sequence nor SpecialToken", ctx, "", json_brief(item));
     }
   }
   return p;
