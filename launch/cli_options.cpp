@@ -1,5 +1,7 @@
 #include "launch/cli_options.h"
 
+#include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <vector>
 
@@ -8,38 +10,55 @@
 #include "common/error.h"
 
 namespace linnet {
+namespace {
+
+std::string num(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+void invalid(const char* option, const std::string& expected, const std::string& actual) {
+  throw Error("invalid value", option, expected, actual);
+}
+
+}  // namespace
 
 CommandLine parse_command_line(int argc, char** argv) {
   std::vector<char*> args(argv, argv + argc);
   if (args.size() > 1 && std::strcmp(args[1], "generate") == 0) args.erase(args.begin() + 1);
 
   cxxopts::Options opts("linnet-tp",
-                        "Tensor-parallel inference for Llama-family models.\n"
-                        "Run it under mpirun: every rank loads its slice of the checkpoint.\n\n"
-                        "  mpirun -np 4 linnet-tp [generate] --model DIR --prompt TEXT\n");
+                        "Tensor-parallel inference for Llama-family models. Run it under mpirun:\n"
+                        "every rank loads its slice of the checkpoint and computes its share of\n"
+                        "each layer.\n\n"
+                        "  mpirun -np 4 linnet-tp --model DIR --prompt TEXT\n\n"
+                        "Subcommands: generate (the default).\n");
   opts.custom_help("[generate] [OPTIONS]");
   // clang-format off
   opts.add_options()
     ("model", "Model directory (Hugging Face layout: config.json, *.safetensors, tokenizer.json)",
      cxxopts::value<std::string>())
-    ("prompt", "Prompt text", cxxopts::value<std::string>())
-    ("input", "JSONL file, one {\"prompt\": ...} per line, done one after another",
-     cxxopts::value<std::string>())
+    ("prompt", "Prompt text (raw: no chat template is applied)", cxxopts::value<std::string>())
+    ("input", "JSONL file, one {\"prompt\": ...} per line, done one after another "
+     "(instead of --prompt)", cxxopts::value<std::string>())
     ("output", "JSONL results, one {prompt, completion, prompt_ids, completion_ids, "
-     "finish_reason} per prompt in input order", cxxopts::value<std::string>())
-    ("max-new-tokens", "Most tokens to generate per prompt",
-     cxxopts::value<int64_t>()->default_value("256"))
-    ("temperature", "Sampling temperature; 0 = greedy (default: generation_config.json)",
-     cxxopts::value<double>())
-    ("top-k", "Keep the k most probable tokens; 0 = off", cxxopts::value<int64_t>())
-    ("top-p", "Keep the smallest set of most probable tokens with mass >= p",
-     cxxopts::value<double>())
+     "finish_reason} per prompt in input order; written when the run succeeds",
+     cxxopts::value<std::string>())
+    ("max-new-tokens", "Most tokens to generate per prompt; prompt + new tokens never exceed "
+     "--max-seq-len", cxxopts::value<int64_t>()->default_value("256"))
+    ("temperature", "Sampling temperature; 0 = greedy. Default: generation_config.json "
+     "(do_sample true: its temperature or 1; else 0)", cxxopts::value<double>())
+    ("top-k", "With sampling, keep the k most probable tokens; 0 = off. Default: "
+     "generation_config.json, else 50", cxxopts::value<int64_t>())
+    ("top-p", "With sampling, keep the smallest set of most probable tokens with mass >= p. "
+     "Default: generation_config.json, else 1", cxxopts::value<double>())
     ("seed", "Sampling seed (default: random, printed with --verbose)", cxxopts::value<uint64_t>())
-    ("max-seq-len", "KV cache length (default: min(max_position_embeddings, 8192))",
-     cxxopts::value<int64_t>()->default_value("0"))
+    ("max-seq-len", "KV cache length in tokens (default: min(max_position_embeddings, 8192))",
+     cxxopts::value<int64_t>())
     ("threads", "BLAS threads per rank (default: cores / ranks on the node)",
-     cxxopts::value<int>()->default_value("0"))
-    ("verbose", "Print load details, KV cache size and the seed to stderr")
+     cxxopts::value<int>())
+    ("verbose", "Print the shard plan, KV cache size, sampling settings and seed to stderr")
     ("version", "Print the version and exit")
     ("h,help", "Print this help and exit");
   // clang-format on
@@ -66,22 +85,37 @@ CommandLine parse_command_line(int argc, char** argv) {
   GenerateOptions& g = cl.generate;
   if (!r.count("model")) throw Error("is required", "--model");
   g.model = r["model"].as<std::string>();
+  if (r.count("prompt") > 1 || r.count("input") > 1) throw Error("given more than once", "--prompt/--input");
   if (r.count("prompt")) g.prompt = r["prompt"].as<std::string>();
   if (r.count("input")) g.input = r["input"].as<std::string>();
   if (r.count("output")) g.output = r["output"].as<std::string>();
   if (!g.prompt && g.input.empty()) throw Error("give --prompt TEXT or --input FILE.jsonl", "--prompt");
   if (g.prompt && !g.input.empty()) throw Error("give only one of --prompt and --input", "--input");
   g.max_new_tokens = r["max-new-tokens"].as<int64_t>();
-  if (g.max_new_tokens < 0) {
-    throw Error("must be >= 0", "--max-new-tokens", ">= 0", std::to_string(g.max_new_tokens));
+  if (g.max_new_tokens < 0) invalid("--max-new-tokens", ">= 0", std::to_string(g.max_new_tokens));
+  if (r.count("temperature")) {
+    g.temperature = r["temperature"].as<double>();
+    if (!(*g.temperature >= 0.0) || std::isinf(*g.temperature)) {
+      invalid("--temperature", "a finite number >= 0", num(*g.temperature));
+    }
   }
-  if (r.count("temperature")) g.temperature = r["temperature"].as<double>();
-  if (r.count("top-k")) g.top_k = r["top-k"].as<int64_t>();
-  if (r.count("top-p")) g.top_p = r["top-p"].as<double>();
+  if (r.count("top-k")) {
+    g.top_k = r["top-k"].as<int64_t>();
+    if (*g.top_k < 0) invalid("--top-k", ">= 0", std::to_string(*g.top_k));
+  }
+  if (r.count("top-p")) {
+    g.top_p = r["top-p"].as<double>();
+    if (!(*g.top_p > 0.0 && *g.top_p <= 1.0)) invalid("--top-p", "in (0, 1]", num(*g.top_p));
+  }
   if (r.count("seed")) g.seed = r["seed"].as<uint64_t>();
-  g.max_seq_len = r["max-seq-len"].as<int64_t>();
-  if (g.max_seq_len < 0) throw Error("must be >= 0", "--max-seq-len", ">= 0", std::to_string(g.max_seq_len));
-  g.threads = r["threads"].as<int>();
+  if (r.count("max-seq-len")) {
+    g.max_seq_len = r["max-seq-len"].as<int64_t>();
+    if (g.max_seq_len < 1) invalid("--max-seq-len", ">= 1", std::to_string(g.max_seq_len));
+  }
+  if (r.count("threads")) {
+    g.threads = r["threads"].as<int>();
+    if (g.threads < 1) invalid("--threads", ">= 1", std::to_string(g.threads));
+  }
   g.verbose = r.count("verbose") > 0;
   return cl;
 }

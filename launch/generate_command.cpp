@@ -154,9 +154,15 @@ int run_generate(const GenerateOptions& o, Job& job) {
     groups.world->broadcast(&seed, sizeof seed, 0);
     sampling.seed = seed;
     if (w.world_rank == 0) {
-      info("sampling: temperature " + std::to_string(sampling.temperature) + ", top_k " +
-           std::to_string(sampling.top_k) + ", top_p " + std::to_string(sampling.top_p) + ", seed " +
-           std::to_string(seed));
+      char line[160];
+      std::snprintf(line, sizeof line, "sampling: temperature %g, top_k %lld, top_p %g, seed %llu",
+                    sampling.temperature, static_cast<long long>(sampling.top_k), sampling.top_p,
+                    static_cast<unsigned long long>(seed));
+      info(line);
+      if (sampling.temperature == 0.0 && (o.top_k || o.top_p || o.seed)) {
+        warn("decoding is greedy (temperature 0), so --top-k, --top-p and --seed have no effect; "
+             "give --temperature > 0 to sample");
+      }
       if (!o.output.empty()) output = std::make_unique<JsonlOutput>(o.output);
     }
 

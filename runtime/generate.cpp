@@ -29,12 +29,16 @@ GenerationResult generate_until(Engine& engine, std::span<const int32_t> prompt,
   GenerationResult result;
   result.finish_reason = "length";
   Sampler sampler(params);
-  if (max_new_tokens <= 0) {
+  const int64_t max_seq_len = engine.max_seq_len();
+  if (static_cast<int64_t>(prompt.size()) > max_seq_len) {
+    engine.prefill(prompt, 0);  // throws the error that names --max-seq-len
+  }
+  if (max_new_tokens <= 0 || static_cast<int64_t>(prompt.size()) == max_seq_len) {
     return result;
   }
   auto t0 = Clock::now();
   std::vector<float> logits = engine.prefill(prompt, 0);
-  int64_t pos = static_cast<int64_t>(prompt.size());
+  int64_t pos = static_cast<int64_t>(prompt.size());  // tokens in the KV cache
   int32_t token = draw(engine, sampler, logits);
   result.prefill_ms = ms_since(t0);
   auto t1 = Clock::now();
@@ -45,7 +49,8 @@ GenerationResult generate_until(Engine& engine, std::span<const int32_t> prompt,
       result.finish_reason = "stop";
       break;
     }
-    if (static_cast<int64_t>(result.ids.size()) >= max_new_tokens || pos >= engine.max_seq_len()) break;
+    // Prompt + new tokens stay within max_seq_len (the newest token is at position pos).
+    if (static_cast<int64_t>(result.ids.size()) >= max_new_tokens || pos + 1 >= max_seq_len) break;
     logits = engine.decode(token, pos++);
     token = draw(engine, sampler, logits);
   }

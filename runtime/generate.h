@@ -35,7 +35,8 @@ GenerationResult sample(Engine& engine, std::span<const int32_t> prompt, int64_t
                         const SamplingParams& params);
 
 /// Decodes after `prompt` until a token in `eos_ids` (finish "stop"), `max_new_tokens`
-/// tokens, or the end of the KV cache (finish "length").
+/// tokens, or prompt + new tokens reaching the KV cache length (finish "length"; a
+/// prompt that fills the cache gets no new token).
 /// @throws Error when the prompt does not fit in the KV cache (from Engine::prefill).
 GenerationResult generate_until(Engine& engine, std::span<const int32_t> prompt,
                                 const SamplingParams& params, int64_t max_new_tokens,

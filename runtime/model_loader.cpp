@@ -15,7 +15,20 @@ ModelFiles open_model(const std::filesystem::path& dir) {
   ModelConfig config = ModelConfig::load(dir / "config.json");
   GenerationConfig generation = GenerationConfig::load(dir / "generation_config.json");
   Checkpoint checkpoint = Checkpoint::open(dir);
-  std::vector<std::string> unused = checkpoint.validate(tensor_specs(weight_table(config)));
+  std::vector<std::string> unused;
+  try {
+    unused = checkpoint.validate(tensor_specs(weight_table(config)));
+  } catch (const Error& e) {
+    // The expected shapes come from config.json: say so, since a wrong config makes
+    // every tensor look wrong.
+    throw Error(std::string(e.what()) + "\n(expected shapes follow " + (dir / "config.json").string() +
+                    ": hidden_size " + std::to_string(config.hidden_size) + ", intermediate_size " +
+                    std::to_string(config.intermediate_size) + ", num_attention_heads " +
+                    std::to_string(config.num_attention_heads) + ", num_key_value_heads " +
+                    std::to_string(config.num_key_value_heads) + ", head_dim " +
+                    std::to_string(config.head_dim) + ", vocab_size " + std::to_string(config.vocab_size) +
+                    ", num_hidden_layers " + std::to_string(config.num_hidden_layers) + ")");
+  }
   return ModelFiles{dir, std::move(config), std::move(generation), std::move(checkpoint), std::move(unused)};
 }
 

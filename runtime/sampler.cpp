@@ -12,11 +12,11 @@ namespace linnet {
 
 Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {
   if (!(params.temperature >= 0.0)) {
-    throw Error("must be >= 0", "--temperature", ">= 0", std::to_string(params.temperature));
+    throw Error("invalid value", "temperature", ">= 0", std::to_string(params.temperature));
   }
-  if (params.top_k < 0) throw Error("must be >= 0", "--top-k", ">= 0", std::to_string(params.top_k));
+  if (params.top_k < 0) throw Error("invalid value", "top_k", ">= 0", std::to_string(params.top_k));
   if (!(params.top_p > 0.0 && params.top_p <= 1.0)) {
-    throw Error("must be in (0, 1]", "--top-p", "(0, 1]", std::to_string(params.top_p));
+    throw Error("invalid value", "top_p", "in (0, 1]", std::to_string(params.top_p));
   }
 }
 

@@ -268,6 +268,22 @@ TEST_F(Cli, InvalidUtf8Prompt) {
   expect_clean_failure("--model " + quote(test::stories_dir().string()) + " --prompt \"$(printf 'ab\\377')\"", "offset");
 }
 
+TEST_F(Cli, BadFlagValuesAreUsageErrors) {
+  const std::string model = "--model " + quote(test::stories_dir().string()) + " --prompt hi ";
+  for (const auto& [flags, option] : std::vector<std::pair<std::string, std::string>>{
+           {"--temperature -1", "--temperature"},
+           {"--top-p 1.5", "--top-p"},
+           {"--top-k -5", "--top-k"},
+           {"--max-new-tokens -1", "--max-new-tokens"},
+           {"--max-seq-len 0", "--max-seq-len"},
+           {"--threads 0", "--threads"},
+           {"--no-such-flag", "no-such-flag"}}) {
+    const Result r = run(2, model + flags);
+    EXPECT_EQ(r.code, 2) << flags << ": " << r.err;
+    EXPECT_NE(r.err.find(option), std::string::npos) << flags << ": " << r.err;
+  }
+}
+
 TEST_F(Cli, MissingModelDirectory) {
   expect_clean_failure("--model " + quote((tmp_ / "nope").string()) + " --prompt hi", "nope");
 }

@@ -143,6 +143,11 @@ TEST_F(EngineTest, GenerateUntilStopsAtEos) {
   const GenerationResult l = generate_until(*tp_, std::vector<int32_t>{1}, SamplingParams{}, 5, {});
   EXPECT_EQ(l.ids.size(), 5u);
   EXPECT_EQ(l.finish_reason, "length");
+  // Prompt + new tokens never exceed the cache (256 here); a full prompt gets none.
+  const GenerationResult cap = generate_until(*tp_, std::vector<int32_t>(250, 300), SamplingParams{}, 100, {});
+  EXPECT_EQ(cap.ids.size(), 6u);
+  EXPECT_EQ(cap.finish_reason, "length");
+  EXPECT_TRUE(generate_until(*tp_, std::vector<int32_t>(256, 300), SamplingParams{}, 100, {}).ids.empty());
 }
 
 TEST_F(EngineTest, BadTokensAndOverlongPromptsAreRefused) {
