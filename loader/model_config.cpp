@@ -141,12 +141,48 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
 
   // Refusals first: a config for another architecture should say so, not complain
   // about a missing field.
+  const char* kTypes = "\"llama\", \"mistral\", \"qwen3\" or \"phi3\"";
   const std::optional<std::string> model_type = f.opt_string("model_type");
-  if (!model_type) f.fail("model_type", "missing required field", "\"llama\"", "absent");
-  if (*model_type != "llama") f.not_implemented("model_type", "\"llama\"", j["model_type"]);
+  if (!model_type) f.fail("model_type", "missing required field", kTypes, "absent");
+  if (*model_type != "llama" && *model_type != "mistral" && *model_type != "qwen3" && *model_type != "phi3")
+    f.not_implemented("model_type", kTypes, j["model_type"]);
   c.model_type = *model_type;
-  if (const json* rs = f.get("rope_scaling"))
-    f.not_implemented("rope_scaling", "null (plain RoPE)", *rs);
+  c.qk_norm = c.model_type == "qwen3";
+  c.fused_projections = c.model_type == "phi3";
+
+  // RoPE: transformers 4 writes rope_theta + rope_scaling, transformers 5 rope_parameters
+  // (rope_type, rope_theta and the scaling fields in one object).
+  const char* rope_field = f.get("rope_parameters") ? "rope_parameters" : "rope_scaling";
+  double theta_from_parameters = 0.0;
+  if (const json* rs = f.get(rope_field)) {
+    if (!rs->is_object()) f.type_error(rope_field, "an object or null", *rs);
+    const std::string nested_source = source + " " + rope_field;
+    const Fields r(*rs, nested_source);
+    const std::string type =
+        r.opt_string("rope_type").value_or(r.opt_string("type").value_or("default"));
+    if (type == "llama3") {
+      RopeScaling s;
+      s.rope_type = type;
+      s.factor = r.positive_double_or("factor", 0.0);
+      s.low_freq_factor = r.positive_double_or("low_freq_factor", 0.0);
+      s.high_freq_factor = r.positive_double_or("high_freq_factor", 0.0);
+      s.original_max_position_embeddings = r.positive_int_or("original_max_position_embeddings", 0);
+      if (s.factor == 0.0 || s.low_freq_factor == 0.0 || s.high_freq_factor == 0.0 ||
+          s.original_max_position_embeddings == 0) {
+        f.fail(rope_field, "llama3 rope scaling needs factor, low_freq_factor, high_freq_factor and "
+                           "original_max_position_embeddings", "all four > 0", json_brief(*rs));
+      }
+      if (!(s.high_freq_factor > s.low_freq_factor)) {
+        f.fail(rope_field, "high_freq_factor must exceed low_freq_factor", "high > low", json_brief(*rs));
+      }
+      c.rope_scaling = s;
+    } else if (type != "default") {
+      f.not_implemented(rope_field, "null, \"default\" or rope_type \"llama3\"", *rs);
+    }
+    if (std::string(rope_field) == "rope_parameters") {
+      theta_from_parameters = r.positive_double_or("rope_theta", 0.0);
+    }
+  }
   if (f.opt_bool("attention_bias").value_or(false))
     f.not_implemented("attention_bias", "false", j["attention_bias"]);
   if (f.opt_bool("mlp_bias").value_or(false)) f.not_implemented("mlp_bias", "false", j["mlp_bias"]);
@@ -178,7 +214,16 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
   c.vocab_size = f.positive_int("vocab_size");
   c.max_position_embeddings = f.positive_int_or("max_position_embeddings", 2048);
   c.rms_norm_eps = f.positive_double_or("rms_norm_eps", 1e-6);
-  c.rope_theta = f.positive_double_or("rope_theta", 10000.0);
+  c.rope_theta = theta_from_parameters > 0.0 ? theta_from_parameters
+                                             : f.positive_double_or("rope_theta", 10000.0);
+  // Sliding window: Phi-3 and Mistral apply it to every layer; Qwen3 only with
+  // use_sliding_window (a per-layer scheme not implemented here).
+  if (c.model_type == "qwen3") {
+    if (f.opt_bool("use_sliding_window").value_or(false))
+      f.not_implemented("use_sliding_window", "false", j["use_sliding_window"]);
+  } else if (c.model_type != "llama" && f.get("sliding_window")) {
+    c.sliding_window = f.positive_int("sliding_window");
+  }
   c.tie_word_embeddings = f.opt_bool("tie_word_embeddings").value_or(false);
   c.bos_token_id = f.opt_token_id("bos_token_id");
   c.eos_token_ids = f.token_id_list("eos_token_id");

@@ -27,6 +27,18 @@ enum class WeightRole {
   kGateProj,        // [intermediate_size, hidden_size]
   kUpProj,          // [intermediate_size, hidden_size]
   kDownProj,        // [hidden_size, intermediate_size]
+  kQNorm,           // Qwen3 self_attn.q_norm [head_dim], replicated
+  kKNorm,           // Qwen3 self_attn.k_norm [head_dim], replicated
+  kQkvProj,         // Phi-3 fused [q; k; v] along dim 0, segments kQProj, kKProj, kVProj
+  kGateUpProj,      // Phi-3 fused [gate; up] along dim 0, segments kGateProj, kUpProj
+};
+
+/// One block of rows of a fused tensor: `rows` rows playing `role`, starting at
+/// `row_offset` of the fused tensor. Each segment is sharded on its own.
+struct WeightSegment {
+  WeightRole role;
+  int64_t row_offset = 0;
+  int64_t rows = 0;
 };
 
 /// How a tensor is split over the tp ranks.
@@ -44,10 +56,12 @@ struct WeightEntry {
   int layer = -1;             // decoder layer, -1 for model-level tensors
   std::vector<int64_t> shape; // global (unsharded) shape
   ShardStyle shard;
+  std::vector<WeightSegment> segments;  // fused tensors only; empty otherwise
 };
 
 /// Every tensor a `config` model reads from its checkpoint, in load order.
-/// Source of the names: transformers' modeling_llama.py (LlamaForCausalLM state dict).
+/// Source of the names: transformers' modeling_llama.py, modeling_qwen3.py (q_norm,
+/// k_norm) and modeling_phi3.py (qkv_proj, gate_up_proj) state dicts.
 std::vector<WeightEntry> weight_table(const ModelConfig& config);
 
 /// The table as presence/shape specs for Checkpoint::validate.

@@ -30,9 +30,13 @@ class CpuBackend final : public Backend {
     cpu::swiglu(gate_up, out, rows, inter);
   }
   void attention(const float* q, int64_t q_stride, const float* k_cache, const float* v_cache, float* out,
-                 int64_t rows, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
-                 const int32_t* positions) override {
-    cpu::attention(q, q_stride, k_cache, v_cache, out, rows, n_heads, n_kv_heads, head_dim, positions);
+                 int64_t rows, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, const int32_t* positions,
+                 int64_t window) override {
+    cpu::attention(q, q_stride, k_cache, v_cache, out, rows, n_heads, n_kv_heads, head_dim, positions, window);
+  }
+  void rmsnorm_heads(float* x, int64_t rows, int64_t row_stride, int64_t n_heads, int64_t head_dim,
+                     const float* weight, float eps) override {
+    cpu::rmsnorm_heads(x, rows, row_stride, n_heads, head_dim, weight, eps);
   }
   void add_inplace(float* x, const float* y, int64_t n) override { cpu::add_inplace(x, y, n); }
   void store_rows(const float* src, int64_t src_stride, float* cache, int64_t row_elems,

@@ -20,6 +20,10 @@ Engine::Engine(const ModelConfig& config, const ShardPlan& plan, ModelWeights we
   LINNET_CHECK(max_seq_len >= 1, "max_seq_len must be positive");
   inv_freq_ = Tensor::zeros({config.head_dim / 2});
   cpu::rope_inv_freq(config.rope_theta, config.head_dim, inv_freq_.data());
+  if (const auto& rs = config.rope_scaling) {
+    cpu::rope_scale_llama3(inv_freq_.data(), config.head_dim / 2, rs->factor, rs->low_freq_factor,
+                           rs->high_freq_factor, static_cast<double>(rs->original_max_position_embeddings));
+  }
 }
 
 void Engine::check_tokens(std::span<const int32_t> tokens, int64_t pos, int64_t capacity) const {
@@ -46,6 +50,7 @@ Tensor Engine::run(std::span<const int32_t> tokens, int64_t pos, KvCache& cache,
   const int64_t qkv_cols = (nh + 2 * nkv) * hd;
   const int64_t inter = plan_.intermediate_local;
   const float eps = static_cast<float>(config_.rms_norm_eps);
+  const int64_t window = config_.sliding_window.value_or(0);
 
   std::vector<int32_t> positions(static_cast<size_t>(S));
   std::iota(positions.begin(), positions.end(), static_cast<int32_t>(pos));
@@ -68,13 +73,17 @@ Tensor Engine::run(std::span<const int32_t> tokens, int64_t pos, KvCache& cache,
     // Attention block: column-parallel q/k/v (this rank's heads), row-parallel o_proj.
     backend_.rmsnorm(h.data(), L.input_norm.data(), xn.data(), S, H, eps);
     backend_.matmul_nt(xn.data(), L.wqkv.data(), qkv.data(), S, H, qkv_cols);
+    if (config_.qk_norm) {  // Qwen3: per-head RMSNorm of q and k, before RoPE
+      backend_.rmsnorm_heads(qkv.data(), S, qkv_cols, nh, hd, L.q_norm.data(), eps);
+      backend_.rmsnorm_heads(qkv.data() + nh * hd, S, qkv_cols, nkv, hd, L.k_norm.data(), eps);
+    }
     backend_.rope(qkv.data(), S, qkv_cols, nh, hd, positions.data(), inv_freq_.data());
     backend_.rope(qkv.data() + nh * hd, S, qkv_cols, nkv, hd, positions.data(), inv_freq_.data());
     backend_.store_rows(qkv.data() + nh * hd, qkv_cols, cache.k[l].data(), nkv * hd, positions.data(), S);
     backend_.store_rows(qkv.data() + (nh + nkv) * hd, qkv_cols, cache.v[l].data(), nkv * hd,
                         positions.data(), S);
     backend_.attention(qkv.data(), qkv_cols, cache.k[l].data(), cache.v[l].data(), attn.data(), S, nh, nkv,
-                       hd, positions.data());
+                       hd, positions.data(), window);
     backend_.matmul_nt(attn.data(), L.wo.data(), partial.data(), S, nh * hd, H);
     comm_.all_reduce_sum(partial.data(), static_cast<size_t>(S * H));  // row-parallel o_proj
     backend_.add_inplace(h.data(), partial.data(), S * H);
@@ -100,14 +109,20 @@ Tensor Engine::run(std::span<const int32_t> tokens, int64_t pos, KvCache& cache,
 
 std::vector<float> Engine::gather_logits(const Tensor& local, int64_t rows) {
   const int64_t vl = plan_.vocab_local;
+  const int64_t V = config_.vocab_size;
   const int tp = comm_.size();
   std::vector<float> recv(static_cast<size_t>(tp * rows * vl));
   comm_.all_gather(local.data(), static_cast<size_t>(rows * vl), recv.data());
-  std::vector<float> out(static_cast<size_t>(rows * config_.vocab_size));
+  // Rank r's slice is vocab rows [r * vl, (r + 1) * vl); rows past vocab_size are
+  // padding and are dropped here, so they can never be sampled.
+  std::vector<float> out(static_cast<size_t>(rows * V));
   for (int r = 0; r < tp; ++r) {
+    const int64_t begin = r * vl;
+    const int64_t n = std::min(vl, V - begin);
+    if (n <= 0) continue;
     for (int64_t i = 0; i < rows; ++i) {
       const float* src = recv.data() + (r * rows + i) * vl;
-      std::copy(src, src + vl, out.begin() + i * config_.vocab_size + r * vl);
+      std::copy(src, src + n, out.begin() + i * V + begin);
     }
   }
   return out;

@@ -1,20 +1,51 @@
 #include "runtime/weights.h"
 
+#include <algorithm>
+
 #include "common/error.h"
 #include "loader/weight_table.h"
 
 namespace linnet {
 namespace {
 
-// Rows [row_begin, row_begin + rows) of a 2-D tensor into `dst` (already sized).
-void read_rows(const Checkpoint& ckpt, const std::string& name, int64_t row_begin, int64_t rows,
-               int64_t cols, float* dst) {
-  ckpt.read_f32(name, Slice2D{row_begin, row_begin + rows, 0, cols}, dst);
+// Where one role's rows of this rank go inside the stacked per-rank tensors.
+struct ColumnTarget {
+  int64_t shard_begin;  // first global row of this rank's shard within the role's rows
+  int64_t rows;         // rows on this rank
+  int64_t dst_row;      // first row in the destination tensor
+};
+
+ColumnTarget column_target(WeightRole role, const ModelConfig& c, const ShardPlan& p) {
+  const int64_t hd = c.head_dim;
+  const int64_t q_rows = p.num_heads_local * hd;
+  const int64_t kv_rows = p.num_kv_heads_local * hd;
+  switch (role) {
+    case WeightRole::kQProj: return {p.head_begin * hd, q_rows, 0};
+    case WeightRole::kKProj: return {p.kv_head_begin * hd, kv_rows, q_rows};
+    case WeightRole::kVProj: return {p.kv_head_begin * hd, kv_rows, q_rows + kv_rows};
+    case WeightRole::kGateProj: return {p.intermediate_begin, p.intermediate_local, 0};
+    case WeightRole::kUpProj: return {p.intermediate_begin, p.intermediate_local, p.intermediate_local};
+    default: break;
+  }
+  LINNET_CHECK(false, "not a column-parallel role");
+  return {};
 }
 
 Tensor read_vector(const Checkpoint& ckpt, const std::string& name, int64_t n) {
   Tensor t = Tensor::zeros({n});
   ckpt.read_f32(name, Slice2D{0, 1, 0, n}, t.data());
+  return t;
+}
+
+// Vocab-parallel rows [vocab_begin, vocab_begin + vocab_local), those past vocab_size
+// left zero (padding).
+Tensor read_vocab_rows(const Checkpoint& ckpt, const std::string& name, const ModelConfig& c,
+                       const ShardPlan& p) {
+  Tensor t = Tensor::zeros({p.vocab_local, c.hidden_size});
+  const int64_t end = std::min(p.vocab_begin + p.vocab_local, c.vocab_size);
+  if (end > p.vocab_begin) {
+    ckpt.read_f32(name, Slice2D{p.vocab_begin, end, 0, c.hidden_size}, t.data());
+  }
   return t;
 }
 
@@ -28,46 +59,81 @@ ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& c, const Sh
   const int64_t inter = p.intermediate_local;
 
   ModelWeights w;
-  w.embed_tokens = Tensor::zeros({p.vocab_local, h});
-  read_rows(ckpt, "model.embed_tokens.weight", p.vocab_begin, p.vocab_local, h, w.embed_tokens.data());
-  if (c.tie_word_embeddings) {
-    w.lm_head = w.embed_tokens;
-  } else {
-    w.lm_head = Tensor::zeros({p.vocab_local, h});
-    read_rows(ckpt, "lm_head.weight", p.vocab_begin, p.vocab_local, h, w.lm_head.data());
-  }
-  w.final_norm = read_vector(ckpt, "model.norm.weight", h);
-
   w.layers.resize(static_cast<size_t>(c.num_hidden_layers));
-  for (int i = 0; i < c.num_hidden_layers; ++i) {
-    const std::string pre = "model.layers." + std::to_string(i) + ".";
-    LayerWeights& L = w.layers[static_cast<size_t>(i)];
-    L.input_norm = read_vector(ckpt, pre + "input_layernorm.weight", h);
-    L.post_attn_norm = read_vector(ckpt, pre + "post_attention_layernorm.weight", h);
-
-    // Column-parallel: this rank's heads are rows [head_begin*hd, ...) of q, likewise k, v.
+  for (LayerWeights& L : w.layers) {
     L.wqkv = Tensor::zeros({q_rows + 2 * kv_rows, h});
-    float* dst = L.wqkv.data();
-    read_rows(ckpt, pre + "self_attn.q_proj.weight", p.head_begin * hd, q_rows, h, dst);
-    read_rows(ckpt, pre + "self_attn.k_proj.weight", p.kv_head_begin * hd, kv_rows, h, dst + q_rows * h);
-    read_rows(ckpt, pre + "self_attn.v_proj.weight", p.kv_head_begin * hd, kv_rows, h,
-              dst + (q_rows + kv_rows) * h);
-
-    // Row-parallel: the input columns that meet this rank's heads.
-    L.wo = Tensor::zeros({h, q_rows});
-    ckpt.read_f32(pre + "self_attn.o_proj.weight",
-                  Slice2D{0, h, p.head_begin * hd, p.head_begin * hd + q_rows}, L.wo.data());
-
     L.w_gate_up = Tensor::zeros({2 * inter, h});
-    read_rows(ckpt, pre + "mlp.gate_proj.weight", p.intermediate_begin, inter, h, L.w_gate_up.data());
-    read_rows(ckpt, pre + "mlp.up_proj.weight", p.intermediate_begin, inter, h,
-              L.w_gate_up.data() + inter * h);
-
-    L.w_down = Tensor::zeros({h, inter});
-    ckpt.read_f32(pre + "mlp.down_proj.weight",
-                  Slice2D{0, h, p.intermediate_begin, p.intermediate_begin + inter}, L.w_down.data());
   }
+
+  for (const WeightEntry& e : weight_table(c)) {
+    LayerWeights* L = e.layer >= 0 ? &w.layers[static_cast<size_t>(e.layer)] : nullptr;
+    // Column-parallel tensors, plain or fused: each segment's shard goes to its rows of
+    // the stacked wqkv / w_gate_up.
+    std::vector<WeightSegment> segments = e.segments;
+    if (segments.empty()) segments.push_back({e.role, 0, e.shape[0]});
+    switch (e.role) {
+      case WeightRole::kEmbedding:
+        w.embed_tokens = read_vocab_rows(ckpt, e.name, c, p);
+        break;
+      case WeightRole::kLmHead:
+        w.lm_head = read_vocab_rows(ckpt, e.name, c, p);
+        break;
+      case WeightRole::kFinalNorm:
+        w.final_norm = read_vector(ckpt, e.name, h);
+        break;
+      case WeightRole::kInputNorm:
+        L->input_norm = read_vector(ckpt, e.name, h);
+        break;
+      case WeightRole::kPostAttnNorm:
+        L->post_attn_norm = read_vector(ckpt, e.name, h);
+        break;
+      case WeightRole::kQNorm:
+        L->q_norm = read_vector(ckpt, e.name, hd);
+        break;
+      case WeightRole::kKNorm:
+        L->k_norm = read_vector(ckpt, e.name, hd);
+        break;
+      case WeightRole::kQProj:
+      case WeightRole::kKProj:
+      case WeightRole::kVProj:
+      case WeightRole::kQkvProj:
+      case WeightRole::kGateProj:
+      case WeightRole::kUpProj:
+      case WeightRole::kGateUpProj:
+        for (const WeightSegment& s : segments) {
+          const ColumnTarget t = column_target(s.role, c, p);
+          const bool attn = s.role == WeightRole::kQProj || s.role == WeightRole::kKProj ||
+                            s.role == WeightRole::kVProj;
+          float* dst = (attn ? L->wqkv : L->w_gate_up).data() + t.dst_row * h;
+          const int64_t first = s.row_offset + t.shard_begin;
+          ckpt.read_f32(e.name, Slice2D{first, first + t.rows, 0, h}, dst);
+        }
+        break;
+      case WeightRole::kOProj:
+        // Row-parallel: the input columns that meet this rank's heads.
+        L->wo = Tensor::zeros({h, q_rows});
+        ckpt.read_f32(e.name, Slice2D{0, h, p.head_begin * hd, p.head_begin * hd + q_rows}, L->wo.data());
+        break;
+      case WeightRole::kDownProj:
+        L->w_down = Tensor::zeros({h, inter});
+        ckpt.read_f32(e.name, Slice2D{0, h, p.intermediate_begin, p.intermediate_begin + inter}, L->w_down.data());
+        break;
+    }
+  }
+  if (c.tie_word_embeddings) w.lm_head = w.embed_tokens;
   return w;
+}
+
+int64_t weight_bytes_local(const ModelConfig& c, const ShardPlan& p) {
+  const int64_t h = c.hidden_size;
+  const int64_t hd = c.head_dim;
+  const int64_t per_layer = 2 * h                                                   // norms
+                            + (p.num_heads_local + 2 * p.num_kv_heads_local) * hd * h  // wqkv
+                            + (c.qk_norm ? 2 * hd : 0)                                // q_norm, k_norm
+                            + h * p.num_heads_local * hd                              // wo
+                            + 3 * p.intermediate_local * h;                           // gate, up, down
+  const int64_t vocab = p.vocab_local * h * (c.tie_word_embeddings ? 1 : 2);
+  return static_cast<int64_t>(sizeof(float)) * (per_layer * c.num_hidden_layers + vocab + h);
 }
 
 }  // namespace linnet

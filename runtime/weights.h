@@ -16,6 +16,8 @@ namespace linnet {
 struct LayerWeights {
   Tensor input_norm;      // [hidden_size], replicated
   Tensor wqkv;            // [(num_heads_local + 2 * num_kv_heads_local) * head_dim, hidden_size], column-parallel
+  Tensor q_norm;          // [head_dim], replicated (Qwen3 QK-norm; empty otherwise)
+  Tensor k_norm;          // [head_dim], replicated (Qwen3 QK-norm; empty otherwise)
   Tensor wo;              // [hidden_size, num_heads_local * head_dim], row-parallel
   Tensor post_attn_norm;  // [hidden_size], replicated
   Tensor w_gate_up;       // [2 * intermediate_local, hidden_size], column-parallel ([gate | up])
@@ -24,15 +26,21 @@ struct LayerWeights {
 
 /// The whole model on one rank.
 struct ModelWeights {
-  Tensor embed_tokens;    // [vocab_local, hidden_size], vocab-parallel
+  Tensor embed_tokens;    // [vocab_local, hidden_size], vocab-parallel; padded rows are zero
   Tensor lm_head;         // [vocab_local, hidden_size], vocab-parallel (embed_tokens when tied)
   Tensor final_norm;      // [hidden_size], replicated
   std::vector<LayerWeights> layers;
 };
 
-/// Reads this rank's slices (and only those bytes) from `ckpt`, converting to f32.
-/// The checkpoint must already be validated against weight_table(config).
+/// Reads this rank's slices (and only those bytes) from `ckpt`, converting to f32,
+/// walking weight_table(config). Fused tensors (Phi-3 qkv_proj, gate_up_proj) are split
+/// into their segments first and each segment is sharded. The checkpoint must already
+/// be validated against the table.
 /// @throws Error from the loader on read failures.
 ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& config, const ShardPlan& plan);
+
+/// Bytes of f32 weights this rank holds under `plan` (for the memory preflight and
+/// `linnet-tp info`); counts a tied lm_head once.
+int64_t weight_bytes_local(const ModelConfig& config, const ShardPlan& plan);
 
 }  // namespace linnet

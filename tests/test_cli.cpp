@@ -253,7 +253,7 @@ TEST_F(Cli, HeadsNotDivisibleByTp) {
 TEST_F(Cli, UnsupportedConfigField) {
   const fs::path m = copy_model();
   auto cfg = test::read_json(m / "config.json");
-  cfg["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}};
+  cfg["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
   std::ofstream(m / "config.json", std::ios::trunc) << cfg.dump(2);
   expect_clean_failure("--model " + quote(m.string()) + " --prompt hi", "rope_scaling");
 }

@@ -151,14 +151,13 @@ TEST(ModelConfig, RefusedFeaturesNameTheField) {
     json value;
   };
   const Case cases[] = {
-      {"rope_scaling", json::parse(R"({"rope_type": "llama3", "factor": 8.0,
-                                       "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                       "original_max_position_embeddings": 8192})")},
+      {"rope_scaling", json::parse(R"({"rope_type": "yarn", "factor": 4.0})")},
+      {"rope_parameters", json::parse(R"({"rope_type": "longrope", "rope_theta": 10000.0})")},
       {"attention_bias", true},
       {"mlp_bias", true},
       {"hidden_act", "gelu"},
       {"hidden_activation", "gelu_pytorch_tanh"},
-      {"model_type", "qwen3"},
+      {"model_type", "gemma"},
   };
   for (const Case& c : cases) {
     json j = base_config();
@@ -175,14 +174,60 @@ TEST(ModelConfig, DeeplyNestedValueGivesAnErrorNotACrash) {
   EXPECT_CONTAINS(config_error(j), "\"rope_scaling\"");
 }
 
-TEST(ModelConfig, Llama31CardIsRefusedForRopeScaling) {
+TEST(ModelConfig, SeedModelCardsParse) {
   REQUIRE_SHARED_DIR();
-  const fs::path p =
-      fs::path(shared_dir()) / "models" / "cards" / "llama-3.1-8b-instruct" / "config.json";
-  const std::string msg = error_of([&] { ModelConfig::load(p); });
-  EXPECT_CONTAINS(msg, "rope_scaling");
-  EXPECT_CONTAINS(msg, "llama3");
-  EXPECT_CONTAINS(msg, p.string());
+  const fs::path cards = fs::path(shared_dir()) / "models" / "cards";
+  const ModelConfig llama = ModelConfig::load(cards / "llama-3.1-8b-instruct" / "config.json");
+  ASSERT_TRUE(llama.rope_scaling.has_value());
+  EXPECT_EQ(llama.rope_scaling->rope_type, "llama3");
+  EXPECT_EQ(llama.rope_scaling->factor, 8.0);
+  EXPECT_EQ(llama.rope_scaling->low_freq_factor, 1.0);
+  EXPECT_EQ(llama.rope_scaling->high_freq_factor, 4.0);
+  EXPECT_EQ(llama.rope_scaling->original_max_position_embeddings, 8192);
+  EXPECT_EQ(llama.rope_theta, 500000.0);
+  EXPECT_EQ(llama.head_dim, 128);
+  EXPECT_FALSE(llama.sliding_window.has_value());
+  EXPECT_FALSE(llama.qk_norm);
+
+  const ModelConfig qwen = ModelConfig::load(cards / "qwen3-4b" / "config.json");
+  EXPECT_EQ(qwen.head_dim, 128);  // its own head_dim, not 2560 / 32 = 80
+  EXPECT_TRUE(qwen.qk_norm);
+  EXPECT_TRUE(qwen.tie_word_embeddings);
+  EXPECT_FALSE(qwen.sliding_window.has_value());  // use_sliding_window false
+  EXPECT_EQ(qwen.rope_theta, 1000000.0);
+
+  const ModelConfig phi = ModelConfig::load(cards / "phi-3-mini-4k-instruct" / "config.json");
+  EXPECT_TRUE(phi.fused_projections);
+  ASSERT_TRUE(phi.sliding_window.has_value());
+  EXPECT_EQ(*phi.sliding_window, 2047);
+  EXPECT_EQ(phi.vocab_size, 32064);
+  EXPECT_EQ(phi.num_key_value_heads, 32);
+}
+
+TEST(ModelConfig, RopeParametersOfTransformers5) {
+  json j = base_config();
+  j.erase("rope_theta");
+  j["rope_parameters"] = json::parse(R"({"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+      "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})");
+  const ModelConfig c = ModelConfig::from_json(j, "x");
+  EXPECT_EQ(c.rope_theta, 500000.0);
+  ASSERT_TRUE(c.rope_scaling.has_value());
+  EXPECT_EQ(c.rope_scaling->original_max_position_embeddings, 8192);
+  j["rope_parameters"] = json::parse(R"({"rope_type": "default", "rope_theta": 20000.0})");
+  EXPECT_EQ(ModelConfig::from_json(j, "x").rope_theta, 20000.0);
+  EXPECT_FALSE(ModelConfig::from_json(j, "x").rope_scaling.has_value());
+  j["rope_parameters"] = json::parse(R"({"rope_type": "llama3", "factor": 8.0})");
+  EXPECT_CONTAINS(config_error(j), "low_freq_factor");
+}
+
+TEST(ModelConfig, QwenSlidingWindowLayersAreRefused) {
+  json j = base_config();
+  j["model_type"] = "qwen3";
+  j["use_sliding_window"] = true;
+  j["sliding_window"] = 4096;
+  const std::string msg = config_error(j);
+  EXPECT_CONTAINS(msg, "use_sliding_window");
+  EXPECT_CONTAINS(msg, "not implemented");
 }
 
 TEST(ModelConfig, MissingOrMistypedFieldsAreNamed) {

@@ -105,29 +105,67 @@ TEST(Kernels, SwiGlu) {
   expect_close(out, ref);
 }
 
-TEST(Kernels, CausalGqaAttention) {
+// Window 0: plain causal; window 4: each query sees itself and the 3 keys before it.
+class AttentionTest : public testing::TestWithParam<int64_t> {};
+
+TEST_P(AttentionTest, CausalGqaAttention) {
+  const int64_t window = GetParam();
   const int64_t heads = 4, kv_heads = 2, hd = 8, len = 9, rows = 3;
   const std::vector<int32_t> pos = {6, 7, 8};  // the last three positions of the cache
   auto q = randn(rows * heads * hd, 8), k = randn(len * kv_heads * hd, 9), v = randn(len * kv_heads * hd, 10);
   std::vector<float> out(rows * heads * hd);
-  attention(q.data(), heads * hd, k.data(), v.data(), out.data(), rows, heads, kv_heads, hd, pos.data());
+  attention(q.data(), heads * hd, k.data(), v.data(), out.data(), rows, heads, kv_heads, hd, pos.data(), window);
   std::vector<double> ref(out.size());
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t h = 0; h < heads; ++h) {
       const int64_t g = h / (heads / kv_heads);
-      std::vector<double> s(pos[r] + 1);
+      std::vector<double> s(pos[r] + 1, -1e300);
       double mx = -1e300, sum = 0;
       for (int64_t t = 0; t <= pos[r]; ++t) {
+        if (window > 0 && pos[r] - t >= window) continue;
         double d = 0;
         for (int64_t i = 0; i < hd; ++i) d += double(q[r * heads * hd + h * hd + i]) * k[(t * kv_heads + g) * hd + i];
         s[t] = d / std::sqrt(double(hd));
         mx = std::max(mx, s[t]);
       }
-      for (auto& e : s) sum += (e = std::exp(e - mx));
+      for (auto& e : s) sum += (e = std::exp(e - mx));  // masked keys give exp(-huge) = 0
       for (int64_t t = 0; t <= pos[r]; ++t)
         for (int64_t i = 0; i < hd; ++i) ref[r * heads * hd + h * hd + i] += s[t] / sum * v[(t * kv_heads + g) * hd + i];
     }
   expect_close(out, ref);
+}
+
+INSTANTIATE_TEST_SUITE_P(Windows, AttentionTest, testing::Values(int64_t{0}, int64_t{4}));
+
+TEST(Kernels, RmsNormHeadsNormalizesEachHeadSlice) {
+  const int64_t rows = 2, heads = 3, hd = 4, stride = 20;
+  auto x = randn(rows * stride, 11), w = randn(hd, 12);
+  const auto x0 = x;
+  rmsnorm_heads(x.data(), rows, stride, heads, hd, w.data(), 1e-6f);
+  std::vector<double> ref(x0.begin(), x0.end());
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t h = 0; h < heads; ++h) {
+      double ss = 0;
+      for (int64_t i = 0; i < hd; ++i) ss += double(x0[r * stride + h * hd + i]) * x0[r * stride + h * hd + i];
+      for (int64_t i = 0; i < hd; ++i)
+        ref[r * stride + h * hd + i] = w[i] * x0[r * stride + h * hd + i] / std::sqrt(ss / hd + 1e-6);
+    }
+  expect_close(x, ref);
+}
+
+TEST(Kernels, Llama3RopeScalingBands) {
+  // theta 500000, head_dim 16: wavelengths 6.3, 32, 167, 862 (< high = 8192 / 4 = 2048:
+  // unchanged), 4443 (between: blended), then > 8192 (divided by factor 8).
+  std::vector<float> f(8), plain(8);
+  rope_inv_freq(500000.0, 16, plain.data());
+  f = plain;
+  rope_scale_llama3(f.data(), 8, 8.0, 1.0, 4.0, 8192.0);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(f[i], plain[i]) << i;
+  const double w4 = 2 * M_PI / plain[4], s = (8192.0 / w4 - 1.0) / 3.0;
+  EXPECT_NEAR(f[4], (1 - s) * plain[4] / 8 + s * plain[4], 1e-6 * plain[4]);
+  EXPECT_GT(s, 0.0);
+  EXPECT_LT(s, 1.0);
+  for (int i = 5; i < 8; ++i) EXPECT_NEAR(f[i], plain[i] / 8.0, 1e-6 * plain[i]) << i;
 }
 
 TEST(Kernels, StoreRowsScattersByPosition) {

@@ -62,8 +62,45 @@ TEST(ShardPlan, RefusesSplitsNamingTheDimensionAndWorkingSizes) {
     ShardPlan::make(c, 0, 8);
     FAIL() << "tp 8 must be refused";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("num_key_value_heads = 4"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("intermediate_size = 172"), std::string::npos) << e.what();
   }
+  ModelConfig gqa = stories_like();
+  gqa.num_key_value_heads = 8;
+  gqa.num_attention_heads = 24;
+  gqa.intermediate_size = 192;
+  try {
+    ShardPlan::make(gqa, 0, 6);  // 8 KV heads over 6 ranks: neither divides the other
+    FAIL() << "tp 6 must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("num_key_value_heads = 8"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("tp sizes that work for this model: 1, 2, 4, 8, 24"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(ShardPlan, KvHeadsAreReplicatedWhenTpExceedsThem) {
+  ModelConfig c = stories_like();
+  c.num_key_value_heads = 2;
+  c.intermediate_size = 128;
+  for (int r = 0; r < 8; ++r) {
+    const ShardPlan p = ShardPlan::make(c, r, 8);
+    EXPECT_EQ(p.num_heads_local, 1);
+    EXPECT_EQ(p.head_begin, r);
+    EXPECT_EQ(p.num_kv_heads_local, 1);
+    EXPECT_EQ(p.kv_replication, 4);
+    // q head r belongs to KV head r / (8 / 2), as in repeat_kv.
+    EXPECT_EQ(p.kv_head_begin, r / 4);
+  }
+}
+
+TEST(ShardPlan, VocabIsPaddedToAMultipleOfTp) {
+  ModelConfig c = stories_like();
+  c.vocab_size = 301;
+  const ShardPlan p = ShardPlan::make(c, 3, 4);
+  EXPECT_EQ(p.vocab_padded, 304);
+  EXPECT_EQ(p.vocab_local, 76);
+  EXPECT_EQ(p.vocab_begin, 228);
+  EXPECT_EQ(ShardPlan::make(c, 0, 1).vocab_padded, 301);
 }
 
 TEST(WorldConfig, TpGroupsAreContiguousRanks) {

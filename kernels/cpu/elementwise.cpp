@@ -54,3 +54,15 @@ void store_rows(const float* src, int64_t src_stride, float* cache, int64_t row_
   }
 }
 }  // namespace linnet::cpu
+
+namespace linnet::cpu {
+void rmsnorm_heads(float* x, int64_t rows, int64_t row_stride, int64_t n_heads, int64_t head_dim,
+                   const float* weight, float eps) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t h = 0; h < n_heads; ++h) {
+      float* xh = x + r * row_stride + h * head_dim;
+      rmsnorm(xh, weight, xh, 1, head_dim, eps);
+    }
+  }
+}
+}  // namespace linnet::cpu

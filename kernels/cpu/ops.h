@@ -28,6 +28,22 @@ void rmsnorm(const float* x, const float* weight, float* out, int64_t rows, int6
 /// computed in f32 as transformers' default rope init does. out [head_dim / 2].
 void rope_inv_freq(double theta, int64_t head_dim, float* out);
 
+/// Llama 3.1's rope scaling (rope_type "llama3", transformers' _compute_llama3_parameters)
+/// applied in place to a plain inv_freq table [head_dim / 2]: with wavelength
+/// w = 2 pi / f, low = original_max_position_embeddings / low_freq_factor and
+/// high = original_max_position_embeddings / high_freq_factor:
+///   w < high: f unchanged;  w > low: f / factor;
+///   otherwise (1 - s) f / factor + s f with s = (orig / w - low_freq_factor) /
+///   (high_freq_factor - low_freq_factor).
+void rope_scale_llama3(float* inv_freq, int64_t n, double factor, double low_freq_factor,
+                       double high_freq_factor, double original_max_position_embeddings);
+
+/// RMSNorm of each head's head_dim slice, in place (Qwen3 q_norm / k_norm): for row r and
+/// head h, x[r * row_stride + h * head_dim + i] is normalized over i < head_dim and scaled
+/// by weight[i].
+void rmsnorm_heads(float* x, int64_t rows, int64_t row_stride, int64_t n_heads, int64_t head_dim,
+                   const float* weight, float eps);
+
 /// RoPE in place, half-split layout (rotate_half in modeling_llama.py): for each row r,
 /// head h, i < head_dim/2 with angle a = positions[r] * inv_freq[i]:
 ///   x[i] <- x[i] cos a - x[i + d/2] sin a;  x[i + d/2] <- x[i + d/2] cos a + x[i] sin a.
@@ -41,13 +57,14 @@ void swiglu(const float* gate_up, float* out, int64_t rows, int64_t inter);
 
 /// Causal grouped-query attention of `rows` queries over a KV cache.
 /// q [rows, q_stride] with n_heads heads of head_dim from column 0; query r sits at
-/// positions[r] and sees cache positions [0, positions[r]].
+/// positions[r] and sees cache positions [0, positions[r]], or with a sliding window
+/// (window > 0) only the last `window` of them: (positions[r] - window, positions[r]].
 /// k_cache, v_cache [>= max position + 1, n_kv_heads, head_dim]; q head h reads KV head
 /// h / (n_heads / n_kv_heads). out [rows, n_heads * head_dim].
 /// softmax(q k^T / sqrt(head_dim)) v in f32 (eager_attention_forward in modeling_llama.py).
 void attention(const float* q, int64_t q_stride, const float* k_cache, const float* v_cache,
                float* out, int64_t rows, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
-               const int32_t* positions);
+               const int32_t* positions, int64_t window);
 
 /// x[i] += y[i] for i < n.
 void add_inplace(float* x, const float* y, int64_t n);

@@ -36,3 +36,27 @@ void rope(float* x, int64_t rows, int64_t row_stride, int64_t n_heads, int64_t h
 }
 
 }  // namespace linnet::cpu
+
+namespace linnet::cpu {
+
+void rope_scale_llama3(float* inv_freq, int64_t n, double factor, double low_freq_factor,
+                       double high_freq_factor, double original_max_position_embeddings) {
+  const double kPi = 3.14159265358979323846;
+  const double low_wavelen = original_max_position_embeddings / low_freq_factor;
+  const double high_wavelen = original_max_position_embeddings / high_freq_factor;
+  for (int64_t i = 0; i < n; ++i) {
+    const double f = inv_freq[i];
+    const double wavelen = 2.0 * kPi / f;
+    double scaled = f;
+    if (wavelen > low_wavelen) {
+      scaled = f / factor;
+    } else if (wavelen >= high_wavelen) {
+      const double s = (original_max_position_embeddings / wavelen - low_freq_factor) /
+                       (high_freq_factor - low_freq_factor);
+      scaled = (1.0 - s) * f / factor + s * f;
+    }
+    inv_freq[i] = static_cast<float>(scaled);
+  }
+}
+
+}  // namespace linnet::cpu
