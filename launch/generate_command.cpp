@@ -124,6 +124,9 @@ int run_generate(const GenerateOptions& o, Job& job) {
     sampling = resolve_sampling(o, files->generation);
     Sampler check(sampling);  // validates the values before any rank starts
     eos = resolve_eos(*files, *tokenizer);
+    // Phi-3 pads its embedding to 32064 rows while the tokenizer knows 32011 ids: never
+    // draw an id the tokenizer cannot decode.
+    sampling.vocab_limit = std::min<int64_t>(files->config.vocab_size, tokenizer->vocab_size());
     if (w.world_rank == 0 && !o.output.empty()) check_output_path(o.output);
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     const int threads = o.threads > 0 ? o.threads : std::max(1, cores / w.local_size);

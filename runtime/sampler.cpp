@@ -28,7 +28,11 @@ int32_t Sampler::argmax(std::span<const float> logits) {
   return best;
 }
 
-int32_t Sampler::sample(std::span<const float> logits) {
+int32_t Sampler::sample(std::span<const float> all_logits) {
+  const std::span<const float> logits =
+      params_.vocab_limit > 0 && static_cast<size_t>(params_.vocab_limit) < all_logits.size()
+          ? all_logits.first(static_cast<size_t>(params_.vocab_limit))
+          : all_logits;
   if (params_.temperature == 0.0) return argmax(logits);
 
   // Candidates ordered by logit (descending), ties by id, cut to top_k.

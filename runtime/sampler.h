@@ -16,6 +16,8 @@ struct SamplingParams {
   int64_t top_k = 0;         // 0 = off
   double top_p = 1.0;        // keep the smallest most-probable set with mass >= top_p; 1 = off
   uint64_t seed = 0;
+  int64_t vocab_limit = 0;   // only ids < vocab_limit may be drawn (0 = all); Phi-3's
+                             // config has 32064 rows but its tokenizer knows 32011 ids
 };
 
 /// Draws tokens from logits rows. Stateful: each call advances the random stream.
@@ -24,7 +26,7 @@ class Sampler {
   /// @throws Error when temperature < 0, top_k < 0 or top_p is not in (0, 1].
   explicit Sampler(const SamplingParams& params);
 
-  /// Picks a token id from `logits` (f32 [vocab], every id a candidate).
+  /// Picks a token id from `logits` (f32 [vocab]); ids >= vocab_limit are never chosen.
   int32_t sample(std::span<const float> logits);
 
   /// argmax over logits; ties go to the lowest id.

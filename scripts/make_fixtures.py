@@ -11,6 +11,7 @@ once into a virtual environment OUTSIDE the repository:
 Usage (from the repository root):
 
     /work/venv-fixtures/bin/python scripts/make_fixtures.py [--shared ../shared] [--out tests/data]
+        [--only all|stories|fixtures]
 
 This is a developer tool only. The C++ tests read the files it writes and
 never run Python; the goldens come from transformers / tokenizers, never from
@@ -48,18 +49,52 @@ Outputs, from <shared>/models/stories260k (a real tiny Llama, vocab 512):
       with tokenizer.json on some inputs (leading spaces, text around special
       tokens); where it does, the case also carries "transformers_ids" /
       "transformers_ids_no_special" for information only.
+
+Outputs, tiny seed-model fixtures (see FIXTURES below): llama31, qwen3, phi3
+are the real config.json files of <shared>/models/cards/{llama-3.1-8b-instruct,
+qwen3-4b, phi-3-mini-4k-instruct} with only sizes (and out-of-vocab token ids)
+shrunk, built by transformers, with seeded random weights:
+
+  <out>/fixtures/<name>/f32/         config.json, generation_config.json,
+                                     model.safetensors (float32)
+  <out>/fixtures/<name>/bf16/        the same weights rounded to bfloat16
+  <out>/fixtures/phi3/f32_sharded/   the f32 weights in 2 shards + index.json
+  <out>/fixtures/<name>/config.transformers5.json
+      config.json as transformers 5 save_pretrained writes it ("rope_parameters",
+      "dtype", ...). The config.json files in the checkpoint folders use the
+      real hub spelling instead ("rope_theta", "rope_scaling", "torch_dtype").
+  <out>/fixtures/<name>/golden.json
+      {"source", "model_type", "architecture", "config" (summary),
+       "prompt_ids" (40 seeded random ids), "sliding_window_keys_attended"
+       (keys a query attends to in transformers, self included, measured;
+       null = full causal attention, checked), "greedy" {"prompt_ids" (first 8
+       prompt ids), "new_tokens" (24), "output_ids_f32",
+       "output_ids_bf16_weights"} (generate(do_sample=False) with EOS
+       disabled, equal to an uncached argmax loop), "min_greedy_margin" (the
+       smallest top-2 logit gap over those greedy steps),
+       "logits_f32" (f32 file, f32 math), "logits_bf16_weights" (bf16 file
+       loaded as float32), "logits_bf16_compute" (bf16 file, bf16 math): each
+       40 rows of vocab_size exact doubles of the float32 (or bf16) values,
+       full uncached forward pass over prompt_ids, eager attention}
+  <out>/fixtures/llama31_inv_freq.json
+      the llama3-scaled and default rope inverse-frequency tables transformers
+      computes for the real Llama-3.1-8B config and for the llama31 fixture.
 """
 
 import argparse
+import copy
 import json
+import math
 import os
+import shutil
 import sys
 
 import numpy as np
 import tokenizers
 import torch
 import transformers
-from transformers import AutoTokenizer, LlamaForCausalLM
+from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer,
+                          LlamaForCausalLM)
 
 MODEL = "stories260k"
 SEED = 0
@@ -227,21 +262,10 @@ def write_json(path, obj):
         f.write(dumps(obj) + "\n")
 
 
-def main():
-    here = os.path.dirname(os.path.abspath(__file__))
-    root = os.path.dirname(here)
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shared", default=os.path.join(root, "..", "shared"),
-                    help="the shared/ reference folder (default ../shared)")
-    ap.add_argument("--out", default=os.path.join(root, "tests", "data"),
-                    help="output folder (default tests/data)")
-    args = ap.parse_args()
-
-    check_pins(here)
+def make_stories(args):
+    """The stories260k goldens (see the module docstring)."""
     torch.manual_seed(SEED)
     np.random.seed(SEED)
-    torch.set_num_threads(1)
-    torch.use_deterministic_algorithms(True)
 
     model_dir = os.path.join(args.shared, "models", MODEL)
     out_dir = os.path.join(args.out, MODEL)
@@ -341,6 +365,519 @@ def main():
     for fn in ("forward.json", "greedy.json", "tokenizer_cases.json"):
         p = os.path.join(out_dir, fn)
         print(f"wrote {p} ({os.path.getsize(p)} bytes)")
+
+
+
+# ---------------------------------------------------------------------------
+# Tiny seed-model fixtures: llama31, qwen3, phi3
+# ---------------------------------------------------------------------------
+#
+# Each fixture is the REAL config.json of a seed model (shared/models/cards/)
+# with only sizes shrunk, built by transformers (AutoModelForCausalLM.
+# from_config), filled with seeded random weights, and saved by
+# save_pretrained. config.json is then rewritten in the REAL checkpoints'
+# spelling (rope_theta / rope_scaling / torch_dtype at top level): transformers
+# 5 would write "rope_parameters" and "dtype" instead, and the C++ loader must
+# read what checkpoints on the hub contain. What transformers 5 itself wrote is
+# kept next to it as <name>/config.transformers5.json (for information / a
+# second loader test). Every golden is computed from the checkpoint as loaded
+# back from disk with from_pretrained (real-spelling config), so the files and
+# the goldens cannot drift apart.
+
+FIXTURE_PROMPT_LEN = 40
+FIXTURE_GREEDY_PROMPT = 8
+FIXTURE_GREEDY_NEW = 24
+FIXTURE_MIN_MARGIN = 1e-3
+
+FIXTURES = [
+    {
+        "name": "llama31",
+        "card": "llama-3.1-8b-instruct",
+        "seed": 31,
+        # head_dim = 64 / 8 = 8, implicit (no head_dim key), as in the real
+        # config. rope_scaling keeps factor 8, low 1, high 4 and rope_theta
+        # 500000; original_max_position_embeddings 240 (< the shrunk
+        # max_position_embeddings 256, which transformers' llama3 validation
+        # wants) puts the 4 frequencies (wavelengths ~6.3, ~167, ~4443,
+        # ~118000) in the high / medium / low / low bands, and the medium-band
+        # frequency turns by ~1.5 rad over 40 positions, so a wrong band
+        # formula shows in the logits.
+        "override": {
+            "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 112,
+            "max_position_embeddings": 256, "num_attention_heads": 8,
+            "num_key_value_heads": 2, "vocab_size": 301,
+            "bos_token_id": 297, "eos_token_id": [298, 299, 300],
+        },
+        "rope_override": {"original_max_position_embeddings": 240},
+        "generation": {"bos_token_id": 297, "eos_token_id": [298, 299, 300]},
+    },
+    {
+        "name": "qwen3",
+        "card": "qwen3-4b",
+        "seed": 3,
+        # head_dim 16 != 64 / 8: q_proj is [128, 64], o_proj [64, 128].
+        # Tied head: model.safetensors has no lm_head.weight.
+        "override": {
+            "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 96,
+            "max_position_embeddings": 256, "num_attention_heads": 8,
+            "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 303,
+            "max_window_layers": 2, "bos_token_id": 301, "eos_token_id": 302,
+        },
+        "generation": {"bos_token_id": 301, "eos_token_id": [302, 301],
+                       "pad_token_id": 301},
+    },
+    {
+        "name": "phi3",
+        "card": "phi-3-mini-4k-instruct",
+        "seed": 4,
+        # MHA, fused qkv_proj [3*64, 64] and gate_up_proj [2*160, 64],
+        # sliding_window 16. pad_token_id (32000 in the real config) must be
+        # < vocab_size for nn.Embedding(padding_idx=...), so eos/pad move to
+        # 296; bos stays 1. original_max_position_embeddings is shrunk along
+        # with max_position_embeddings (equal, as in the real config; unused
+        # without rope_scaling).
+        "override": {
+            "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 160,
+            "max_position_embeddings": 256,
+            "original_max_position_embeddings": 256,
+            "num_attention_heads": 4, "num_key_value_heads": 4,
+            "vocab_size": 299, "sliding_window": 16,
+            "bos_token_id": 1, "eos_token_id": 296, "pad_token_id": 296,
+        },
+        "generation": {"bos_token_id": 1, "eos_token_id": [296, 297, 298],
+                       "pad_token_id": 296},
+        "shard": "300KB",
+    },
+]
+
+
+def fixture_real_config(shared, fx, dtype_name):
+    """The real config.json dict with sizes shrunk, in the real spelling."""
+    path = os.path.join(shared, "models", "cards", fx["card"], "config.json")
+    with open(path, encoding="utf-8") as f:
+        cfg = json.load(f)
+    cfg.update(copy.deepcopy(fx["override"]))
+    if "rope_override" in fx:
+        cfg["rope_scaling"] = dict(cfg["rope_scaling"], **fx["rope_override"])
+    cfg["torch_dtype"] = dtype_name
+    cfg["transformers_version"] = transformers.__version__
+    return cfg
+
+
+def is_norm_weight(name):
+    return name.endswith("norm.weight")
+
+
+# Weight scales (see init_fixture_weights). Plain 1/sqrt(fan_in) random
+# weights give a nearly uniform attention and a residual stream dominated by
+# the current token's embedding, so greedy decoding of a tiny random model
+# (above all a tied one) just repeats one token, which would not exercise the
+# KV cache. Sharper attention and stronger residual branches give varied
+# continuations with clear top-2 margins.
+GAIN_QK = 2.0     # query and key projections (or Qwen3's q_norm / k_norm)
+GAIN_OUT = 8.0    # o_proj and down_proj
+GAIN_HEAD = 2.0   # untied lm_head
+
+
+@torch.no_grad()
+def init_fixture_weights(model, seed):
+    """Seeded weights, independent of transformers' own init. Every RMSNorm
+    weight is 1 + 0.1 randn (never all ones; Qwen3's q_norm / k_norm are that
+    times GAIN_QK), embeddings randn, every linear weight
+    gain * randn / sqrt(in_features)."""
+    cfg = model.config
+    head_dim = getattr(cfg, "head_dim", None) or \
+        cfg.hidden_size // cfg.num_attention_heads
+    qk_rows = (cfg.num_attention_heads + cfg.num_key_value_heads) * head_dim
+    has_qk_norm = any(n.endswith("q_norm.weight") for n, _ in model.named_parameters())
+    gen = torch.Generator().manual_seed(seed)
+    for name, p in sorted(model.named_parameters()):
+        r = torch.randn(p.shape, generator=gen, dtype=torch.float32)
+        if is_norm_weight(name):
+            w = 1.0 + 0.1 * r
+            if name.endswith(("q_norm.weight", "k_norm.weight")):
+                w = w * GAIN_QK
+            p.copy_(w)
+        elif name.endswith("embed_tokens.weight"):
+            p.copy_(r)
+        elif p.dim() == 2:
+            w = r / math.sqrt(p.shape[1])
+            if name == "lm_head.weight":
+                w = w * GAIN_HEAD
+            elif name.endswith(("o_proj.weight", "down_proj.weight")):
+                w = w * GAIN_OUT
+            elif name.endswith(("q_proj.weight", "k_proj.weight")) and not has_qk_norm:
+                w = w * GAIN_QK
+            elif name.endswith("qkv_proj.weight"):
+                w[:qk_rows] *= GAIN_QK          # query and key rows, not value
+            p.copy_(w)
+        else:
+            sys.exit(f"unexpected parameter {name} {tuple(p.shape)}")
+
+
+def load_fixture(path, dtype):
+    kwargs = dict(attn_implementation="eager")
+    kwargs["dtype"] = dtype
+    model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    model.eval()
+    assert next(model.parameters()).dtype == dtype
+    return model
+
+
+def top2_margin(row):
+    t = torch.topk(row.to(torch.float32), 2).values
+    return float(t[0] - t[1])
+
+
+@torch.no_grad()
+def greedy_uncached_margins(model, ids, n):
+    ids = list(ids)
+    new, margins = [], []
+    for _ in range(n):
+        row = full_logits(model, ids)[-1]
+        nxt = int(torch.argmax(row).item())
+        margins.append(top2_margin(row))
+        ids.append(nxt)
+        new.append(nxt)
+    return new, margins
+
+
+@torch.no_grad()
+def greedy_generate_no_eos(model, ids, n):
+    """generate() with EOS disabled, so it always runs all n steps."""
+    inp = torch.tensor([ids], dtype=torch.long)
+    # generate() fills unset fields from model.generation_config (which has
+    # the EOS ids), so disable EOS there, not only in the config passed in.
+    saved = model.generation_config
+    model.generation_config = copy.deepcopy(saved)
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    try:
+        out = model.generate(inp, attention_mask=torch.ones_like(inp),
+                             do_sample=False, num_beams=1, max_new_tokens=n,
+                             eos_token_id=None, pad_token_id=0)
+    finally:
+        model.generation_config = saved
+    new = [int(x) for x in out[0, len(ids):].tolist()]
+    if len(new) != n:
+        sys.exit(f"generate() made {len(new)} tokens, not {n}")
+    return new
+
+
+def rope_bands(inv_freq, rope):
+    """Which llama3 band each frequency falls in (transformers' rule)."""
+    old = rope["original_max_position_embeddings"]
+    low_wl = old / rope["low_freq_factor"]
+    high_wl = old / rope["high_freq_factor"]
+    bands = []
+    for f in inv_freq:
+        wl = 2 * math.pi / f
+        if wl < high_wl:
+            bands.append("high")
+        elif wl > low_wl:
+            bands.append("low")
+        else:
+            bands.append("medium")
+    return bands
+
+
+def inv_freq_tables(cfg_dict):
+    """llama3 and default inverse-frequency tables as transformers computes
+    them for a Llama config dict (real spelling)."""
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+    d = {k: v for k, v in cfg_dict.items() if k not in ("torch_dtype",)}
+    config = LlamaConfig(**d)
+    rope = config.rope_parameters
+    assert rope["rope_type"] == "llama3", rope
+    inv, scaling = ROPE_INIT_FUNCTIONS["llama3"](config)
+    module = LlamaRotaryEmbedding(config)
+    if not torch.equal(inv, module.inv_freq):
+        sys.exit("ROPE_INIT_FUNCTIONS['llama3'] and LlamaRotaryEmbedding.inv_freq differ")
+    default, _ = LlamaRotaryEmbedding.compute_default_rope_parameters(config)
+    head_dim = getattr(config, "head_dim", None) or \
+        config.hidden_size // config.num_attention_heads
+    inv_l = [float(x) for x in inv.to(torch.float32).numpy()]
+    def_l = [float(x) for x in default.to(torch.float32).numpy()]
+    bands = rope_bands([float(x) for x in default.double()], rope)
+    return {
+        "head_dim": head_dim,
+        "rope_theta": rope["rope_theta"],
+        "rope_scaling": {k: rope[k] for k in (
+            "rope_type", "factor", "low_freq_factor", "high_freq_factor",
+            "original_max_position_embeddings")},
+        "attention_scaling": float(scaling),
+        "inv_freq": inv_l,
+        "inv_freq_default": def_l,
+        "bands": bands,
+        "wavelength_default": [2 * math.pi / f for f in def_l],
+    }
+
+
+@torch.no_grad()
+def sliding_window_keys(model, seq_len):
+    """Empirically: how many keys (self included) does a query at position p
+    attend to in layer 0? Perturb inputs_embeds at position j and see whether
+    layer 0's output at p changes (hidden_states[1] is after layer 0 only)."""
+    p = seq_len - 1
+    gen = torch.Generator().manual_seed(1234)
+    emb = torch.randn((1, seq_len, model.config.hidden_size), generator=gen)
+    base = model(inputs_embeds=emb, use_cache=False,
+                 output_hidden_states=True).hidden_states[1][0, p]
+    seen = []
+    for j in range(p + 1):
+        e2 = emb.clone()
+        e2[0, j] += 1.0
+        h = model(inputs_embeds=e2, use_cache=False,
+                  output_hidden_states=True).hidden_states[1][0, p]
+        if not torch.equal(h, base):
+            seen.append(j)
+    # Must be a contiguous run ending at p.
+    if seen != list(range(p + 1 - len(seen), p + 1)):
+        sys.exit(f"unexpected attention pattern: {seen}")
+    return len(seen)
+
+
+def state_shapes(path):
+    from safetensors import safe_open
+    names = {}
+    files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
+    for fn in files:
+        with safe_open(os.path.join(path, fn), "pt") as f:
+            for k in f.keys():
+                t = f.get_slice(k)
+                names[k] = {"shape": list(t.get_shape()), "dtype": t.get_dtype(),
+                            "file": fn}
+    return names
+
+
+def dir_bytes(path):
+    return sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path))
+
+
+def write_fixture_config(path, cfg, gen):
+    write_json(os.path.join(path, "config.json"), cfg)
+    write_json(os.path.join(path, "generation_config.json"), gen)
+
+
+def make_one_fixture(args, fx, src):
+    name = fx["name"]
+    root = os.path.join(args.out, "fixtures", name)
+    if os.path.isdir(root):
+        shutil.rmtree(root)
+    os.makedirs(root)
+    f32_dir = os.path.join(root, "f32")
+    bf16_dir = os.path.join(root, "bf16")
+    shard_dir = os.path.join(root, "f32_sharded") if "shard" in fx else None
+
+    cfg_f32 = fixture_real_config(args.shared, fx, "float32")
+    cfg_bf16 = fixture_real_config(args.shared, fx, "bfloat16")
+    gen_cfg = dict(fx["generation"], do_sample=False,
+                   transformers_version=transformers.__version__)
+
+    # Build from the real-spelling config exactly as from_pretrained reads it.
+    tmp_cfg_dir = os.path.join(root, "_cfg")
+    os.makedirs(tmp_cfg_dir)
+    write_json(os.path.join(tmp_cfg_dir, "config.json"), cfg_f32)
+    config = AutoConfig.from_pretrained(tmp_cfg_dir)
+    shutil.rmtree(tmp_cfg_dir)
+    model = AutoModelForCausalLM.from_config(
+        config, attn_implementation="eager", dtype=torch.float32)
+    model.eval()
+    init_fixture_weights(model, fx["seed"])
+
+    model.save_pretrained(f32_dir, safe_serialization=True)
+    # Keep what transformers 5 writes, for information; then the real spelling.
+    shutil.copyfile(os.path.join(f32_dir, "config.json"),
+                    os.path.join(root, "config.transformers5.json"))
+    write_fixture_config(f32_dir, cfg_f32, gen_cfg)
+    if shard_dir:
+        model.save_pretrained(shard_dir, safe_serialization=True,
+                              max_shard_size=fx["shard"])
+        write_fixture_config(shard_dir, cfg_f32, gen_cfg)
+        if not os.path.exists(os.path.join(shard_dir, "model.safetensors.index.json")):
+            sys.exit(f"{name}: sharded save made no index")
+    model_bf16 = copy.deepcopy(model).to(torch.bfloat16)
+    model_bf16.config.dtype = torch.bfloat16
+    model_bf16.save_pretrained(bf16_dir, safe_serialization=True)
+    write_fixture_config(bf16_dir, cfg_bf16, gen_cfg)
+    del model, model_bf16
+
+    # ---- load back and check ---------------------------------------------
+    m32 = load_fixture(f32_dir, torch.float32)
+    mbw = load_fixture(bf16_dir, torch.float32)      # bf16 weights, f32 math
+    mbc = load_fixture(bf16_dir, torch.bfloat16)     # bf16 weights and math
+    c = m32.config
+    for k, want in fx["override"].items():
+        got = getattr(c, k)
+        if got != want:
+            sys.exit(f"{name}: config {k} = {got!r}, wanted {want!r}")
+    if c._attn_implementation != "eager":
+        sys.exit(f"{name}: attention is {c._attn_implementation}")
+    # The bf16 file holds exactly the f32 weights rounded to bf16.
+    sd32, sdbw = m32.state_dict(), mbw.state_dict()
+    for k, v in sd32.items():
+        if not torch.equal(v.to(torch.bfloat16).to(torch.float32), sdbw[k]):
+            sys.exit(f"{name}: bf16 {k} is not the rounded f32 weight")
+        if is_norm_weight(k) and torch.all(v == 1):
+            sys.exit(f"{name}: {k} is all ones")
+    if shard_dir:
+        msh = load_fixture(shard_dir, torch.float32)
+        for k, v in msh.state_dict().items():
+            if not torch.equal(v, sd32[k]):
+                sys.exit(f"{name}: sharded {k} differs")
+
+    gen = torch.Generator().manual_seed(fx["seed"] * 1000 + 7)
+    prompt = [int(x) for x in torch.randint(
+        0, c.vocab_size, (FIXTURE_PROMPT_LEN,), generator=gen)]
+
+    lg32 = full_logits(m32, prompt)
+    lgbw = full_logits(mbw, prompt)
+    lgbc = full_logits(mbc, prompt)
+    if shard_dir and not torch.equal(full_logits(msh, prompt), lg32):
+        sys.exit(f"{name}: sharded checkpoint logits differ")
+
+    gp = prompt[:FIXTURE_GREEDY_PROMPT]
+    greedy = {"prompt_ids": gp, "new_tokens": FIXTURE_GREEDY_NEW}
+    margins = {}
+    for tag, m in (("f32", m32), ("bf16_weights", mbw)):
+        new = greedy_generate_no_eos(m, gp, FIXTURE_GREEDY_NEW)
+        ref, marg = greedy_uncached_margins(m, gp, FIXTURE_GREEDY_NEW)
+        if new != ref:
+            sys.exit(f"{name} {tag}: generate() and uncached argmax disagree:"
+                     f"\n  {new}\n  {ref}")
+        greedy[f"output_ids_{tag}"] = new
+        margins[tag] = min(marg)
+    min_margin = min(margins.values())
+    if min_margin <= FIXTURE_MIN_MARGIN:
+        sys.exit(f"{name}: greedy top-2 margin {min_margin} too small")
+    fwd_margin = min(top2_margin(r) for r in lg32)
+
+    gold = {
+        "source": src,
+        "model_type": c.model_type,
+        "architecture": c.architectures[0],
+        "config": {
+            "hidden_size": c.hidden_size,
+            "num_hidden_layers": c.num_hidden_layers,
+            "num_attention_heads": c.num_attention_heads,
+            "num_key_value_heads": c.num_key_value_heads,
+            "head_dim": getattr(c, "head_dim", None)
+            or c.hidden_size // c.num_attention_heads,
+            "intermediate_size": c.intermediate_size,
+            "vocab_size": c.vocab_size,
+            "rms_norm_eps": c.rms_norm_eps,
+            "rope_theta": cfg_f32["rope_theta"],
+            "rope_scaling": cfg_f32.get("rope_scaling"),
+            "sliding_window": cfg_f32.get("sliding_window"),
+            "tie_word_embeddings": c.tie_word_embeddings,
+        },
+        "prompt_ids": prompt,
+    }
+    if c.model_type == "phi3":
+        gold["sliding_window_keys_attended"] = sliding_window_keys(m32, FIXTURE_PROMPT_LEN)
+    else:
+        n = sliding_window_keys(m32, FIXTURE_PROMPT_LEN)
+        if n != FIXTURE_PROMPT_LEN:
+            sys.exit(f"{name}: full attention expected, saw {n} keys")
+        gold["sliding_window_keys_attended"] = None
+    gold.update({
+        "greedy": greedy,
+        "min_greedy_margin": min_margin,
+        "min_greedy_margin_by_checkpoint": margins,
+        "min_forward_top2_margin_f32": fwd_margin,
+        "max_abs_diff_bf16_weights_vs_f32": float((lgbw - lg32).abs().max()),
+        "max_abs_diff_bf16_compute_vs_f32": float((lgbc.float() - lg32).abs().max()),
+        "logits_f32": [[float(v) for v in r] for r in lg32.numpy()],
+        "logits_bf16_weights": [[float(v) for v in r] for r in lgbw.numpy()],
+        "logits_bf16_compute": [[float(v) for v in r] for r in lgbc.float().numpy()],
+    })
+    write_json(os.path.join(root, "golden.json"), gold)
+
+    shapes = state_shapes(f32_dir)
+    print(f"== {name} ({c.architectures[0]})")
+    for k, s in shapes.items():
+        print(f"   {k} {s['shape']}")
+    if c.tie_word_embeddings and "lm_head.weight" in shapes:
+        sys.exit(f"{name}: tied model saved lm_head.weight")
+    if not c.tie_word_embeddings and "lm_head.weight" not in shapes:
+        sys.exit(f"{name}: untied model has no lm_head.weight")
+    sizes = {d: dir_bytes(os.path.join(root, d))
+             for d in sorted(os.listdir(root)) if os.path.isdir(os.path.join(root, d))}
+    print(f"   sizes {sizes}; golden.json {os.path.getsize(os.path.join(root, 'golden.json'))} bytes")
+    if shard_dir:
+        print(f"   shards: {sorted(f for f in os.listdir(shard_dir) if 'safetensors' in f)}")
+    print(f"   greedy f32 {greedy['output_ids_f32']}")
+    print(f"   min greedy margin {margins}, forward top-2 margin {fwd_margin:.4g}, "
+          f"sliding window keys {gold['sliding_window_keys_attended']}")
+    print(f"   max |bf16_weights - f32| {gold['max_abs_diff_bf16_weights_vs_f32']:.3g}, "
+          f"max |bf16_compute - f32| {gold['max_abs_diff_bf16_compute_vs_f32']:.3g}")
+    return cfg_f32
+
+
+def make_fixtures(args):
+    v = versions()
+    src = f"transformers {v['transformers']}, torch {v['torch']}"
+    out = os.path.join(args.out, "fixtures")
+    os.makedirs(out, exist_ok=True)
+    cfgs = {}
+    for fx in FIXTURES:
+        cfgs[fx["name"]] = make_one_fixture(args, fx, src)
+
+    real_path = os.path.join(args.shared, "models", "cards",
+                             "llama-3.1-8b-instruct", "config.json")
+    with open(real_path, encoding="utf-8") as f:
+        real = json.load(f)
+    table = {"source": src,
+             "note": ("inv_freq: ROPE_INIT_FUNCTIONS['llama3'](config) (equal "
+                      "to LlamaRotaryEmbedding(config).inv_freq), float32 "
+                      "values written as exact doubles; inv_freq_default: "
+                      "LlamaRotaryEmbedding.compute_default_rope_parameters; "
+                      "bands: transformers' rule on the default wavelength "
+                      "2*pi/f (high: < old/high_freq_factor, kept; low: > "
+                      "old/low_freq_factor, divided by factor; else medium, "
+                      "smoothed)."),
+             "real": inv_freq_tables(real),
+             "fixture": inv_freq_tables(cfgs["llama31"])}
+    for k in ("real", "fixture"):
+        b = table[k]["bands"]
+        print(f"llama3 rope {k}: head_dim {table[k]['head_dim']}, bands "
+              f"high {b.count('high')} medium {b.count('medium')} low {b.count('low')}")
+        if k == "fixture":
+            for f, wl, band, s in zip(table[k]["inv_freq_default"],
+                                      table[k]["wavelength_default"], b,
+                                      table[k]["inv_freq"]):
+                print(f"   inv_freq {f:.6g} wavelength {wl:.6g} -> {band}: {s:.6g}")
+    if set(table["fixture"]["bands"]) != {"high", "medium", "low"}:
+        sys.exit("llama31 fixture does not exercise all three llama3 bands")
+    p = os.path.join(out, "llama31_inv_freq.json")
+    write_json(p, table)
+    print(f"wrote {p} ({os.path.getsize(p)} bytes)")
+
+def main():
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(here)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shared", default=os.path.join(root, "..", "shared"),
+                    help="the shared/ reference folder (default ../shared)")
+    ap.add_argument("--out", default=os.path.join(root, "tests", "data"),
+                    help="output folder (default tests/data)")
+    ap.add_argument("--only", choices=["all", "stories", "fixtures"],
+                    default="all",
+                    help="make only the stories260k goldens or only the tiny "
+                         "seed-model fixtures (default: all)")
+    args = ap.parse_args()
+
+    check_pins(here)
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    transformers.utils.logging.disable_progress_bar()
+
+    if args.only in ("all", "stories"):
+        make_stories(args)
+    if args.only in ("all", "fixtures"):
+        make_fixtures(args)
 
 
 if __name__ == "__main__":

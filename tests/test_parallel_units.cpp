@@ -152,6 +152,19 @@ TEST(Sampler, SameSeedSameDraws) {
   for (int i = 0; i < 50; ++i) EXPECT_EQ(a.sample(logits), b.sample(logits));
 }
 
+TEST(Sampler, NeverDrawsIdsPastTheVocabLimit) {
+  std::vector<float> logits(10, 0.0f);
+  logits[8] = 50.0f;  // a row the tokenizer does not know, with the top logit
+  logits[3] = 1.0f;
+  SamplingParams p;
+  p.vocab_limit = 8;
+  EXPECT_EQ(Sampler(p).sample(logits), 3);
+  p.temperature = 1.0;
+  p.seed = 3;
+  Sampler s(p);
+  for (int i = 0; i < 500; ++i) EXPECT_LT(s.sample(logits), 8);
+}
+
 TEST(Sampler, RejectsBadParameters) {
   SamplingParams p;
   p.temperature = -1;

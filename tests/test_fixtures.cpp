@@ -1,0 +1,152 @@
+// The seed architectures (Llama-3.1, Qwen3, Phi-3) on tiny checkpoints that keep each
+// model's exact structure, against transformers' logits and greedy ids
+// (tests/data/fixtures/*/golden.json, made by scripts/make_fixtures.py), at the tp size
+// of the mpirun job: 1, 2, 4, and 8 (KV-head replication; Phi-3's 4 heads cannot split
+// over 8 ranks and is refused there, which is checked too).
+#include <mpi.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "common/error.h"
+#include "kernels/cpu/ops.h"
+#include "parallel/mpi_communicator.h"
+#include "runtime/generate.h"
+#include "runtime/model_loader.h"
+#include "tests/test_data.h"
+
+namespace linnet {
+namespace {
+
+constexpr float kAtol = 1e-4f;
+
+struct Fixture {
+  std::string name;       // folder under tests/data/fixtures
+  std::string variant;    // f32, bf16, f32_sharded
+  std::string logits_key; // golden logits of that checkpoint
+  std::string greedy_key;
+};
+
+std::ostream& operator<<(std::ostream& os, const Fixture& f) { return os << f.name << "/" << f.variant; }
+
+std::vector<Fixture> all_fixtures() {
+  std::vector<Fixture> out;
+  for (const char* name : {"llama31", "qwen3", "phi3"}) {
+    out.push_back({name, "f32", "logits_f32", "output_ids_f32"});
+    // bf16 checkpoint: the CPU backend computes in f32 on the bf16 weights, which is
+    // what the golden "logits_bf16_weights" is (transformers, float32 on those weights).
+    out.push_back({name, "bf16", "logits_bf16_weights", "output_ids_bf16_weights"});
+  }
+  out.push_back({"phi3", "f32_sharded", "logits_f32", "output_ids_f32"});
+  return out;
+}
+
+float max_abs_diff(const float* a, const std::vector<float>& b) {
+  float d = 0.0f;
+  for (size_t i = 0; i < b.size(); ++i) d = std::max(d, std::fabs(a[i] - b[i]));
+  return d;
+}
+
+class FixtureTest : public testing::TestWithParam<Fixture> {
+ protected:
+  void SetUp() override {
+    const Fixture& f = GetParam();
+    const auto dir = test::test_data_dir() / "fixtures" / f.name;
+    golden_ = test::read_json(dir / "golden.json");
+    files_ = std::make_unique<ModelFiles>(open_model(dir / f.variant));
+    world_ = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD);
+    backend_ = make_cpu_backend(1);
+    const int tp = world_->size();
+    if (files_->config.num_attention_heads % tp != 0) {
+      EXPECT_THROW(ShardPlan::make(files_->config, world_->rank(), tp), Error);
+      GTEST_SKIP() << f << ": " << files_->config.num_attention_heads << " heads cannot split over tp " << tp
+                   << " (refusal checked)";
+    }
+    engine_ = make_engine(*files_, ShardPlan::make(files_->config, world_->rank(), tp), *backend_, *world_, 64);
+    vocab_ = files_->config.vocab_size;
+    for (const auto& row : golden_[f.logits_key]) expected_.push_back(row.get<std::vector<float>>());
+    prompt_ = golden_["prompt_ids"].get<std::vector<int32_t>>();
+  }
+
+  nlohmann::json golden_;
+  std::unique_ptr<ModelFiles> files_;
+  std::unique_ptr<MpiCommunicator> world_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Engine> engine_;
+  int64_t vocab_ = 0;
+  std::vector<std::vector<float>> expected_;
+  std::vector<int32_t> prompt_;
+};
+
+TEST_P(FixtureTest, ForwardMatchesTransformers) {
+  const auto logits = engine_->forward(prompt_);
+  ASSERT_EQ(logits.size(), prompt_.size() * static_cast<size_t>(vocab_));
+  for (size_t i = 0; i < prompt_.size(); ++i) {
+    EXPECT_LT(max_abs_diff(logits.data() + i * vocab_, expected_[i]), kAtol) << GetParam() << " position " << i;
+  }
+}
+
+TEST_P(FixtureTest, PrefillAndEveryDecodeStepMatchTransformers) {
+  // 10 prompt tokens in one pass, then one token at a time past the sliding window.
+  const size_t p = 10;
+  const auto first = engine_->prefill(std::span(prompt_).first(p), 0);
+  EXPECT_LT(max_abs_diff(first.data(), expected_[p - 1]), kAtol) << GetParam();
+  for (size_t i = p; i < prompt_.size(); ++i) {
+    const auto step = engine_->decode(prompt_[i], static_cast<int64_t>(i));
+    EXPECT_LT(max_abs_diff(step.data(), expected_[i]), kAtol) << GetParam() << " decode position " << i;
+  }
+}
+
+TEST_P(FixtureTest, GreedyContinuationMatchesTransformers) {
+  const auto& g = golden_["greedy"];
+  const auto prompt = g["prompt_ids"].get<std::vector<int32_t>>();
+  const auto expected = g[GetParam().greedy_key].get<std::vector<int32_t>>();
+  EXPECT_EQ(generate(*engine_, prompt, static_cast<int64_t>(expected.size())).ids, expected)
+      << GetParam() << " at tp " << world_->size();
+}
+
+INSTANTIATE_TEST_SUITE_P(Seeds, FixtureTest, testing::ValuesIn(all_fixtures()),
+                         [](const testing::TestParamInfo<Fixture>& i) { return i.param.name + "_" + i.param.variant; });
+
+TEST(Llama3Rope, InverseFrequenciesOfTheRealConfigMatchTransformers) {
+  const auto g = test::read_json(test::test_data_dir() / "fixtures" / "llama31_inv_freq.json");
+  for (const char* which : {"real", "fixture"}) {
+    const auto& r = g[which];
+    const int64_t head_dim = r["head_dim"].get<int64_t>();
+    const auto& rs = r["rope_scaling"];
+    std::vector<float> f(static_cast<size_t>(head_dim / 2));
+    cpu::rope_inv_freq(r["rope_theta"].get<double>(), head_dim, f.data());
+    cpu::rope_scale_llama3(f.data(), head_dim / 2, rs["factor"].get<double>(), rs["low_freq_factor"].get<double>(),
+                           rs["high_freq_factor"].get<double>(),
+                           rs["original_max_position_embeddings"].get<double>());
+    const auto expected = r["inv_freq"].get<std::vector<double>>();
+    ASSERT_EQ(expected.size(), f.size());
+    for (size_t i = 0; i < f.size(); ++i) {
+      EXPECT_NEAR(f[i], expected[i], 1e-6 * std::fabs(expected[i])) << which << " frequency " << i;
+    }
+  }
+}
+
+TEST(Transformers5Config, RopeParametersSpellingLoadsTheSameModel) {
+  for (const char* name : {"llama31", "qwen3", "phi3"}) {
+    const auto dir = test::test_data_dir() / "fixtures" / name;
+    const ModelConfig a = ModelConfig::load(dir / "f32" / "config.json");
+    const ModelConfig b = ModelConfig::load(dir / "config.transformers5.json");
+    EXPECT_EQ(a.rope_theta, b.rope_theta) << name;
+    EXPECT_EQ(a.rope_scaling.has_value(), b.rope_scaling.has_value()) << name;
+    if (a.rope_scaling && b.rope_scaling) {
+      EXPECT_EQ(a.rope_scaling->original_max_position_embeddings, b.rope_scaling->original_max_position_embeddings);
+      EXPECT_EQ(a.rope_scaling->factor, b.rope_scaling->factor);
+    }
+    EXPECT_EQ(a.head_dim, b.head_dim) << name;
+    EXPECT_EQ(a.sliding_window, b.sliding_window) << name;
+    EXPECT_EQ(a.tie_word_embeddings, b.tie_word_embeddings) << name;
+  }
+}
+
+}  // namespace
+}  // namespace linnet
