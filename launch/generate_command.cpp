@@ -15,6 +15,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "launch/jsonl_output.h"
+#include "launch/model_path.h"
 #include "loader/tokenizer.h"
 #include "parallel/mpi_communicator.h"
 #include "parallel/shard_plan.h"
@@ -75,12 +76,6 @@ std::vector<int64_t> resolve_eos(const ModelFiles& files, const Tokenizer& tok) 
   return {};
 }
 
-std::string format_bytes(int64_t bytes) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.2f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
-  return buf;
-}
-
 }  // namespace
 
 int run_generate(const GenerateOptions& o, Job& job) {
@@ -100,10 +95,14 @@ int run_generate(const GenerateOptions& o, Job& job) {
   set_log_rank(w.world_size > 1 ? w.world_rank : -1);
 
   const bool loaded = job.load_phase([&] {
-    files = std::make_unique<ModelFiles>(open_model(o.model));
+    const std::filesystem::path model_dir = resolve_model_dir(o.model);
+    files = std::make_unique<ModelFiles>(open_model(model_dir));
     plan = ShardPlan::make(files->config, w.tp_rank, w.tp_size);
     const int64_t max_seq_len = resolve_max_seq_len(files->config, o.max_seq_len);
-    tokenizer = std::make_unique<Tokenizer>(Tokenizer::from_dir(o.model));
+    const RankMemory need = rank_memory(files->config, plan, max_seq_len);
+    const int64_t available = available_host_memory();
+    check_memory(need, available < 0 ? -1 : available / w.local_size, w.local_size);
+    tokenizer = std::make_unique<Tokenizer>(Tokenizer::from_dir(model_dir));
     for (std::string& text : read_prompts(o)) {
       const std::string where =
           o.input.empty() ? std::string("--prompt") : o.input + ": prompt #" + std::to_string(prompts.size() + 1);
@@ -137,7 +136,9 @@ int run_generate(const GenerateOptions& o, Job& job) {
          " KV heads, " + std::to_string(plan.intermediate_local) + " MLP units, vocab rows [" +
          std::to_string(plan.vocab_begin) + ", " + std::to_string(plan.vocab_begin + plan.vocab_local) +
          "), " + std::to_string(threads) + " BLAS threads, KV cache " + std::to_string(max_seq_len) +
-         " positions = " + format_bytes(engine->kv_cache_bytes()));
+         " positions = " + format_bytes(engine->kv_cache_bytes()) + ", weights " +
+         format_bytes(need.weight_bytes) + " (f32); read " + format_bytes(static_cast<int64_t>(files->checkpoint.bytes_read())) +
+         " of the checkpoint's " + format_bytes(static_cast<int64_t>(files->checkpoint.total_bytes())));
   });
   if (!loaded) return 1;
 

@@ -143,6 +143,15 @@ void Checkpoint::read_f32(std::string_view name, const Slice2D& slice, float* ou
   const auto [info, file] = find(name);
   if (!info) throw Error("tensor '" + std::string(name) + "' is not in the checkpoint", dir_.string());
   file->read_f32(*info, slice, out);
+  const bool two_d = info->shape.size() == 2;
+  const uint64_t rows = two_d ? static_cast<uint64_t>(slice.row_end - slice.row_begin) : 1;
+  bytes_read_ += rows * static_cast<uint64_t>(slice.col_end - slice.col_begin) * dtype_size(info->dtype);
+}
+
+uint64_t Checkpoint::total_bytes() const {
+  uint64_t n = 0;
+  for (const auto& [name, entry] : index_) n += entry.first->end - entry.first->begin;
+  return n;
 }
 
 }  // namespace linnet

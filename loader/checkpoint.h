@@ -49,10 +49,16 @@ class Checkpoint {
   /// @throws Error naming the tensor when it is absent.
   void read_f32(std::string_view name, const Slice2D& slice, float* out) const;
 
+  /// Bytes of tensor data copied out by read_f32 so far (the slices, in file dtype).
+  uint64_t bytes_read() const { return bytes_read_; }
+  /// Bytes of tensor data in the whole checkpoint.
+  uint64_t total_bytes() const;
+
  private:
   std::filesystem::path dir_;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, std::pair<const TensorInfo*, const SafetensorsFile*>, std::less<>> index_;
+  mutable uint64_t bytes_read_ = 0;
 };
 
 }  // namespace linnet

@@ -22,4 +22,9 @@ int64_t KvCache::bytes() const {
   return n * static_cast<int64_t>(sizeof(float));
 }
 
+int64_t KvCache::bytes_for(int64_t num_layers, int64_t max_seq_len, int64_t num_kv_heads_local,
+                           int64_t head_dim) {
+  return 2 * num_layers * max_seq_len * num_kv_heads_local * head_dim * static_cast<int64_t>(sizeof(float));
+}
+
 }  // namespace linnet

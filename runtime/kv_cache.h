@@ -22,6 +22,8 @@ struct KvCache {
                       int64_t num_kv_heads_local, int64_t head_dim);
   /// Bytes held by this rank's cache (K and V, all layers).
   int64_t bytes() const;
+  /// Bytes a cache of these sizes will hold (f32), before allocating it.
+  static int64_t bytes_for(int64_t num_layers, int64_t max_seq_len, int64_t num_kv_heads_local, int64_t head_dim);
 };
 
 }  // namespace linnet

@@ -1,6 +1,9 @@
 #include "runtime/model_loader.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
 
 #include "common/error.h"
 #include "loader/weight_table.h"
@@ -40,6 +43,44 @@ int64_t resolve_max_seq_len(const ModelConfig& config, int64_t requested) {
                 std::to_string(requested));
   }
   return requested;
+}
+
+RankMemory rank_memory(const ModelConfig& config, const ShardPlan& plan, int64_t max_seq_len) {
+  return RankMemory{weight_bytes_local(config, plan),
+                    KvCache::bytes_for(config.num_hidden_layers, max_seq_len, plan.num_kv_heads_local,
+                                       config.head_dim)};
+}
+
+std::string format_bytes(int64_t bytes) {
+  char buf[64];
+  const double b = static_cast<double>(bytes);
+  if (b >= 1024.0 * 1024 * 1024) {
+    std::snprintf(buf, sizeof buf, "%.2f GiB", b / (1024.0 * 1024 * 1024));
+  } else {
+    std::snprintf(buf, sizeof buf, "%.2f MiB", b / (1024.0 * 1024));
+  }
+  return buf;
+}
+
+int64_t available_host_memory() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  std::string unit;
+  while (in >> key >> kib >> unit) {
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  return -1;
+}
+
+void check_memory(const RankMemory& need, int64_t available_bytes, int ranks_on_node) {
+  if (available_bytes < 0 || need.total() <= available_bytes) return;
+  throw Error("not enough memory for this rank: it needs " + format_bytes(need.total()) + " (weights " +
+                  format_bytes(need.weight_bytes) + " in f32, KV cache " + format_bytes(need.kv_cache_bytes) +
+                  ") but has " + format_bytes(available_bytes) + " (available memory / " +
+                  std::to_string(ranks_on_node) +
+                  " ranks on this node); use more ranks over more nodes, or a shorter --max-seq-len",
+              "memory preflight");
 }
 
 std::unique_ptr<Engine> make_engine(const ModelFiles& files, const ShardPlan& plan, Backend& backend,

@@ -34,6 +34,27 @@ ModelFiles open_model(const std::filesystem::path& dir);
 /// @throws Error naming --max-seq-len when requested exceeds max_position_embeddings.
 int64_t resolve_max_seq_len(const ModelConfig& config, int64_t requested);
 
+/// What one rank will hold: f32 weights of its slices and its KV cache.
+struct RankMemory {
+  int64_t weight_bytes = 0;
+  int64_t kv_cache_bytes = 0;
+  int64_t total() const { return weight_bytes + kv_cache_bytes; }
+};
+
+/// The bytes a rank under `plan` will allocate for a `max_seq_len` KV cache.
+RankMemory rank_memory(const ModelConfig& config, const ShardPlan& plan, int64_t max_seq_len);
+
+/// Memory preflight: refuses, before anything is loaded, when `need` exceeds
+/// `available_bytes` (this rank's share of the node's available memory).
+/// @throws Error with both numbers and what to change (more ranks, a shorter --max-seq-len).
+void check_memory(const RankMemory& need, int64_t available_bytes, int ranks_on_node);
+
+/// MemAvailable of /proc/meminfo in bytes, or -1 when it cannot be read.
+int64_t available_host_memory();
+
+/// "1.23 GiB" / "4.00 MiB" for messages.
+std::string format_bytes(int64_t bytes);
+
 /// Loads this rank's slices per `plan` and builds the Engine over them.
 std::unique_ptr<Engine> make_engine(const ModelFiles& files, const ShardPlan& plan, Backend& backend,
                                     Communicator& tp_comm, int64_t max_seq_len);

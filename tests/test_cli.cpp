@@ -258,6 +258,27 @@ TEST_F(Cli, UnsupportedConfigField) {
   expect_clean_failure("--model " + quote(m.string()) + " --prompt hi", "rope_scaling");
 }
 
+TEST_F(Cli, MemoryPreflightRefusesBeforeLoading) {
+  // A context of 2^30 positions needs a KV cache of ~1.3 TB per rank at tp 2.
+  const fs::path m = copy_model();
+  auto cfg = test::read_json(m / "config.json");
+  cfg["max_position_embeddings"] = 1 << 30;
+  std::ofstream(m / "config.json", std::ios::trunc) << cfg.dump(2);
+  expect_clean_failure("--model " + quote(m.string()) + " --prompt hi --max-seq-len 1073741824",
+                       "not enough memory for this rank");
+}
+
+TEST_F(Cli, ModelNamesResolveThroughLinnetModelPath) {
+  const Result r = run(2, "--model stories260k --prompt '' --max-new-tokens 12 --temperature 0",
+                       "env LINNET_MODEL_PATH=" + quote((test::shared_dir() / "models").string()));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("Once upon a time, there was", 0), 0u) << r.out;
+  const Result missing = run(1, "--model llama-3.1-8b-instruct --prompt hi", "env HOME=" + quote(tmp_.string()));
+  EXPECT_NE(missing.code, 0);
+  EXPECT_NE(missing.err.find("huggingface-cli download meta-llama/Llama-3.1-8B-Instruct"), std::string::npos)
+      << missing.err;
+}
+
 TEST_F(Cli, PromptLongerThanTheContext) {
   expect_clean_failure("--model " + quote(test::stories_dir().string()) +
                            " --prompt 'Once upon a time there was a dog' --max-seq-len 4",

@@ -37,8 +37,10 @@ class EngineTest : public testing::Test {
     backend_ = make_cpu_backend(1);
     world_ = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD);
     self_ = std::make_unique<MpiCommunicator>(MPI_COMM_SELF);
+    const uint64_t before = files_->checkpoint.bytes_read();
     tp_ = make_engine(*files_, ShardPlan::make(files_->config, world_->rank(), world_->size()), *backend_,
                       *world_, 256);
+    tp_bytes_read_ = files_->checkpoint.bytes_read() - before;
     solo_ = make_engine(*files_, ShardPlan::make(files_->config, 0, 1), *backend_, *self_, 256);
   }
   static void TearDownTestSuite() {
@@ -56,7 +58,20 @@ class EngineTest : public testing::Test {
   static inline std::unique_ptr<Backend> backend_;
   static inline std::unique_ptr<MpiCommunicator> world_, self_;
   static inline std::unique_ptr<Engine> tp_, solo_;
+  static inline uint64_t tp_bytes_read_ = 0;
 };
+
+TEST_F(EngineTest, EachRankReadsOnlyItsSlices) {
+  // The ranks together read the checkpoint once, plus one copy of the replicated norm
+  // weights (2 per layer + the final norm, 64 f32 each) per extra rank.
+  uint64_t sum = 0;
+  MPI_Allreduce(&tp_bytes_read_, &sum, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+  const uint64_t norms = (2 * 5 + 1) * 64 * 4;
+  EXPECT_EQ(sum, files_->checkpoint.total_bytes() + (world_->size() - 1) * norms);
+  if (world_->size() > 1) {
+    EXPECT_LT(tp_bytes_read_, files_->checkpoint.total_bytes() / 2 + norms);
+  }
+}
 
 TEST_F(EngineTest, ForwardMatchesTransformers) {
   const auto golden = test::read_json(test::test_data_dir() / "stories260k" / "forward.json");

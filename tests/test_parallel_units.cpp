@@ -8,6 +8,7 @@
 #include "common/error.h"
 #include "parallel/shard_plan.h"
 #include "parallel/world_config.h"
+#include "runtime/model_loader.h"
 #include "runtime/sampler.h"
 
 namespace linnet {
@@ -163,6 +164,34 @@ TEST(Sampler, NeverDrawsIdsPastTheVocabLimit) {
   p.seed = 3;
   Sampler s(p);
   for (int i = 0; i < 500; ++i) EXPECT_LT(s.sample(logits), 8);
+}
+
+TEST(MemoryPreflight, RefusesWithTheNumbersAndWhatToChange) {
+  const RankMemory need{3LL << 30, 1LL << 30};
+  EXPECT_NO_THROW(check_memory(need, 5LL << 30, 1));
+  EXPECT_NO_THROW(check_memory(need, -1, 1));  // unknown: no refusal
+  try {
+    check_memory(need, 2LL << 30, 4);
+    FAIL() << "4 GiB must not fit in 2 GiB";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    for (const char* part : {"4.00 GiB", "weights 3.00 GiB", "KV cache 1.00 GiB", "has 2.00 GiB", "4 ranks",
+                             "more ranks", "--max-seq-len"}) {
+      EXPECT_NE(m.find(part), std::string::npos) << part << " in: " << m;
+    }
+  }
+}
+
+TEST(MemoryPreflight, CountsThisRanksSlices) {
+  ModelConfig c = stories_like();
+  c.tie_word_embeddings = true;
+  const RankMemory one = rank_memory(c, ShardPlan::make(c, 0, 1), 512);
+  const RankMemory two = rank_memory(c, ShardPlan::make(c, 0, 2), 512);
+  // stories260k: 1,040,128 bytes of f32 weights in its checkpoint.
+  EXPECT_EQ(one.weight_bytes, 1040128);
+  EXPECT_EQ(one.kv_cache_bytes, 2 * 5 * 512 * 4 * 8 * 4);
+  EXPECT_EQ(two.kv_cache_bytes * 2, one.kv_cache_bytes);
+  EXPECT_LT(two.weight_bytes, one.weight_bytes / 2 + 4096);
 }
 
 TEST(Sampler, RejectsBadParameters) {
