@@ -14,6 +14,7 @@
 
 #include "common/error.h"
 #include "kernels/cpu/ops.h"
+#include "loader/weight_table.h"
 #include "parallel/mpi_communicator.h"
 #include "runtime/generate.h"
 #include "runtime/model_loader.h"
@@ -128,6 +129,27 @@ TEST(Llama3Rope, InverseFrequenciesOfTheRealConfigMatchTransformers) {
     for (size_t i = 0; i < f.size(); ++i) {
       EXPECT_NEAR(f[i], expected[i], 1e-6 * std::fabs(expected[i])) << which << " frequency " << i;
     }
+  }
+}
+
+TEST(CheckpointValidation, EveryMismatchIsReportedAtOnce) {
+  // Phi-3 fixture read with a config whose intermediate_size is wrong: both layers'
+  // fused gate_up_proj and down_proj mismatch, and all four are listed together.
+  const auto dir = test::test_data_dir() / "fixtures" / "phi3" / "f32_sharded";
+  ModelConfig c = ModelConfig::load(dir / "config.json");
+  c.intermediate_size = 128;
+  const Checkpoint ckpt = Checkpoint::open(dir);
+  try {
+    ckpt.validate(tensor_specs(weight_table(c)));
+    FAIL() << "a wrong intermediate_size must not validate";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("(4 problems)"), std::string::npos) << m;
+    for (const char* t : {"model.layers.0.mlp.gate_up_proj.weight", "model.layers.1.mlp.gate_up_proj.weight",
+                          "model.layers.0.mlp.down_proj.weight", "model.layers.1.mlp.down_proj.weight"}) {
+      EXPECT_NE(m.find(t), std::string::npos) << t << " in:\n" << m;
+    }
+    EXPECT_NE(m.find("expected [256, 64], got [320, 64]"), std::string::npos) << m;
   }
 }
 
