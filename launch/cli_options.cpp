@@ -25,6 +25,20 @@ void invalid(const char* option, const std::string& expected, const std::string&
 }  // namespace
 
 CommandLine parse_command_line(int argc, char** argv) {
+  if (argc > 1 && std::strcmp(argv[1], "info") == 0) {
+    CommandLine cl;
+    const auto options = parse_info_options(argc, argv, cl.help_text);
+    cl.kind = options ? CommandLine::Kind::kInfo : CommandLine::Kind::kHelp;
+    if (options) cl.info = *options;
+    return cl;
+  }
+  if (argc > 1 && std::strcmp(argv[1], "tokenize") == 0) {
+    CommandLine cl;
+    const auto options = parse_tokenize_options(argc, argv, cl.help_text);
+    cl.kind = options ? CommandLine::Kind::kTokenize : CommandLine::Kind::kHelp;
+    if (options) cl.tokenize = *options;
+    return cl;
+  }
   std::vector<char*> args(argv, argv + argc);
   if (args.size() > 1 && std::strcmp(args[1], "generate") == 0) args.erase(args.begin() + 1);
 
@@ -33,7 +47,7 @@ CommandLine parse_command_line(int argc, char** argv) {
                         "every rank loads its slice of the checkpoint and computes its share of\n"
                         "each layer.\n\n"
                         "  mpirun -np 4 linnet-tp --model DIR --prompt TEXT\n\n"
-                        "Subcommands: generate (the default).\n");
+                        "Subcommands: generate (the default), info, tokenize (see SUBCOMMAND --help).\n");
   opts.custom_help("[generate] [OPTIONS]");
   // clang-format off
   opts.add_options()

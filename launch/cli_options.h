@@ -5,6 +5,9 @@
 #include <optional>
 #include <string>
 
+#include "launch/info_command.h"
+#include "launch/tokenize_command.h"
+
 namespace linnet {
 
 /// Options of `linnet-tp [generate]`.
@@ -25,12 +28,15 @@ struct GenerateOptions {
 
 /// What the command line asked for.
 struct CommandLine {
-  enum class Kind { kGenerate, kHelp, kVersion } kind = Kind::kGenerate;
+  enum class Kind { kGenerate, kTokenize, kInfo, kHelp, kVersion } kind = Kind::kGenerate;
   std::string help_text;  // for kHelp
   GenerateOptions generate;
+  TokenizeOptions tokenize;  // for kTokenize
+  InfoOptions info;          // for kInfo
 };
 
-/// Parses argv. A first argument "generate" selects that subcommand (also the default).
+/// Parses argv. A first argument "generate" selects that subcommand (also the default),
+/// "tokenize" the tokenize subcommand (launch/tokenize_command.h).
 /// @throws Error naming the option on unknown options, bad values, or a missing
 ///   --model / --prompt|--input.
 CommandLine parse_command_line(int argc, char** argv);

@@ -35,6 +35,10 @@ fs::path resolve_model_dir(const std::string& name, const GetEnv& env) {
   if (name.empty()) throw Error("is empty", "--model");
   if (is_model_dir(name)) return fs::path(name);
   tried.push_back(name + " (as a path)");
+  // A name written as a path is only a path: no search, no hub id.
+  if (fs::path(name).is_absolute() || name.rfind("./", 0) == 0 || name.rfind("../", 0) == 0) {
+    throw Error("model directory not found", "--model " + name);
+  }
 
   std::stringstream search(env("LINNET_MODEL_PATH"));
   for (std::string dir; std::getline(search, dir, ':');) {

@@ -22,6 +22,7 @@ std::string hf_repo_id(const std::string& name);
 /// each dir of $LINNET_MODEL_PATH (colon-separated); then each Hugging Face hub cache
 /// ($HF_HUB_CACHE, $HF_HOME/hub, $HOME/.cache/huggingface/hub):
 /// `models--<org>--<name>/snapshots/<revision in refs/main>/`.
+/// A name written as a path (absolute, ./ or ../) is only tried as a path.
 /// @throws Error naming --model, listing every place tried and the
 ///   `huggingface-cli download <id>` command that would fetch the model.
 std::filesystem::path resolve_model_dir(const std::string& name, const GetEnv& env = process_env);

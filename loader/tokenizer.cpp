@@ -37,7 +37,7 @@ void AddedTokenMatcher::split(const std::string& text, std::vector<Piece>& out) 
   const std::string_view s = text;
   const std::size_t n = s.size();
   auto push_text = [&](std::size_t begin, std::size_t end) {
-    if (begin < end) out.push_back(Piece{text.substr(begin, end - begin), -1});
+    if (begin < end) out.push_back(Piece{text.substr(begin, end - begin), -1, begin});
   };
   std::size_t start_offset = 0;  // end of the last emitted piece
   std::size_t i = 0;             // where the (non-overlapping) match search resumes
@@ -81,7 +81,7 @@ void AddedTokenMatcher::split(const std::string& text, std::vector<Piece>& out) 
       }
     }
     push_text(start_offset, start);
-    out.push_back(Piece{{}, token.id});
+    out.push_back(Piece{{}, token.id, start});
     start_offset = stop;
   }
   push_text(start_offset, n);
@@ -160,6 +160,7 @@ void apply_config(Tokenizer::Impl& impl, const Json& c, const std::string& where
     if (const auto t = config_token(c, "bos_token", where)) impl.bos_id = id_of(*t, "bos_token");
   }
   if (const auto t = config_token(c, "eos_token", where)) impl.eos_id = id_of(*t, "eos_token");
+  if (const auto t = config_token(c, "pad_token", where)) impl.pad_id = id_of(*t, "pad_token");
 
   if (c.contains("add_bos_token") || c.contains("add_eos_token")) {
     auto flag = [&](const char* key, bool fallback) {
@@ -290,12 +291,14 @@ std::vector<int32_t> Tokenizer::Impl::encode(std::string_view text, bool add_spe
   tok::check_utf8(text, "tokenizer input");
   std::vector<tok::Piece> raw_pieces;
   if (raw_matcher.empty()) {
-    if (!text.empty()) raw_pieces.push_back(tok::Piece{std::string(text), -1});
+    if (!text.empty()) raw_pieces.push_back(tok::Piece{std::string(text), -1, 0});
   } else {
     raw_matcher.split(std::string(text), raw_pieces);
   }
   std::vector<int32_t> ids;
+  ids.reserve(text.size() / 3 + 4);
   std::vector<tok::Piece> pieces;
+  std::vector<std::string> words;
   for (const tok::Piece& raw : raw_pieces) {
     if (raw.id >= 0) {
       ids.push_back(raw.id);
@@ -304,7 +307,7 @@ std::vector<int32_t> Tokenizer::Impl::encode(std::string_view text, bool add_spe
     std::string normalized = normalizer.normalize(raw.text);
     pieces.clear();
     if (normalized_matcher.empty()) {
-      pieces.push_back(tok::Piece{std::move(normalized), -1});
+      pieces.push_back(tok::Piece{std::move(normalized), -1, 0});
     } else {
       normalized_matcher.split(normalized, pieces);
     }
@@ -313,7 +316,13 @@ std::vector<int32_t> Tokenizer::Impl::encode(std::string_view text, bool add_spe
         ids.push_back(piece.id);
         continue;
       }
-      for (const std::string_view word : pre_tokenizer.split(piece.text)) model.tokenize(word, ids);
+      if (!pre_tokenizer.present()) {
+        model.tokenize(piece.text, ids);
+        continue;
+      }
+      words.clear();
+      pre_tokenizer.split(piece.text, raw.offset == 0 && piece.offset == 0, words);
+      for (const std::string& word : words) model.tokenize(word, ids);
     }
   }
   return add_special_tokens ? post_processor.process(std::move(ids)) : ids;
@@ -371,6 +380,8 @@ std::string Tokenizer::id_to_token(int32_t id) const { return impl_->token_of(id
 std::optional<int32_t> Tokenizer::bos_token_id() const { return impl_->bos_id; }
 
 std::optional<int32_t> Tokenizer::eos_token_id() const { return impl_->eos_id; }
+
+std::optional<int32_t> Tokenizer::pad_token_id() const { return impl_->pad_id; }
 
 bool Tokenizer::is_special(int32_t id) const {
   return id >= 0 && id < impl_->vocab_size && impl_->special[id] != 0;

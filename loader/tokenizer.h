@@ -37,7 +37,7 @@ class Tokenizer {
   static Tokenizer from_dir(const std::filesystem::path& model_dir);
 
   /// Loads the two files directly. `tokenizer_config_json` may name a file that does
-  /// not exist (then: no config). Config fields read: add_bos_token / add_eos_token
+  /// not exist (then: no config). Config fields read: pad_token, add_bos_token / add_eos_token
   /// (when either is present the single-sequence template becomes
   /// [bos_token if add_bos_token] A [eos_token if add_eos_token], as transformers'
   /// LlamaTokenizerFast.update_post_processor does), bos_token / eos_token / unk_token
@@ -77,6 +77,8 @@ class Tokenizer {
   /// BOS / EOS ids from tokenizer_config.json (see from_files for the fallback).
   std::optional<int32_t> bos_token_id() const;
   std::optional<int32_t> eos_token_id() const;
+  /// The pad_token of tokenizer_config.json (Phi-3, Qwen3: <|endoftext|>), if any.
+  std::optional<int32_t> pad_token_id() const;
 
   /// True for ids of added tokens marked "special" (<s>, </s>, <unk> for Llama-2).
   /// False for ids out of range.

@@ -1,6 +1,7 @@
 // The decoder chain: token strings -> text. Each step maps the list of token strings
 // to a new list (tokenizers' Decoder::decode_chain) and the result is concatenated.
-// Semantics: huggingface/tokenizers decoders/{byte_fallback,fuse,strip,sequence}.rs and
+// Semantics: huggingface/tokenizers decoders/{byte_level,metaspace,byte_fallback,fuse,strip,
+// sequence}.rs and
 // normalizers/replace.rs (Replace is also a decoder).
 #include <algorithm>
 
@@ -77,6 +78,63 @@ std::string strip(const std::string& token, char32_t content, std::size_t start,
   return token.substr(bounds[first], bounds[last] - bounds[first]);
 }
 
+/// Appends `bytes` to `out` as String::from_utf8_lossy does: each maximal invalid
+/// subsequence (the longest prefix of a valid sequence, or one byte) becomes one U+FFFD.
+void append_utf8_lossy(std::string_view bytes, std::string& out) {
+  for (std::size_t i = 0; i < bytes.size();) {
+    const std::size_t len = utf8_length_at(bytes, i);
+    if (len > 0) {
+      out.append(bytes, i, len);
+      i += len;
+      continue;
+    }
+    // How many bytes of a well-formed sequence start here (Unicode's "maximal subpart").
+    const auto b0 = static_cast<unsigned char>(bytes[i]);
+    std::size_t need = 0;
+    unsigned char lo = 0x80, hi = 0xBF;
+    if (b0 >= 0xC2 && b0 <= 0xDF) need = 1;
+    else if (b0 >= 0xE0 && b0 <= 0xEF) need = 2, lo = b0 == 0xE0 ? 0xA0 : 0x80, hi = b0 == 0xED ? 0x9F : 0xBF;
+    else if (b0 >= 0xF0 && b0 <= 0xF4) need = 3, lo = b0 == 0xF0 ? 0x90 : 0x80, hi = b0 == 0xF4 ? 0x8F : 0xBF;
+    std::size_t taken = 1;
+    for (std::size_t k = 0; k < need && i + taken < bytes.size(); ++k) {
+      const auto b = static_cast<unsigned char>(bytes[i + taken]);
+      if (k == 0 ? (b < lo || b > hi) : (b & 0xC0) != 0x80) break;
+      ++taken;
+    }
+    out += "\xEF\xBF\xBD";
+    i += taken;
+  }
+}
+
+/// Byte-level tokens -> one string (decoders/byte_level.rs): each token whose characters
+/// are all byte-level characters gives those bytes, any other token its own UTF-8; the
+/// bytes of all tokens are then read as UTF-8, lossily.
+std::string byte_level_decode(const std::vector<std::string>& tokens) {
+  std::string bytes;
+  for (const std::string& token : tokens) {
+    const std::size_t mark = bytes.size();
+    bool all = true;
+    for (std::size_t i = 0; i < token.size();) {
+      const std::size_t len = std::max<std::size_t>(1, utf8_length_at(token, i));
+      const int b = byte_level_byte(utf8_decode_at(token, i));
+      if (b < 0) {
+        all = false;
+        break;
+      }
+      bytes.push_back(static_cast<char>(b));
+      i += len;
+    }
+    if (!all) {
+      bytes.resize(mark);
+      bytes += token;
+    }
+  }
+  std::string out;
+  out.reserve(bytes.size());
+  append_utf8_lossy(bytes, out);
+  return out;
+}
+
 }  // namespace
 
 Decoder Decoder::from_json(const Json& j, const std::string& where) {
@@ -107,6 +165,24 @@ void Decoder::add(const Json& j, const std::string& where) {
     std::string literal = pattern.at("String").get<std::string>();
     if (literal.empty()) throw Error("empty Replace pattern in decoder", where);
     steps_.push_back(Replace{std::move(literal), json_string(j, "content", where + " (decoder)")});
+  } else if (type == "ByteLevel") {
+    steps_.emplace_back(std::in_place_type<ByteLevel>);
+  } else if (type == "Metaspace") {
+    Metaspace m;
+    const std::string ctx = where + " (Metaspace decoder)";
+    if (j.contains("replacement")) {
+      const std::string r = json_string(j, "replacement", ctx);
+      if (r.empty() || utf8_length_at(r, 0) != r.size()) {
+        throw Error("Metaspace replacement must be one character", ctx, "one character", r);
+      }
+      m.replacement = utf8_decode_at(r, 0);
+    }
+    if (j.contains("prepend_scheme") && j.at("prepend_scheme").is_string()) {
+      m.strip_first = j.at("prepend_scheme").get<std::string>() != "never";
+    } else if (j.contains("add_prefix_space") && j.at("add_prefix_space").is_boolean()) {
+      m.strip_first = j.at("add_prefix_space").get<bool>();
+    }
+    steps_.push_back(m);
   } else if (type == "ByteFallback") {
     steps_.emplace_back(std::in_place_type<ByteFallback>);
   } else if (type == "Fuse") {
@@ -148,6 +224,24 @@ std::string Decoder::decode(std::vector<std::string> tokens) const {
       tokens.push_back(std::move(fused));
     } else if (const auto* s = std::get_if<Strip>(&step)) {
       for (std::string& t : tokens) t = strip(t, s->content, s->start, s->stop);
+    } else if (std::holds_alternative<ByteLevel>(step)) {
+      std::string text = byte_level_decode(tokens);
+      tokens.clear();
+      tokens.push_back(std::move(text));
+    } else if (const auto* m = std::get_if<Metaspace>(&step)) {
+      // Every replacement character becomes a space, except in the first token, where
+      // (unless the scheme is "never") they are dropped (decoders/metaspace.rs).
+      for (std::size_t k = 0; k < tokens.size(); ++k) {
+        std::string out;
+        const std::string& t = tokens[k];
+        for (std::size_t i = 0; i < t.size();) {
+          const std::size_t len = std::max<std::size_t>(1, utf8_length_at(t, i));
+          if (utf8_decode_at(t, i) != m->replacement) out.append(t, i, len);
+          else if (!(k == 0 && m->strip_first)) out += ' ';
+          i += len;
+        }
+        tokens[k] = std::move(out);
+      }
     }
   }
   return join(tokens, "");

@@ -2,12 +2,13 @@
 // Internal to loader/ (tokenizer.h is the API).
 //
 // Each component is a small class holding a list of steps, a std::variant per step
-// type; a "Sequence" in the JSON flattens into that list. Supporting another type (the
-// byte-level pieces of Llama-3 / Qwen, Metaspace, NFC) is one more variant alternative
-// and one more branch in from_json. Names and semantics follow huggingface/tokenizers:
-// normalizers/, pre_tokenizers/, models/bpe/, processors/template.rs, decoders/.
+// type; a "Sequence" in the JSON flattens into that list. Supporting another type is one
+// more variant alternative and one more branch in from_json. Names and semantics follow
+// huggingface/tokenizers: normalizers/, pre_tokenizers/, models/bpe/, processors/,
+// decoders/. Unicode comes from ICU (properties, NFC), regexes from PCRE2.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -21,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "loader/tokenizer.h"
+#include "loader/tokenizer_regex.h"
 
 namespace linnet::tok {
 
@@ -60,13 +62,14 @@ std::optional<uint8_t> byte_token_value(std::string_view token);
 
 // ---- normalizers (tokenizer_pipeline.cpp) ----
 
-/// Text -> normalized text. Types: Prepend, Replace (String pattern), Sequence; null is
-/// the identity.
+/// Text -> normalized text. Types: NFC, NFD, NFKC, NFKD (through ICU), Prepend, Replace
+/// (String pattern), Sequence; null is the identity.
 class Normalizer {
  public:
   /// @throws Error naming `where` and the type when the type is not supported.
   static Normalizer from_json(const Json& j, const std::string& where);
   std::string normalize(std::string text) const;
+  enum class UnicodeFormKind { kNFC, kNFD, kNFKC, kNFKD };
 
  private:
   struct Prepend {
@@ -76,21 +79,62 @@ class Normalizer {
     std::string pattern;  // literal, non-empty
     std::string content;
   };
-  using Step = std::variant<Prepend, Replace>;
+  struct UnicodeForm {
+    UnicodeFormKind kind;
+  };
+  using Step = std::variant<Prepend, Replace, UnicodeForm>;
   void add(const Json& j, const std::string& where);
   std::vector<Step> steps_;
 };
 
-// ---- pre-tokenizers (tokenizer_pipeline.cpp) ----
+// ---- pre-tokenizers (tokenizer_pretokenizer.cpp) ----
 
-/// Normalized text -> words, each encoded by the model on its own. Only null (the
-/// whole text is one word, as for SentencePiece-converted Llama-2 tokenizers) today;
-/// Split / ByteLevel / Metaspace slot in here.
+/// The byte-level alphabet of GPT-2 (tokenizers pre_tokenizers/byte_level.rs,
+/// bytes_char): byte b -> the UTF-8 of the printable character that stands for it.
+const std::array<std::string, 256>& byte_level_chars();
+
+/// The byte that byte-level character `c` stands for, or -1 when `c` is not one.
+int byte_level_byte(char32_t c);
+
+/// Normalized text -> words, each encoded by the model on its own. Types: Split (Regex
+/// or String pattern; behaviors Removed, Isolated, MergedWithPrevious, MergedWithNext,
+/// Contiguous; invert), ByteLevel (add_prefix_space, use_regex), Metaspace (replacement,
+/// prepend_scheme always/first/never or the older add_prefix_space, split), Sequence;
+/// null keeps the text as one word.
 class PreTokenizer {
  public:
-  /// @throws Error naming `where` and the type for any non-null pre-tokenizer.
+  /// @throws Error naming `where` and the type when the type is not supported, or a
+  ///   Split pattern that does not compile (the error gives PCRE2's message).
   static PreTokenizer from_json(const Json& j, const std::string& where);
-  std::vector<std::string_view> split(std::string_view text) const { return {text}; }
+
+  /// Appends the non-empty words of `text` to `out`. `at_origin`: `text` starts at byte
+  /// 0 of the input (Metaspace's "first" scheme prepends only there).
+  void split(std::string_view text, bool at_origin, std::vector<std::string>& out) const;
+
+  /// False for a null pre-tokenizer (then split gives the text itself).
+  bool present() const { return !steps_.empty(); }
+
+  enum class Behavior { kRemoved, kIsolated, kMergedWithPrevious, kMergedWithNext, kContiguous };
+
+ private:
+  struct Split {
+    std::shared_ptr<const Regex> regex;  // null for a String pattern
+    std::string literal;                 // the String pattern
+    Behavior behavior = Behavior::kIsolated;
+    bool invert = false;
+  };
+  struct ByteLevel {
+    bool add_prefix_space = false;
+    bool use_regex = true;
+  };
+  struct Metaspace {
+    std::string replacement;  // one character, "▁"
+    enum class Prepend { kAlways, kFirst, kNever } prepend = Prepend::kAlways;
+    bool split = true;
+  };
+  using Step = std::variant<Split, ByteLevel, Metaspace>;
+  void add(const Json& j, const std::string& where);
+  std::vector<Step> steps_;
 };
 
 // ---- the BPE model (bpe.cpp) ----
@@ -153,7 +197,8 @@ class BpeModel {
 // ---- post-processors (tokenizer_pipeline.cpp) ----
 
 /// Adds the special tokens around an encoded sequence: TemplateProcessing's "single"
-/// template (processors/template.rs); null adds nothing.
+/// template (processors/template.rs). ByteLevel (it only trims offsets, which linnet
+/// does not track) and null add nothing; a Sequence applies its processors in order.
 class PostProcessor {
  public:
   /// One template item: the sequence itself ($A) or a special token's ids.
@@ -170,14 +215,16 @@ class PostProcessor {
   std::optional<int32_t> leading_special() const;
 
  private:
+  void add(const Json& j, const std::string& where);
   std::vector<Piece> single_;  // empty: add nothing
+  bool has_template_ = false;
 };
 
 // ---- decoders (tokenizer_decoder.cpp) ----
 
-/// Tokens -> text: the decoder chain (decoders/: Replace with a String pattern,
-/// ByteFallback, Fuse, Strip, Sequence). Without a decoder the tokens are joined with
-/// " ", as tokenizers does.
+/// Tokens -> text: the decoder chain (decoders/: ByteLevel, Metaspace, Replace with a
+/// String pattern, ByteFallback, Fuse, Strip, Sequence). Without a decoder the tokens
+/// are joined with " ", as tokenizers does.
 class Decoder {
  public:
   /// @throws Error naming `where` and the type when the type is not supported.
@@ -198,7 +245,12 @@ class Decoder {
     std::size_t start = 0;  // at most this many leading `content` chars removed
     std::size_t stop = 0;   // at most this many trailing ones
   };
-  using Step = std::variant<Replace, ByteFallback, Fuse, Strip>;
+  struct ByteLevel {};
+  struct Metaspace {
+    char32_t replacement = U'\u2581';
+    bool strip_first = true;  // prepend_scheme != never: the first token loses its replacements
+  };
+  using Step = std::variant<Replace, ByteFallback, Fuse, Strip, ByteLevel, Metaspace>;
   void add(const Json& j, const std::string& where);
   bool present_ = false;
   std::vector<Step> steps_;
@@ -222,7 +274,8 @@ struct AddedToken {
 /// A piece of the text during encoding: either still text, or an added token's id.
 struct Piece {
   std::string text;
-  int32_t id = -1;  // >= 0: an added token
+  int32_t id = -1;          // >= 0: an added token
+  std::size_t offset = 0;   // byte offset of `text` in the string that was split
 };
 
 /// Finds added tokens in text: leftmost-longest, non-overlapping, then the
@@ -267,6 +320,7 @@ struct Tokenizer::Impl {
   int64_t vocab_size = 0;
   std::optional<int32_t> bos_id;
   std::optional<int32_t> eos_id;
+  std::optional<int32_t> pad_id;
   std::string chat_template;
 
   explicit Impl(tok::BpeModel m) : model(std::move(m)) {}

@@ -1,8 +1,11 @@
 // Encode-side pieces of the tokenizer pipeline: UTF-8 checks, Unicode properties (from
 // ICU, no hand-written tables), normalizers, pre-tokenizers and post-processors, each
 // built from its tokenizer.json section. Semantics: huggingface/tokenizers
-// normalizers/{prepend,replace}.rs, processors/template.rs.
+// normalizers/{unicode,prepend,replace}.rs, processors/{template,sequence}.rs.
+// (Pre-tokenizers: tokenizer_pretokenizer.cpp.)
 #include <unicode/uchar.h>
+#include <unicode/unorm2.h>
+#include <unicode/ustring.h>
 
 #include "common/error.h"
 #include "loader/json_brief.h"
@@ -148,6 +151,50 @@ std::string string_pattern(const Json& j, const char* section, const std::string
               "{\"String\": ...}", json_brief(pattern));
 }
 
+/// `text` (valid UTF-8) in the Unicode normalization form `kind`, through ICU's
+/// Normalizer2 (the same forms as the unicode-normalization crate tokenizers uses).
+std::string unicode_normalize(const std::string& text, Normalizer::UnicodeFormKind kind) {
+  bool ascii = true;  // ASCII is invariant under every form: the common case costs nothing
+  for (const char c : text) ascii = ascii && static_cast<unsigned char>(c) < 0x80;
+  if (ascii) return text;
+  UErrorCode status = U_ZERO_ERROR;
+  using K = Normalizer::UnicodeFormKind;
+  const UNormalizer2* norm = kind == K::kNFC    ? unorm2_getNFCInstance(&status)
+                             : kind == K::kNFD  ? unorm2_getNFDInstance(&status)
+                             : kind == K::kNFKC ? unorm2_getNFKCInstance(&status)
+                                                : unorm2_getNFKDInstance(&status);
+  auto check = [&](const char* step) {
+    if (U_FAILURE(status)) {
+      throw Error(std::string("ICU normalization failed (") + step + "): " + u_errorName(status),
+                  "normalizer");
+    }
+  };
+  check("instance");
+  std::u16string utf16(text.size(), u'\0');  // UTF-16 never has more units than UTF-8 bytes
+  int32_t len16 = 0;
+  u_strFromUTF8(utf16.data(), static_cast<int32_t>(utf16.size()), &len16, text.data(),
+                static_cast<int32_t>(text.size()), &status);
+  check("from UTF-8");
+  utf16.resize(static_cast<std::size_t>(len16));
+  if (unorm2_isNormalized(norm, utf16.data(), len16, &status) && U_SUCCESS(status)) return text;
+  status = U_ZERO_ERROR;
+  std::u16string out(utf16.size() * 3 + 16, u'\0');
+  int32_t out_len = unorm2_normalize(norm, utf16.data(), len16, out.data(),
+                                     static_cast<int32_t>(out.size()), &status);
+  if (status == U_BUFFER_OVERFLOW_ERROR) {
+    status = U_ZERO_ERROR;
+    out.assign(static_cast<std::size_t>(out_len), u'\0');
+    out_len = unorm2_normalize(norm, utf16.data(), len16, out.data(), out_len, &status);
+  }
+  check("normalize");
+  std::string result(static_cast<std::size_t>(out_len) * 3, '\0');
+  int32_t len8 = 0;
+  u_strToUTF8(result.data(), static_cast<int32_t>(result.size()), &len8, out.data(), out_len, &status);
+  check("to UTF-8");
+  result.resize(static_cast<std::size_t>(len8));
+  return result;
+}
+
 }  // namespace
 
 // ---- normalizers ----
@@ -170,6 +217,14 @@ void Normalizer::add(const Json& j, const std::string& where) {
   } else if (type == "Replace") {
     steps_.push_back(Replace{string_pattern(j, "Replace normalizer", where),
                              json_string(j, "content", where + " (Replace normalizer)")});
+  } else if (type == "NFC") {
+    steps_.push_back(UnicodeForm{UnicodeFormKind::kNFC});
+  } else if (type == "NFD") {
+    steps_.push_back(UnicodeForm{UnicodeFormKind::kNFD});
+  } else if (type == "NFKC") {
+    steps_.push_back(UnicodeForm{UnicodeFormKind::kNFKC});
+  } else if (type == "NFKD") {
+    steps_.push_back(UnicodeForm{UnicodeFormKind::kNFKD});
   } else {
     throw Error("unsupported normalizer type '" + type + "'", where);
   }
@@ -181,31 +236,37 @@ std::string Normalizer::normalize(std::string text) const {
       if (!text.empty()) text = p->prepend + text;
     } else if (const auto* r = std::get_if<Replace>(&step)) {
       text = replace_all(text, r->pattern, r->content);
+    } else if (const auto* u = std::get_if<UnicodeForm>(&step)) {
+      text = unicode_normalize(text, u->kind);
     }
   }
   return text;
-}
-
-// ---- pre-tokenizers ----
-
-PreTokenizer PreTokenizer::from_json(const Json& j, const std::string& where) {
-  if (!j.is_null()) {
-    throw Error("unsupported pre_tokenizer type '" + type_of(j, "pre_tokenizer", where) + "'",
-                where);
-  }
-  return PreTokenizer{};
 }
 
 // ---- post-processors ----
 
 PostProcessor PostProcessor::from_json(const Json& j, const std::string& where) {
   PostProcessor p;
-  if (j.is_null()) return p;
+  if (!j.is_null()) p.add(j, where);
+  return p;
+}
+
+void PostProcessor::add(const Json& j, const std::string& where) {
   const std::string type = type_of(j, "post_processor", where);
+  if (type == "Sequence") {
+    if (!j.contains("processors") || !j.at("processors").is_array()) {
+      throw Error("post_processor Sequence without a 'processors' array", where);
+    }
+    for (const Json& child : j.at("processors")) add(child, where);
+    return;
+  }
+  if (type == "ByteLevel") return;  // changes offsets only
   if (type != "TemplateProcessing") {
     throw Error("unsupported post_processor type '" + type + "'", where);
   }
   const std::string ctx = where + " (TemplateProcessing)";
+  if (has_template_) throw Error("more than one TemplateProcessing in the post_processor", ctx);
+  has_template_ = true;
   if (!j.contains("single") || !j.at("single").is_array()) {
     throw Error("'single' template missing or not an array", ctx);
   }
@@ -214,7 +275,7 @@ PostProcessor PostProcessor::from_json(const Json& j, const std::string& where) 
     if (item.contains("Sequence")) {
       const std::string seq = json_string(item.at("Sequence"), "id", ctx);
       if (seq != "A") throw Error("single template uses sequence '" + seq + "'", ctx, "A", seq);
-      p.single_.push_back(Piece{true, {}});
+      single_.push_back(Piece{true, {}});
     } else if (item.contains("SpecialToken")) {
       const std::string name = json_string(item.at("SpecialToken"), "id", ctx);
       if (!specials.is_object() || !specials.contains(name)) {
@@ -228,12 +289,11 @@ PostProcessor PostProcessor::from_json(const Json& j, const std::string& where) 
         }
         piece.ids.push_back(id.get<int32_t>());
       }
-      p.single_.push_back(std::move(piece));
+      single_.push_back(std::move(piece));
     } else {
       throw Error("template item is neither Sequence nor SpecialToken", ctx, "", json_brief(item));
     }
   }
-  return p;
 }
 
 std::vector<int32_t> PostProcessor::process(std::vector<int32_t> ids) const {

@@ -9,7 +9,7 @@ PACKAGES=(
   libopenblas-dev
   libcxxopts-dev nlohmann-json3-dev
   libgtest-dev
-  libicu-dev
+  libicu-dev libpcre2-dev
 )
 
 missing=()

@@ -305,6 +305,28 @@ TEST_F(Cli, BadFlagValuesAreUsageErrors) {
   }
 }
 
+TEST_F(Cli, InfoPlansTheSeedModelsFromTheirConfigs) {
+  for (const char* card : {"llama-3.1-8b-instruct", "qwen3-4b", "phi-3-mini-4k-instruct"}) {
+    const fs::path dir = test::shared_dir() / "models" / "cards" / card;
+    const Result r = run(1, "info --model " + quote(dir.string()) + " --tp 4");
+    ASSERT_EQ(r.code, 0) << card << ": " << r.err;
+    EXPECT_NE(r.out.find("sizes below come from config.json"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("\n3     [24, 32)"), std::string::npos) << card << ":\n" << r.out;
+    const Result bad = run(1, "info --model " + quote(dir.string()) + " --tp 3");
+    EXPECT_EQ(bad.code, 1);
+    EXPECT_NE(bad.err.find("num_attention_heads = 32 cannot be split over 3"), std::string::npos) << bad.err;
+    EXPECT_NE(bad.err.find("tp sizes that work for this model: 1, 2, 4, 8, 16, 32"), std::string::npos) << bad.err;
+  }
+  // Llama-3.1 at tp 16: 8 KV heads, each on 2 ranks.
+  const Result r16 = run(1, "info --model " + quote((test::shared_dir() / "models/cards/llama-3.1-8b-instruct").string()) +
+                                " --tp 16");
+  EXPECT_NE(r16.out.find("each KV head on 2 ranks"), std::string::npos) << r16.out;
+  // With a checkpoint, the headers are checked too.
+  const Result s = run(1, "info --model " + quote(test::stories_dir().string()) + " --tp 2");
+  ASSERT_EQ(s.code, 0) << s.err;
+  EXPECT_NE(s.out.find("47 F32; all names and shapes match"), std::string::npos) << s.out;
+}
+
 TEST_F(Cli, MissingModelDirectory) {
   expect_clean_failure("--model " + quote((tmp_ / "nope").string()) + " --prompt hi", "nope");
 }

@@ -310,8 +310,8 @@ TEST(Tokenizer, AddedTokenStripFlagsAbsorbSpaces) {
 
 TEST(Tokenizer, UnsupportedComponentNamesTypeAndFile) {
   const std::pair<std::string, std::string> cases[] = {
-      {"/normalizer", "NFKC"},       {"/pre_tokenizer", "ByteLevel"},
-      {"/decoder", "Metaspace"},     {"/post_processor", "RobertaProcessing"},
+      {"/normalizer", "BertNormalizer"}, {"/pre_tokenizer", "Whitespace"},
+      {"/decoder", "WordPiece"},         {"/post_processor", "RobertaProcessing"},
       {"/model/type", "Unigram"},
   };
   for (const auto& [pointer, type] : cases) {
