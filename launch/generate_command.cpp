@@ -1,6 +1,8 @@
 #include "launch/generate_command.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -55,6 +57,32 @@ std::vector<std::string> read_prompts(const GenerateOptions& o) {
   return prompts;
 }
 
+// Rank 0's `texts` to every rank of `comm`: count, lengths, then the bytes.
+void broadcast_strings(Communicator& comm, std::vector<std::string>& texts) {
+  uint64_t count = texts.size();
+  comm.broadcast(&count, sizeof count, 0);
+  std::vector<uint64_t> lengths(count);
+  std::string bytes;
+  if (comm.rank() == 0) {
+    for (size_t i = 0; i < count; ++i) lengths[i] = texts[i].size();
+    for (const auto& t : texts) bytes += t;
+  }
+  if (count == 0) return;
+  comm.broadcast(lengths.data(), lengths.size() * sizeof(uint64_t), 0);
+  uint64_t total = 0;
+  for (uint64_t n : lengths) total += n;
+  bytes.resize(total);
+  if (total > 0) comm.broadcast(bytes.data(), bytes.size(), 0);
+  if (comm.rank() != 0) {
+    texts.clear();
+    uint64_t at = 0;
+    for (uint64_t n : lengths) {
+      texts.push_back(bytes.substr(at, n));
+      at += n;
+    }
+  }
+}
+
 // generation_config.json gives the defaults (do_sample false or absent: greedy; with
 // sampling, transformers' defaults temperature 1, top_k 50, top_p 1), flags override.
 SamplingParams resolve_sampling(const GenerateOptions& o, const GenerationConfig& g) {
@@ -94,6 +122,18 @@ int run_generate(const GenerateOptions& o, Job& job) {
   const WorldConfig& w = groups.world_config;
   set_log_rank(w.world_size > 1 ? w.world_rank : -1);
 
+  // Rank 0 reads the prompts (stdin and local files exist only there under mpirun) and
+  // checks --output; then every rank gets the same texts.
+  std::vector<std::string> texts;
+  if (!job.load_phase([&] {
+        if (w.world_rank != 0) return;
+        texts = read_prompts(o);
+        if (!o.output.empty()) check_output_path(o.output);
+      })) {
+    return 1;
+  }
+  broadcast_strings(*groups.world, texts);
+
   const bool loaded = job.load_phase([&] {
     const std::filesystem::path model_dir = resolve_model_dir(o.model);
     files = std::make_unique<ModelFiles>(open_model(model_dir));
@@ -103,7 +143,12 @@ int run_generate(const GenerateOptions& o, Job& job) {
     const int64_t available = available_host_memory();
     check_memory(need, available < 0 ? -1 : available / w.local_size, w.local_size);
     tokenizer = std::make_unique<Tokenizer>(Tokenizer::from_dir(model_dir));
-    for (std::string& text : read_prompts(o)) {
+    if (tokenizer->vocab_size() > files->config.vocab_size) {
+      throw Error("the tokenizer knows more ids than the model has embedding rows", (model_dir / "tokenizer.json").string(),
+                  "ids < config.json vocab_size = " + std::to_string(files->config.vocab_size),
+                  "ids up to " + std::to_string(tokenizer->vocab_size() - 1));
+    }
+    for (std::string& text : texts) {
       const std::string where =
           o.input.empty() ? std::string("--prompt") : o.input + ": prompt #" + std::to_string(prompts.size() + 1);
       std::vector<int32_t> ids;
@@ -118,6 +163,10 @@ int run_generate(const GenerateOptions& o, Job& job) {
                     "<= --max-seq-len = " + std::to_string(max_seq_len) + " tokens",
                     std::to_string(ids.size()) + " tokens");
       }
+      if (static_cast<int64_t>(ids.size()) == max_seq_len && o.max_new_tokens > 0 && w.world_rank == 0) {
+        warn(where + ": the prompt fills --max-seq-len = " + std::to_string(max_seq_len) +
+             " tokens; no room is left for new tokens");
+      }
       prompts.push_back({std::move(text), std::move(ids)});
     }
     sampling = resolve_sampling(o, files->generation);
@@ -126,7 +175,6 @@ int run_generate(const GenerateOptions& o, Job& job) {
     // Phi-3 pads its embedding to 32064 rows while the tokenizer knows 32011 ids: never
     // draw an id the tokenizer cannot decode.
     sampling.vocab_limit = std::min<int64_t>(files->config.vocab_size, tokenizer->vocab_size());
-    if (w.world_rank == 0 && !o.output.empty()) check_output_path(o.output);
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     const int threads = o.threads > 0 ? o.threads : std::max(1, cores / w.local_size);
     backend = make_cpu_backend(threads);
@@ -197,6 +245,9 @@ int run_generate(const GenerateOptions& o, Job& job) {
                     p.ids.size(), r.ids.size(), r.prefill_ms, decode_tps, r.finish_reason.c_str());
       std::fputs(stats, stderr);
       if (output) output->add(p.text, completion, p.ids, r.ids, r.finish_reason);
+    }
+    if (w.world_rank == 0 && (std::fflush(stdout) != 0 || std::ferror(stdout))) {
+      throw Error(std::string("cannot write the completion: ") + std::strerror(errno), "stdout");
     }
     if (output) output->commit();
   } catch (const std::exception& e) {

@@ -1,6 +1,7 @@
 #include "launch/job.h"
 
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 
 namespace linnet {
@@ -42,6 +43,10 @@ bool Job::load_phase(const std::function<void()>& fn) {
 void Job::abort(const std::string& message, const std::function<void()>& cleanup) {
   if (cleanup) cleanup();
   print_error(size_ > 1 ? rank_ : -1, message);
+  if (size_ == 1) {  // nobody to wake: end quietly, without MPI_Abort's banner
+    MPI_Finalize();
+    std::exit(1);
+  }
   MPI_Abort(world_, 1);
   std::abort();
 }

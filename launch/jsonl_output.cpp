@@ -2,7 +2,9 @@
 
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 
 #include <nlohmann/json.hpp>
@@ -17,6 +19,12 @@ void check_output_path(const std::string& path) {
   const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
   if (!fs::is_directory(dir)) throw Error("its directory does not exist", "--output " + path);
   if (fs::is_directory(p)) throw Error("is a directory", "--output " + path);
+  // Probe now that the file can be created there, rather than after the whole run.
+  const std::string probe = path + ".tmp." + std::to_string(::getpid());
+  std::FILE* f = std::fopen(probe.c_str(), "wb");
+  if (!f) throw Error(std::string("cannot create a file there: ") + std::strerror(errno), "--output " + path);
+  std::fclose(f);
+  std::remove(probe.c_str());
 }
 
 JsonlOutput::JsonlOutput(std::string path)
@@ -38,15 +46,16 @@ void JsonlOutput::add(const std::string& prompt, const std::string& completion,
 
 void JsonlOutput::commit() {
   std::FILE* f = std::fopen(tmp_path_.c_str(), "wb");
-  if (!f) throw Error("cannot create the output file", tmp_path_);
+  if (!f) throw Error(std::string("cannot create the output file: ") + std::strerror(errno), "--output " + path_);
   bool ok = true;
   for (const auto& line : lines_) {
     ok = ok && std::fwrite(line.data(), 1, line.size(), f) == line.size() && std::fputc('\n', f) != EOF;
   }
   ok = (std::fclose(f) == 0) && ok;
   if (!ok || std::rename(tmp_path_.c_str(), path_.c_str()) != 0) {
+    const int err = errno;
     std::remove(tmp_path_.c_str());
-    throw Error("cannot write the output file", path_);
+    throw Error(std::string("cannot write the output file: ") + std::strerror(err), "--output " + path_);
   }
 }
 

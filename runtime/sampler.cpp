@@ -51,13 +51,14 @@ int32_t Sampler::sample(std::span<const float> all_logits) {
     std::sort(idx.begin(), idx.end(), by_logit);
   }
 
-  // Softmax of logits / temperature over the candidates, in double.
-  const double inv_t = 1.0 / params_.temperature;
-  const double mx = logits[static_cast<size_t>(idx[0])] * inv_t;
+  // Softmax of logits / temperature over the candidates, in double. The max is
+  // subtracted before dividing, so a tiny temperature gives exp(-inf) = 0 for the others
+  // (greedy in the limit) rather than inf - inf.
+  const double mx = logits[static_cast<size_t>(idx[0])];
   std::vector<double> p(keep);
   double sum = 0.0;
   for (size_t i = 0; i < keep; ++i) {
-    p[i] = std::exp(logits[static_cast<size_t>(idx[i])] * inv_t - mx);
+    p[i] = std::exp((static_cast<double>(logits[static_cast<size_t>(idx[i])]) - mx) / params_.temperature);
     sum += p[i];
   }
   // top-p: the smallest prefix whose mass reaches top_p (at least one token).

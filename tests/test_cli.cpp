@@ -63,13 +63,14 @@ class Cli : public testing::Test {
   }
 
   // Runs `args` under mpirun -np ranks with a 60 s timeout.
-  Result run(int ranks, const std::string& args, const std::string& wrapper = "") {
+  Result run(int ranks, const std::string& args, const std::string& wrapper = "",
+             const std::string& stdin_file = "/dev/null") {
     const fs::path out = tmp_ / "stdout", err = tmp_ / "stderr";
     std::string exe = quote(bin_.string());
     if (!wrapper.empty()) exe = wrapper + " " + exe;
     const std::string cmd = "timeout -k 5 60 " + quote(mpiexec_.string()) +
                             " --oversubscribe --allow-run-as-root -np " + std::to_string(ranks) + " " + exe +
-                            " " + args + " >" + quote(out.string()) + " 2>" + quote(err.string()) + " </dev/null";
+                            " " + args + " >" + quote(out.string()) + " 2>" + quote(err.string()) + " <" + quote(stdin_file);
     const auto t0 = std::chrono::steady_clock::now();
     const int status = std::system(cmd.c_str());
     Result r;
@@ -191,6 +192,45 @@ TEST_F(Cli, InputJsonlKeepsOrderAndWritesEveryField) {
     // stories260k ends its stories with EOS long before 500 tokens or the 512 context.
     EXPECT_TRUE(j["finish_reason"] == "stop" || j["finish_reason"] == "length");
   }
+}
+
+TEST_F(Cli, Rank0ReadsTheInputForEveryRank) {
+  // mpirun gives stdin to rank 0 only; the prompts must still reach every rank.
+  const fs::path in = tmp_ / "stdin.jsonl";
+  std::ofstream(in) << "{\"prompt\": \"Once upon a time\"}\n";
+  const Result r = run(2, "--model " + quote(test::stories_dir().string()) +
+                              " --input /dev/stdin --max-new-tokens 8 --temperature 0", "", in.string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out.rfind(", there was a little girl", 0), 0u) << r.out;
+}
+
+TEST_F(Cli, UnwritableOutputIsRefusedBeforeGenerating) {
+  const Result r = run(2, "--model " + quote(test::stories_dir().string()) +
+                              " --prompt hi --output /proc/linnet-no-such-dir/out.jsonl");
+  EXPECT_NE(r.code, 0);
+  EXPECT_EQ(r.out, "");  // nothing generated
+  EXPECT_NE(r.err.find("--output"), std::string::npos) << r.err;
+  const Result p = run(1, "--model " + quote(test::stories_dir().string()) + " --prompt hi --output /proc/out.jsonl");
+  EXPECT_NE(p.code, 0);
+  EXPECT_EQ(p.out, "");
+  EXPECT_NE(p.err.find("cannot create a file there"), std::string::npos) << p.err;
+}
+
+TEST_F(Cli, TokenizerLargerThanTheEmbeddingIsALoadError) {
+  const fs::path m = copy_model();
+  auto tok = test::read_json(m / "tokenizer.json");
+  tok["added_tokens"].push_back({{"id", 600}, {"content", "<big>"}, {"single_word", false}, {"lstrip", false},
+                                 {"rstrip", false}, {"normalized", false}, {"special", false}});
+  std::ofstream(m / "tokenizer.json", std::ios::trunc) << tok.dump();
+  expect_clean_failure("--model " + quote(m.string()) + " --prompt 'Once <big>'", "vocab_size = 512");
+}
+
+TEST_F(Cli, APromptThatFillsTheContextWarns) {
+  const Result r = run(2, "--model " + quote(test::stories_dir().string()) +
+                              " --prompt 'Once upon a time' --max-seq-len 5 --temperature 0");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("no room is left for new tokens"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("new tokens: 0"), std::string::npos) << r.err;
 }
 
 TEST_F(Cli, TruncatedSafetensorsFile) {

@@ -153,6 +153,17 @@ TEST(Sampler, SameSeedSameDraws) {
   for (int i = 0; i < 50; ++i) EXPECT_EQ(a.sample(logits), b.sample(logits));
 }
 
+TEST(Sampler, TinyTemperatureIsGreedyInTheLimit) {
+  const std::vector<float> logits = {0.5f, 2.0f, -1.0f, 1.9f};
+  for (double t : {1e-308, 1e-30, 1e-6}) {
+    SamplingParams p;
+    p.temperature = t;
+    p.seed = 11;
+    Sampler s(p);
+    for (int i = 0; i < 20; ++i) EXPECT_EQ(s.sample(logits), 1) << "temperature " << t;
+  }
+}
+
 TEST(Sampler, NeverDrawsIdsPastTheVocabLimit) {
   std::vector<float> logits(10, 0.0f);
   logits[8] = 50.0f;  // a row the tokenizer does not know, with the top logit
