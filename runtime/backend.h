@@ -27,9 +27,9 @@ class Backend {
   virtual void rope(float* x, int64_t rows, int64_t row_stride, int64_t n_heads, int64_t head_dim,
                     const int32_t* positions, const float* inv_freq) = 0;
   virtual void swiglu(const float* gate_up, float* out, int64_t rows, int64_t inter) = 0;
-  virtual void attention(const float* q, int64_t q_stride, const float* k_cache, const float* v_cache,
-                         float* out, int64_t rows, int64_t n_heads, int64_t n_kv_heads,
-                         int64_t head_dim, const int32_t* positions, int64_t window) = 0;
+  virtual void attention(const float* q, int64_t q_stride, const float* k, const float* v, float* out,
+                         int64_t rows, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
+                         const int32_t* key_begin, const int32_t* key_end) = 0;
   virtual void rmsnorm_heads(float* x, int64_t rows, int64_t row_stride, int64_t n_heads, int64_t head_dim,
                              const float* weight, float eps) = 0;
   virtual void add_inplace(float* x, const float* y, int64_t n) = 0;

@@ -29,10 +29,10 @@ class CpuBackend final : public Backend {
   void swiglu(const float* gate_up, float* out, int64_t rows, int64_t inter) override {
     cpu::swiglu(gate_up, out, rows, inter);
   }
-  void attention(const float* q, int64_t q_stride, const float* k_cache, const float* v_cache, float* out,
-                 int64_t rows, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, const int32_t* positions,
-                 int64_t window) override {
-    cpu::attention(q, q_stride, k_cache, v_cache, out, rows, n_heads, n_kv_heads, head_dim, positions, window);
+  void attention(const float* q, int64_t q_stride, const float* k, const float* v, float* out, int64_t rows,
+                 int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, const int32_t* key_begin,
+                 const int32_t* key_end) override {
+    cpu::attention(q, q_stride, k, v, out, rows, n_heads, n_kv_heads, head_dim, key_begin, key_end);
   }
   void rmsnorm_heads(float* x, int64_t rows, int64_t row_stride, int64_t n_heads, int64_t head_dim,
                      const float* weight, float eps) override {

@@ -41,7 +41,25 @@ void Engine::check_tokens(std::span<const int32_t> tokens, int64_t pos, int64_t 
   }
 }
 
-Tensor Engine::run(std::span<const int32_t> tokens, int64_t pos, KvCache& cache, bool all_rows) {
+// Rows of a sequence at positions pos..pos+S-1, cached at the same rows: each attends
+// causally to the cache, or to its last sliding_window positions.
+Engine::Rows Engine::sequence_rows(int64_t S, int64_t pos) const {
+  Rows r;
+  const int64_t window = config_.sliding_window.value_or(0);
+  r.positions.resize(static_cast<size_t>(S));
+  std::iota(r.positions.begin(), r.positions.end(), static_cast<int32_t>(pos));
+  r.cache_rows = r.positions;
+  r.key_begin.resize(static_cast<size_t>(S));
+  r.key_end.resize(static_cast<size_t>(S));
+  for (int64_t i = 0; i < S; ++i) {
+    const int64_t p = pos + i;
+    r.key_end[i] = static_cast<int32_t>(p + 1);
+    r.key_begin[i] = static_cast<int32_t>(window > 0 ? std::max<int64_t>(0, p + 1 - window) : 0);
+  }
+  return r;
+}
+
+Tensor Engine::run(std::span<const int32_t> tokens, const Rows& rows_in, KvCache& cache, bool all_rows) {
   const int64_t S = static_cast<int64_t>(tokens.size());
   const int64_t H = config_.hidden_size;
   const int64_t hd = config_.head_dim;
@@ -50,10 +68,8 @@ Tensor Engine::run(std::span<const int32_t> tokens, int64_t pos, KvCache& cache,
   const int64_t qkv_cols = (nh + 2 * nkv) * hd;
   const int64_t inter = plan_.intermediate_local;
   const float eps = static_cast<float>(config_.rms_norm_eps);
-  const int64_t window = config_.sliding_window.value_or(0);
-
-  std::vector<int32_t> positions(static_cast<size_t>(S));
-  std::iota(positions.begin(), positions.end(), static_cast<int32_t>(pos));
+  const int32_t* positions = rows_in.positions.data();
+  const int32_t* cache_rows = rows_in.cache_rows.data();
 
   Tensor h = backend_.zeros({S, H});         // residual stream
   Tensor xn = backend_.zeros({S, H});        // normed input of a block
@@ -77,13 +93,12 @@ Tensor Engine::run(std::span<const int32_t> tokens, int64_t pos, KvCache& cache,
       backend_.rmsnorm_heads(qkv.data(), S, qkv_cols, nh, hd, L.q_norm.data(), eps);
       backend_.rmsnorm_heads(qkv.data() + nh * hd, S, qkv_cols, nkv, hd, L.k_norm.data(), eps);
     }
-    backend_.rope(qkv.data(), S, qkv_cols, nh, hd, positions.data(), inv_freq_.data());
-    backend_.rope(qkv.data() + nh * hd, S, qkv_cols, nkv, hd, positions.data(), inv_freq_.data());
-    backend_.store_rows(qkv.data() + nh * hd, qkv_cols, cache.k[l].data(), nkv * hd, positions.data(), S);
-    backend_.store_rows(qkv.data() + (nh + nkv) * hd, qkv_cols, cache.v[l].data(), nkv * hd,
-                        positions.data(), S);
-    backend_.attention(qkv.data(), qkv_cols, cache.k[l].data(), cache.v[l].data(), attn.data(), S, nh, nkv,
-                       hd, positions.data(), window);
+    backend_.rope(qkv.data(), S, qkv_cols, nh, hd, positions, inv_freq_.data());
+    backend_.rope(qkv.data() + nh * hd, S, qkv_cols, nkv, hd, positions, inv_freq_.data());
+    backend_.store_rows(qkv.data() + nh * hd, qkv_cols, cache.k[l].data(), nkv * hd, cache_rows, S);
+    backend_.store_rows(qkv.data() + (nh + nkv) * hd, qkv_cols, cache.v[l].data(), nkv * hd, cache_rows, S);
+    backend_.attention(qkv.data(), qkv_cols, cache.k[l].data(), cache.v[l].data(), attn.data(), S, nh, nkv, hd,
+                       rows_in.key_begin.data(), rows_in.key_end.data());
     backend_.matmul_nt(attn.data(), L.wo.data(), partial.data(), S, nh * hd, H);
     comm_.all_reduce_sum(partial.data(), static_cast<size_t>(S * H));  // row-parallel o_proj
     backend_.add_inplace(h.data(), partial.data(), S * H);
@@ -133,7 +148,7 @@ std::vector<float> Engine::forward(std::span<const int32_t> tokens) {
   check_tokens(tokens, 0, cache_.max_seq_len);
   KvCache scratch = KvCache::make(backend_, config_.num_hidden_layers, S, plan_.num_kv_heads_local,
                                   config_.head_dim);
-  Tensor local = run(tokens, 0, scratch, /*all_rows=*/true);
+  Tensor local = run(tokens, sequence_rows(S, 0), scratch, /*all_rows=*/true);
   return gather_logits(local, S);
 }
 
@@ -142,17 +157,65 @@ std::vector<float> Engine::next_token(std::span<const int32_t> tokens) {
   check_tokens(tokens, 0, cache_.max_seq_len);
   KvCache scratch = KvCache::make(backend_, config_.num_hidden_layers, S, plan_.num_kv_heads_local,
                                   config_.head_dim);
-  return gather_logits(run(tokens, 0, scratch, /*all_rows=*/false), 1);
+  return gather_logits(run(tokens, sequence_rows(S, 0), scratch, /*all_rows=*/false), 1);
 }
 
 std::vector<float> Engine::prefill(std::span<const int32_t> tokens, int64_t pos) {
   check_tokens(tokens, pos, cache_.max_seq_len);
-  return gather_logits(run(tokens, pos, cache_, /*all_rows=*/false), 1);
+  return gather_logits(run(tokens, sequence_rows(static_cast<int64_t>(tokens.size()), pos), cache_,
+                           /*all_rows=*/false),
+                       1);
 }
 
 std::vector<float> Engine::decode(int32_t token, int64_t pos) {
   const int32_t t[1] = {token};
   return prefill(std::span<const int32_t>(t, 1), pos);
+}
+
+Tensor Engine::packed_logits_local(std::span<const int32_t> tokens, std::span<const int32_t> positions,
+                                   std::span<const int32_t> segments) {
+  const int64_t P = static_cast<int64_t>(tokens.size());
+  if (positions.size() != tokens.size() || segments.size() != tokens.size()) {
+    throw Error("tokens, positions and segments differ in length", "packed batch",
+                std::to_string(P) + " each",
+                std::to_string(positions.size()) + " positions, " + std::to_string(segments.size()) + " segments");
+  }
+  check_tokens(tokens, 0, P);
+  const int64_t window = config_.sliding_window.value_or(0);
+  Rows r;
+  r.positions.assign(positions.begin(), positions.end());
+  r.cache_rows.resize(static_cast<size_t>(P));
+  std::iota(r.cache_rows.begin(), r.cache_rows.end(), 0);
+  r.key_begin.resize(static_cast<size_t>(P));
+  r.key_end.resize(static_cast<size_t>(P));
+  int64_t seg_start = 0;
+  for (int64_t i = 0; i < P; ++i) {
+    const bool new_segment = i == 0 || segments[i] != segments[i - 1];
+    if (new_segment) {
+      if (i > 0 && segments[i] < segments[i - 1]) {
+        throw Error("segments must not decrease", "packed batch", "non-decreasing segment ids",
+                    "segment " + std::to_string(segments[i]) + " after " + std::to_string(segments[i - 1]));
+      }
+      if (positions[i] != 0) {
+        throw Error("a document must start at position 0", "packed batch", "0", std::to_string(positions[i]));
+      }
+      seg_start = i;
+    } else if (positions[i] != positions[i - 1] + 1) {
+      throw Error("positions inside a document must count up by one", "packed batch",
+                  std::to_string(positions[i - 1] + 1), std::to_string(positions[i]));
+    }
+    if (positions[i] >= config_.max_position_embeddings) {
+      throw Error("position past the model's context", "packed batch",
+                  "< max_position_embeddings = " + std::to_string(config_.max_position_embeddings),
+                  std::to_string(positions[i]));
+    }
+    // Only keys of the same document, and inside the sliding window.
+    r.key_end[i] = static_cast<int32_t>(i + 1);
+    r.key_begin[i] = static_cast<int32_t>(window > 0 ? std::max<int64_t>(seg_start, i + 1 - window) : seg_start);
+  }
+  KvCache scratch = KvCache::make(backend_, config_.num_hidden_layers, P, plan_.num_kv_heads_local,
+                                  config_.head_dim);
+  return run(tokens, r, scratch, /*all_rows=*/true);
 }
 
 }  // namespace linnet

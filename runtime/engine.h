@@ -47,6 +47,16 @@ class Engine {
   /// One token at position `pos` through the KV cache: logits [vocab_size].
   std::vector<float> decode(int32_t token, int64_t pos);
 
+  /// The packed forward pass behind loss_packed / log_probs_packed: several documents
+  /// end to end in one pass, token i at positions[i] (0 at each document's start,
+  /// counting up by one), attending only inside its document (segments[i], contiguous
+  /// and non-decreasing) and its sliding window. Returns this rank's vocab-parallel
+  /// logits slice, f32 [P, vocab_local] (columns past vocab_size are padding): the
+  /// full rows are never gathered. Does not touch the KV cache.
+  /// @throws Error on mismatched lengths, bad positions/segments or token ids.
+  Tensor packed_logits_local(std::span<const int32_t> tokens, std::span<const int32_t> positions,
+                             std::span<const int32_t> segments);
+
   const ModelConfig& config() const { return config_; }
   const ShardPlan& plan() const { return plan_; }
   Communicator& tp_comm() { return comm_; }
@@ -55,9 +65,15 @@ class Engine {
   int64_t kv_cache_bytes() const { return cache_.bytes(); }
 
  private:
-  // The decoder over tokens at positions pos..pos+S-1 with `cache`. Returns this rank's
-  // logits slice [rows, vocab_local] for every row (all_rows) or only the last one.
-  Tensor run(std::span<const int32_t> tokens, int64_t pos, KvCache& cache, bool all_rows);
+  // Where each row of a pass goes: RoPE position, KV cache row, and the cache rows
+  // [key_begin, key_end) its query attends to.
+  struct Rows {
+    std::vector<int32_t> positions, cache_rows, key_begin, key_end;
+  };
+  Rows sequence_rows(int64_t S, int64_t pos) const;
+  // The decoder over `tokens` placed per `rows` in `cache`. Returns this rank's logits
+  // slice [rows, vocab_local] for every row (all_rows) or only the last one.
+  Tensor run(std::span<const int32_t> tokens, const Rows& rows, KvCache& cache, bool all_rows);
   // all_gather of local logits [rows, vocab_local] into [rows, vocab_size].
   std::vector<float> gather_logits(const Tensor& local, int64_t rows);
   void check_tokens(std::span<const int32_t> tokens, int64_t pos, int64_t capacity) const;

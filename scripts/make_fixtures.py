@@ -53,7 +53,9 @@ Outputs, from <shared>/models/stories260k (a real tiny Llama, vocab 512):
 Outputs, tiny seed-model fixtures (see FIXTURES below): llama31, qwen3, phi3
 are the real config.json files of <shared>/models/cards/{llama-3.1-8b-instruct,
 qwen3-4b, phi-3-mini-4k-instruct} with only sizes (and out-of-vocab token ids)
-shrunk, built by transformers, with seeded random weights:
+shrunk; mistral is Mistral-7B-v0.1's config.json (written inline below, there
+is no card for it) with sizes shrunk and sliding_window 16; all built by
+transformers, with seeded random weights:
 
   <out>/fixtures/<name>/f32/         config.json, generation_config.json,
                                      model.safetensors (float32)
@@ -369,20 +371,21 @@ def make_stories(args):
 
 
 # ---------------------------------------------------------------------------
-# Tiny seed-model fixtures: llama31, qwen3, phi3
+# Tiny seed-model fixtures: llama31, qwen3, phi3, mistral
 # ---------------------------------------------------------------------------
 #
-# Each fixture is the REAL config.json of a seed model (shared/models/cards/)
-# with only sizes shrunk, built by transformers (AutoModelForCausalLM.
-# from_config), filled with seeded random weights, and saved by
-# save_pretrained. config.json is then rewritten in the REAL checkpoints'
-# spelling (rope_theta / rope_scaling / torch_dtype at top level): transformers
-# 5 would write "rope_parameters" and "dtype" instead, and the C++ loader must
-# read what checkpoints on the hub contain. What transformers 5 itself wrote is
-# kept next to it as <name>/config.transformers5.json (for information / a
-# second loader test). Every golden is computed from the checkpoint as loaded
-# back from disk with from_pretrained (real-spelling config), so the files and
-# the goldens cannot drift apart.
+# Each fixture is the REAL config.json of a seed model (shared/models/cards/;
+# for mistral, written inline as "base_config") with only sizes shrunk, built
+# by transformers (AutoModelForCausalLM.from_config), filled with seeded
+# random weights, and saved by save_pretrained. config.json is then rewritten
+# in the REAL checkpoints' spelling (rope_theta / rope_scaling / torch_dtype at
+# top level): transformers 5 would write "rope_parameters" and "dtype"
+# instead, and the C++ loader must read what checkpoints on the hub contain.
+# What transformers 5 itself wrote is kept next to it as
+# <name>/config.transformers5.json (for information / a second loader test).
+# Every golden is computed from the checkpoint as loaded back from disk with
+# from_pretrained (real-spelling config), so the files and the goldens cannot
+# drift apart.
 
 FIXTURE_PROMPT_LEN = 40
 FIXTURE_GREEDY_PROMPT = 8
@@ -448,14 +451,57 @@ FIXTURES = [
                        "pad_token_id": 296},
         "shard": "300KB",
     },
+    {
+        "name": "mistral",
+        "card": None,                   # no card: base_config is used instead
+        "seed": 7,
+        # Mistral-7B-v0.1's config.json as on the hub (model_type "mistral",
+        # no head_dim key: 4096 / 32 = 128 implicit; rope_theta at top level;
+        # sliding_window 4096). Shrunk: GQA 8 query / 2 kv heads, head_dim
+        # 64 / 8 = 8 implicit, vocab 297 (not a multiple of 4), untied head,
+        # and sliding_window 16, so the 40-token prompt is 2.5 windows long
+        # and keys fall out of the window for 24 of its 40 queries.
+        "base_config": {
+            "architectures": ["MistralForCausalLM"],
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+            "hidden_act": "silu",
+            "hidden_size": 4096,
+            "initializer_range": 0.02,
+            "intermediate_size": 14336,
+            "max_position_embeddings": 32768,
+            "model_type": "mistral",
+            "num_attention_heads": 32,
+            "num_hidden_layers": 32,
+            "num_key_value_heads": 8,
+            "rms_norm_eps": 1e-05,
+            "rope_theta": 10000.0,
+            "sliding_window": 4096,
+            "tie_word_embeddings": False,
+            "torch_dtype": "bfloat16",
+            "transformers_version": "4.34.0.dev0",
+            "use_cache": True,
+            "vocab_size": 32000,
+        },
+        "override": {
+            "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
+            "max_position_embeddings": 256, "num_attention_heads": 8,
+            "num_key_value_heads": 2, "vocab_size": 297, "sliding_window": 16,
+            "bos_token_id": 1, "eos_token_id": 2,
+        },
+        "generation": {"bos_token_id": 1, "eos_token_id": 2},
+    },
 ]
 
 
 def fixture_real_config(shared, fx, dtype_name):
     """The real config.json dict with sizes shrunk, in the real spelling."""
-    path = os.path.join(shared, "models", "cards", fx["card"], "config.json")
-    with open(path, encoding="utf-8") as f:
-        cfg = json.load(f)
+    if fx["card"] is None:
+        cfg = copy.deepcopy(fx["base_config"])
+    else:
+        path = os.path.join(shared, "models", "cards", fx["card"], "config.json")
+        with open(path, encoding="utf-8") as f:
+            cfg = json.load(f)
     cfg.update(copy.deepcopy(fx["override"]))
     if "rope_override" in fx:
         cfg["rope_scaling"] = dict(cfg["rope_scaling"], **fx["rope_override"])
@@ -775,7 +821,7 @@ def make_one_fixture(args, fx, src):
         },
         "prompt_ids": prompt,
     }
-    if c.model_type == "phi3":
+    if c.model_type in ("phi3", "mistral"):
         gold["sliding_window_keys_attended"] = sliding_window_keys(m32, FIXTURE_PROMPT_LEN)
     else:
         n = sliding_window_keys(m32, FIXTURE_PROMPT_LEN)

@@ -1,4 +1,4 @@
-// The seed architectures (Llama-3.1, Qwen3, Phi-3) on tiny checkpoints that keep each
+// The seed architectures (Llama-3.1, Qwen3, Phi-3, and Mistral) on tiny checkpoints that keep each
 // model's exact structure, against transformers' logits and greedy ids
 // (tests/data/fixtures/*/golden.json, made by scripts/make_fixtures.py), at the tp size
 // of the mpirun job: 1, 2, 4, and 8 (KV-head replication; Phi-3's 4 heads cannot split
@@ -36,7 +36,7 @@ std::ostream& operator<<(std::ostream& os, const Fixture& f) { return os << f.na
 
 std::vector<Fixture> all_fixtures() {
   std::vector<Fixture> out;
-  for (const char* name : {"llama31", "qwen3", "phi3"}) {
+  for (const char* name : {"llama31", "qwen3", "phi3", "mistral"}) {
     out.push_back({name, "f32", "logits_f32", "output_ids_f32"});
     // bf16 checkpoint: the CPU backend computes in f32 on the bf16 weights, which is
     // what the golden "logits_bf16_weights" is (transformers, float32 on those weights).
@@ -154,7 +154,7 @@ TEST(CheckpointValidation, EveryMismatchIsReportedAtOnce) {
 }
 
 TEST(Transformers5Config, RopeParametersSpellingLoadsTheSameModel) {
-  for (const char* name : {"llama31", "qwen3", "phi3"}) {
+  for (const char* name : {"llama31", "qwen3", "phi3", "mistral"}) {
     const auto dir = test::test_data_dir() / "fixtures" / name;
     const ModelConfig a = ModelConfig::load(dir / "f32" / "config.json");
     const ModelConfig b = ModelConfig::load(dir / "config.transformers5.json");

@@ -1,5 +1,6 @@
 // CPU kernels against naive double-precision references written from the formulas in
 // modeling_llama.py (tolerance atol + |ref| * rtol, as llm.c compares kernels).
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -114,7 +115,12 @@ TEST_P(AttentionTest, CausalGqaAttention) {
   const std::vector<int32_t> pos = {6, 7, 8};  // the last three positions of the cache
   auto q = randn(rows * heads * hd, 8), k = randn(len * kv_heads * hd, 9), v = randn(len * kv_heads * hd, 10);
   std::vector<float> out(rows * heads * hd);
-  attention(q.data(), heads * hd, k.data(), v.data(), out.data(), rows, heads, kv_heads, hd, pos.data(), window);
+  std::vector<int32_t> begin(rows), end(rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    end[r] = pos[r] + 1;
+    begin[r] = window > 0 ? std::max<int32_t>(0, end[r] - static_cast<int32_t>(window)) : 0;
+  }
+  attention(q.data(), heads * hd, k.data(), v.data(), out.data(), rows, heads, kv_heads, hd, begin.data(), end.data());
   std::vector<double> ref(out.size());
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t h = 0; h < heads; ++h) {

@@ -1,6 +1,6 @@
-// Causal GQA attention over a KV cache (optionally a sliding window), f32, one query
-// row at a time. Scores are
-// kept in a per-call buffer sized to the longest row, softmax subtracts the row max.
+// Grouped-query attention of each query over its own range of KV rows, f32, one query
+// row at a time. Scores live in a per-call buffer sized to the longest range; softmax
+// subtracts the row max.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -10,40 +10,40 @@
 
 namespace linnet::cpu {
 
-void attention(const float* q, int64_t q_stride, const float* k_cache, const float* v_cache,
-               float* out, int64_t rows, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
-               const int32_t* positions, int64_t window) {
+void attention(const float* q, int64_t q_stride, const float* k, const float* v, float* out, int64_t rows,
+               int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, const int32_t* key_begin,
+               const int32_t* key_end) {
   const int64_t group = n_heads / n_kv_heads;
   const int64_t kv_stride = n_kv_heads * head_dim;
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   int64_t max_len = 0;
-  for (int64_t r = 0; r < rows; ++r) max_len = std::max<int64_t>(max_len, positions[r] + 1);
+  for (int64_t r = 0; r < rows; ++r) max_len = std::max<int64_t>(max_len, key_end[r] - key_begin[r]);
   std::vector<float> scores(static_cast<size_t>(max_len));
   for (int64_t r = 0; r < rows; ++r) {
-    const int64_t len = static_cast<int64_t>(positions[r]) + 1;
-    const int64_t first = window > 0 ? std::max<int64_t>(0, len - window) : 0;
+    const int64_t first = key_begin[r];
+    const int64_t len = key_end[r] - first;
     for (int64_t h = 0; h < n_heads; ++h) {
       const float* qh = q + r * q_stride + h * head_dim;
       const int64_t kvh = h / group;
       float mx = -std::numeric_limits<float>::infinity();
-      for (int64_t t = first; t < len; ++t) {
-        const float* kt = k_cache + t * kv_stride + kvh * head_dim;
+      for (int64_t t = 0; t < len; ++t) {
+        const float* kt = k + (first + t) * kv_stride + kvh * head_dim;
         float dot = 0.0f;
         for (int64_t d = 0; d < head_dim; ++d) dot += qh[d] * kt[d];
         scores[t] = dot * scale;
         mx = std::max(mx, scores[t]);
       }
       float sum = 0.0f;
-      for (int64_t t = first; t < len; ++t) {
+      for (int64_t t = 0; t < len; ++t) {
         scores[t] = std::exp(scores[t] - mx);
         sum += scores[t];
       }
       const float inv = 1.0f / sum;
       float* oh = out + r * n_heads * head_dim + h * head_dim;
       std::fill(oh, oh + head_dim, 0.0f);
-      for (int64_t t = first; t < len; ++t) {
+      for (int64_t t = 0; t < len; ++t) {
         const float p = scores[t] * inv;
-        const float* vt = v_cache + t * kv_stride + kvh * head_dim;
+        const float* vt = v + (first + t) * kv_stride + kvh * head_dim;
         for (int64_t d = 0; d < head_dim; ++d) oh[d] += p * vt[d];
       }
     }

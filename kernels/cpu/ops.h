@@ -55,16 +55,16 @@ void rope(float* x, int64_t rows, int64_t row_stride, int64_t n_heads, int64_t h
 /// gate_up [rows, 2 * inter] ([gate | up]), out [rows, inter].
 void swiglu(const float* gate_up, float* out, int64_t rows, int64_t inter);
 
-/// Causal grouped-query attention of `rows` queries over a KV cache.
-/// q [rows, q_stride] with n_heads heads of head_dim from column 0; query r sits at
-/// positions[r] and sees cache positions [0, positions[r]], or with a sliding window
-/// (window > 0) only the last `window` of them: (positions[r] - window, positions[r]].
-/// k_cache, v_cache [>= max position + 1, n_kv_heads, head_dim]; q head h reads KV head
+/// Grouped-query attention of `rows` queries, each over its own range of KV rows.
+/// q [rows, q_stride] with n_heads heads of head_dim from column 0; query r attends to
+/// the KV rows [key_begin[r], key_end[r]) (callers encode causality, sliding windows
+/// and packed documents in the ranges; key_begin[r] < key_end[r]).
+/// k, v [>= max key_end, n_kv_heads, head_dim]; q head h reads KV head
 /// h / (n_heads / n_kv_heads). out [rows, n_heads * head_dim].
 /// softmax(q k^T / sqrt(head_dim)) v in f32 (eager_attention_forward in modeling_llama.py).
-void attention(const float* q, int64_t q_stride, const float* k_cache, const float* v_cache,
-               float* out, int64_t rows, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
-               const int32_t* positions, int64_t window);
+void attention(const float* q, int64_t q_stride, const float* k, const float* v, float* out, int64_t rows,
+               int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, const int32_t* key_begin,
+               const int32_t* key_end);
 
 /// x[i] += y[i] for i < n.
 void add_inplace(float* x, const float* y, int64_t n);
