@@ -1,0 +1,47 @@
+// loss_packed / log_probs_packed: training-loss evaluation over a packed batch with
+// vocab-parallel (split) cross-entropy, as Megatron's vocab_parallel_cross_entropy:
+// no rank ever holds a full vocabulary row of logits. For each scored token,
+//   m = all_reduce_max(local max logit), s = all_reduce_sum(local sum exp(l - m)),
+//   t = all_reduce_sum(target logit, contributed by the rank that owns the target),
+//   nll = log(s) + m - t.
+// Padded vocabulary rows (past vocab_size) are left out of the max and the sum.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "runtime/engine.h"
+
+namespace linnet {
+
+/// Label of a position that is not scored (transformers' ignore_index).
+inline constexpr int32_t kIgnoreIndex = -100;
+
+/// Several documents packed end to end into one pass (see Engine::packed_logits_local).
+/// labels[i] is the token position i predicts (already shifted: usually tokens[i + 1]
+/// of the same document), or kIgnoreIndex.
+struct PackedBatch {
+  std::vector<int32_t> tokens;     // [P]
+  std::vector<int32_t> positions;  // [P], 0 at each document's start
+  std::vector<int32_t> segments;   // [P], document index in the pack, non-decreasing
+  std::vector<int32_t> labels;     // [P], target id in [0, vocab_size) or kIgnoreIndex
+};
+
+/// Per-position negative log-likelihood of `batch.labels` (f64 [P]; 0 where ignored)
+/// and whether each position was scored. Every rank of the tp group gets the same
+/// values.
+struct PackedLoss {
+  std::vector<double> nll;
+  std::vector<uint8_t> scored;
+};
+
+/// loss_packed: the NLL of every labelled position.
+/// @throws Error when a label is outside [0, vocab_size) and not kIgnoreIndex (naming
+///   the position and the label), or as Engine::packed_logits_local.
+PackedLoss loss_packed(Engine& engine, const PackedBatch& batch);
+
+/// log_probs_packed: log p(labels[i]) per position (f64 [P]), NaN where ignored.
+std::vector<double> log_probs_packed(Engine& engine, const PackedBatch& batch);
+
+}  // namespace linnet
