@@ -32,6 +32,13 @@ CommandLine parse_command_line(int argc, char** argv) {
     if (options) cl.info = *options;
     return cl;
   }
+  if (argc > 1 && std::strcmp(argv[1], "loss") == 0) {
+    CommandLine cl;
+    const auto options = parse_loss_options(argc, argv, cl.help_text);
+    cl.kind = options ? CommandLine::Kind::kLoss : CommandLine::Kind::kHelp;
+    if (options) cl.loss = *options;
+    return cl;
+  }
   if (argc > 1 && std::strcmp(argv[1], "tokenize") == 0) {
     CommandLine cl;
     const auto options = parse_tokenize_options(argc, argv, cl.help_text);
@@ -47,7 +54,7 @@ CommandLine parse_command_line(int argc, char** argv) {
                         "every rank loads its slice of the checkpoint and computes its share of\n"
                         "each layer.\n\n"
                         "  mpirun -np 4 linnet-tp --model DIR --prompt TEXT\n\n"
-                        "Subcommands: generate (the default), info, tokenize (see SUBCOMMAND --help).\n");
+                        "Subcommands: generate (the default), loss, info, tokenize (see SUBCOMMAND --help).\n");
   opts.custom_help("[generate] [OPTIONS]");
   // clang-format off
   opts.add_options()

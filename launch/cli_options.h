@@ -6,6 +6,7 @@
 #include <string>
 
 #include "launch/info_command.h"
+#include "launch/loss_command.h"
 #include "launch/tokenize_command.h"
 
 namespace linnet {
@@ -28,11 +29,12 @@ struct GenerateOptions {
 
 /// What the command line asked for.
 struct CommandLine {
-  enum class Kind { kGenerate, kTokenize, kInfo, kHelp, kVersion } kind = Kind::kGenerate;
+  enum class Kind { kGenerate, kTokenize, kInfo, kLoss, kHelp, kVersion } kind = Kind::kGenerate;
   std::string help_text;  // for kHelp
   GenerateOptions generate;
   TokenizeOptions tokenize;  // for kTokenize
   InfoOptions info;          // for kInfo
+  LossOptions loss;          // for kLoss
 };
 
 /// Parses argv. A first argument "generate" selects that subcommand (also the default),

@@ -16,6 +16,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "launch/jsonl_input.h"
 #include "launch/jsonl_output.h"
 #include "launch/model_path.h"
 #include "loader/tokenizer.h"
@@ -35,52 +36,15 @@ struct Prompt {
 
 std::vector<std::string> read_prompts(const GenerateOptions& o) {
   if (o.prompt) return {*o.prompt};
-  std::ifstream in(o.input);
-  if (!in) throw Error("cannot open the input file", o.input);
   std::vector<std::string> prompts;
-  std::string line;
-  for (int line_no = 1; std::getline(in, line); ++line_no) {
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    const std::string where = o.input + ":" + std::to_string(line_no);
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception& e) {
-      throw Error(std::string("not valid JSON: ") + e.what(), where);
+  for (const JsonlLine& l : parse_jsonl(o.input, read_jsonl_lines(o.input))) {
+    const auto it = l.value.find("prompt");
+    if (it == l.value.end() || !it->is_string()) {
+      throw Error("each line must be an object with a string \"prompt\"", o.input + ":" + std::to_string(l.line));
     }
-    if (!j.is_object() || !j.contains("prompt") || !j["prompt"].is_string()) {
-      throw Error("each line must be an object with a string \"prompt\"", where);
-    }
-    prompts.push_back(j["prompt"].get<std::string>());
+    prompts.push_back(it->get<std::string>());
   }
-  if (prompts.empty()) throw Error("no prompts in the input file", o.input);
   return prompts;
-}
-
-// Rank 0's `texts` to every rank of `comm`: count, lengths, then the bytes.
-void broadcast_strings(Communicator& comm, std::vector<std::string>& texts) {
-  uint64_t count = texts.size();
-  comm.broadcast(&count, sizeof count, 0);
-  std::vector<uint64_t> lengths(count);
-  std::string bytes;
-  if (comm.rank() == 0) {
-    for (size_t i = 0; i < count; ++i) lengths[i] = texts[i].size();
-    for (const auto& t : texts) bytes += t;
-  }
-  if (count == 0) return;
-  comm.broadcast(lengths.data(), lengths.size() * sizeof(uint64_t), 0);
-  uint64_t total = 0;
-  for (uint64_t n : lengths) total += n;
-  bytes.resize(total);
-  if (total > 0) comm.broadcast(bytes.data(), bytes.size(), 0);
-  if (comm.rank() != 0) {
-    texts.clear();
-    uint64_t at = 0;
-    for (uint64_t n : lengths) {
-      texts.push_back(bytes.substr(at, n));
-      at += n;
-    }
-  }
 }
 
 // generation_config.json gives the defaults (do_sample false or absent: greedy; with

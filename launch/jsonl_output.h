@@ -1,4 +1,4 @@
-// JsonlOutput: the --output file of generate. Results are kept in memory and written
+// JsonlOutput: the --output file of generate and loss. Results are kept in memory and written
 // to a temp file beside the target, then renamed over it, so a failed run never leaves
 // a partial output file behind.
 #pragma once
@@ -25,6 +25,8 @@ class JsonlOutput {
   /// Adds {"prompt", "completion", "prompt_ids", "completion_ids", "finish_reason"}.
   void add(const std::string& prompt, const std::string& completion, const std::vector<int32_t>& prompt_ids,
            const std::vector<int32_t>& completion_ids, const std::string& finish_reason);
+  /// Adds one line of JSON text (no newline).
+  void add_line(std::string line) { lines_.push_back(std::move(line)); }
   /// Writes path.tmp.<pid> and renames it to path.
   /// @throws Error naming the file on I/O failure (the temp file is removed).
   void commit();

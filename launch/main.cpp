@@ -8,6 +8,7 @@
 #include "launch/cli_options.h"
 #include "launch/generate_command.h"
 #include "launch/info_command.h"
+#include "launch/loss_command.h"
 #include "launch/job.h"
 
 #ifndef LINNET_VERSION
@@ -27,6 +28,8 @@ int main(int argc, char** argv) {
       if (job.rank() == 0) std::fputs(cl.help_text.c_str(), stdout);
     } else if (cl.kind == linnet::CommandLine::Kind::kVersion) {
       if (job.rank() == 0) std::printf("linnet-tp %s\n", LINNET_VERSION);
+    } else if (cl.kind == linnet::CommandLine::Kind::kLoss) {
+      code = linnet::run_loss(cl.loss, job);
     } else if (cl.kind == linnet::CommandLine::Kind::kInfo) {
       code = linnet::run_info(cl.info, job);
     } else if (cl.kind == linnet::CommandLine::Kind::kTokenize) {

@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "tests/cli_harness.h"
 #include "tests/test_data.h"
 
 namespace fs = std::filesystem;
@@ -24,103 +25,16 @@ namespace fs = std::filesystem;
 namespace linnet {
 namespace {
 
+using test::CliTest;
+using test::quote;
+using test::Result;
+using test::slurp;
+
+class Cli : public CliTest {};
+
 constexpr const char* kLlama2cText =
     "Once upon a time, there was a little girl named Lily. She loved to play outside in the park.";
 
-struct Result {
-  int code = -1;
-  std::string out, err;
-  double seconds = 0;
-};
-
-std::string quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-class Cli : public testing::Test {
- protected:
-  void SetUp() override {
-    bin_ = test::env_path("LINNET_BIN");
-    mpiexec_ = test::env_path("LINNET_MPIEXEC");
-    if (bin_.empty() || mpiexec_.empty()) GTEST_SKIP() << "LINNET_BIN / LINNET_MPIEXEC not set (run via ctest)";
-    tmp_ = fs::temp_directory_path() /
-           ("linnet_cli_" + std::to_string(::getpid()) + "_" +
-            testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(tmp_);
-    fs::create_directories(tmp_);
-  }
-  void TearDown() override {
-    if (!tmp_.empty()) fs::remove_all(tmp_);
-  }
-
-  // Runs `args` under mpirun -np ranks with a 60 s timeout.
-  Result run(int ranks, const std::string& args, const std::string& wrapper = "",
-             const std::string& stdin_file = "/dev/null") {
-    const fs::path out = tmp_ / "stdout", err = tmp_ / "stderr";
-    std::string exe = quote(bin_.string());
-    if (!wrapper.empty()) exe = wrapper + " " + exe;
-    const std::string cmd = "timeout -k 5 60 " + quote(mpiexec_.string()) +
-                            " --oversubscribe --allow-run-as-root -np " + std::to_string(ranks) + " " + exe +
-                            " " + args + " >" + quote(out.string()) + " 2>" + quote(err.string()) + " <" + quote(stdin_file);
-    const auto t0 = std::chrono::steady_clock::now();
-    const int status = std::system(cmd.c_str());
-    Result r;
-    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
-    r.out = slurp(out);
-    r.err = slurp(err);
-    return r;
-  }
-
-  fs::path copy_model() {
-    const fs::path dst = tmp_ / "model";
-    fs::copy(test::stories_dir(), dst);
-    for (const auto& e : fs::directory_iterator(dst)) {
-      fs::permissions(e.path(), fs::perms::owner_write, fs::perm_options::add);
-    }
-    return dst;
-  }
-
-  // Rewrites a safetensors header in place (data area untouched).
-  static void edit_header(const fs::path& file, const std::function<void(nlohmann::json&)>& edit) {
-    std::string bytes = slurp(file);
-    uint64_t n = 0;
-    std::memcpy(&n, bytes.data(), 8);
-    nlohmann::json h = nlohmann::json::parse(bytes.substr(8, n));
-    edit(h);
-    const std::string header = h.dump();
-    const uint64_t m = header.size();
-    std::string out(reinterpret_cast<const char*>(&m), 8);
-    out += header + bytes.substr(8 + n);
-    std::ofstream(file, std::ios::binary | std::ios::trunc) << out;
-  }
-
-  // Expects a clean failure of a 2-rank job: non-zero exit, within seconds, the message
-  // on stderr, and no --output file.
-  void expect_clean_failure(const std::string& args, const std::string& message, int ranks = 2) {
-    const fs::path output = tmp_ / "out.jsonl";
-    const Result r = run(ranks, args + " --output " + quote(output.string()));
-    EXPECT_NE(r.code, 0) << r.err;
-    EXPECT_NE(r.code, 124) << "timed out: " << r.err;
-    EXPECT_LT(r.seconds, 30.0);
-    EXPECT_NE(r.err.find(message), std::string::npos) << "stderr was:\n" << r.err;
-    EXPECT_FALSE(fs::exists(output));
-    for (const auto& e : fs::directory_iterator(tmp_)) {
-      EXPECT_EQ(e.path().filename().string().find("out.jsonl"), std::string::npos) << e.path();
-    }
-  }
-
-  fs::path bin_, mpiexec_, tmp_;
-};
 
 TEST_F(Cli, VersionAndHelp) {
   Result v = run(1, "--version");

@@ -1,0 +1,83 @@
+#include "launch/jsonl_input.h"
+
+#include <filesystem>
+#include <fstream>
+
+#include "common/error.h"
+
+namespace linnet {
+
+std::vector<std::pair<int, std::string>> read_jsonl_lines(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) throw Error("is a directory, not a JSONL file", path);
+  std::ifstream in(path);
+  if (!in) throw Error("cannot open the input file", path);
+  std::vector<std::pair<int, std::string>> lines;
+  std::string line;
+  for (int n = 1; std::getline(in, line); ++n) {
+    if (line.find_first_not_of(" \t\r") != std::string::npos) lines.emplace_back(n, std::move(line));
+  }
+  if (lines.empty()) throw Error("no lines in the input file", path);
+  return lines;
+}
+
+std::vector<JsonlLine> parse_jsonl(const std::string& path, const std::vector<std::pair<int, std::string>>& lines) {
+  std::vector<JsonlLine> out;
+  out.reserve(lines.size());
+  for (const auto& [n, text] : lines) {
+    const std::string where = path + ":" + std::to_string(n);
+    JsonlLine l;
+    l.line = n;
+    try {
+      l.value = nlohmann::json::parse(text);
+    } catch (const nlohmann::json::exception& e) {
+      throw Error(std::string("not valid JSON: ") + e.what(), where);
+    }
+    if (!l.value.is_object()) throw Error("each line must be a JSON object", where);
+    out.push_back(std::move(l));
+  }
+  return out;
+}
+
+void broadcast_strings(Communicator& comm, std::vector<std::string>& strings) {
+  uint64_t count = strings.size();
+  comm.broadcast(&count, sizeof count, 0);
+  if (count == 0) {
+    strings.clear();
+    return;
+  }
+  std::vector<uint64_t> lengths(count);
+  std::string bytes;
+  if (comm.rank() == 0) {
+    for (size_t i = 0; i < count; ++i) lengths[i] = strings[i].size();
+    for (const auto& s : strings) bytes += s;
+  }
+  comm.broadcast(lengths.data(), lengths.size() * sizeof(uint64_t), 0);
+  uint64_t total = 0;
+  for (uint64_t n : lengths) total += n;
+  bytes.resize(total);
+  if (total > 0) comm.broadcast(bytes.data(), bytes.size(), 0);
+  if (comm.rank() != 0) {
+    strings.clear();
+    uint64_t at = 0;
+    for (uint64_t n : lengths) {
+      strings.push_back(bytes.substr(at, n));
+      at += n;
+    }
+  }
+}
+
+void broadcast_lines(Communicator& comm, std::vector<std::pair<int, std::string>>& lines) {
+  std::vector<std::string> texts;
+  std::vector<std::string> numbers;
+  for (const auto& [n, t] : lines) {
+    texts.push_back(t);
+    numbers.push_back(std::to_string(n));
+  }
+  broadcast_strings(comm, texts);
+  broadcast_strings(comm, numbers);
+  lines.clear();
+  for (size_t i = 0; i < texts.size(); ++i) lines.emplace_back(std::stoi(numbers[i]), std::move(texts[i]));
+}
+
+}  // namespace linnet

@@ -1,0 +1,303 @@
+#include "launch/loss_command.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include <cxxopts.hpp>
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "launch/job.h"
+#include "launch/jsonl_input.h"
+#include "launch/jsonl_output.h"
+#include "launch/model_path.h"
+#include "loader/tokenizer.h"
+#include "parallel/mpi_communicator.h"
+#include "runtime/loss.h"
+#include "runtime/model_loader.h"
+
+namespace linnet {
+namespace {
+
+struct Document {
+  std::vector<int32_t> ids;
+  std::vector<int32_t> labels;  // unshifted, as transformers takes them; -100 = ignored
+};
+
+// A piece of a document scored on its own: ids[begin, end) of document `doc`.
+struct Chunk {
+  int64_t doc = 0;
+  int64_t begin = 0, end = 0;
+};
+
+std::vector<int32_t> int_list(const nlohmann::json& v, const char* field, const std::string& where) {
+  if (!v.is_array()) throw Error(std::string("\"") + field + "\" must be a list of integers", where);
+  std::vector<int32_t> out;
+  out.reserve(v.size());
+  for (const auto& e : v) {
+    if (!e.is_number_integer() || e.get<int64_t>() < INT32_MIN || e.get<int64_t>() > INT32_MAX) {
+      throw Error(std::string("\"") + field + "\" must be a list of integers", where);
+    }
+    out.push_back(e.get<int32_t>());
+  }
+  return out;
+}
+
+// {"text": ...} (tokenized with the special tokens the tokenizer adds, e.g. BOS) or
+// {"ids": [...]} with optional "labels" of the same length.
+Document parse_document(const JsonlLine& l, const std::string& where, const Tokenizer* tok, int64_t vocab_size) {
+  Document d;
+  const auto text = l.value.find("text");
+  const auto ids = l.value.find("ids");
+  if ((text != l.value.end()) == (ids != l.value.end())) {
+    throw Error("each line needs exactly one of \"text\" and \"ids\"", where);
+  }
+  if (text != l.value.end()) {
+    if (!text->is_string()) throw Error("\"text\" must be a string", where);
+    if (!tok) throw Error("\"text\" needs the model's tokenizer.json", where);
+    try {
+      d.ids = tok->encode(text->get<std::string>());
+    } catch (const Error& e) {
+      throw Error(e.what(), where);
+    }
+    if (l.value.contains("labels")) throw Error("\"labels\" go with \"ids\", not \"text\"", where);
+  } else {
+    d.ids = int_list(*ids, "ids", where);
+  }
+  for (size_t i = 0; i < d.ids.size(); ++i) {
+    if (d.ids[i] < 0 || d.ids[i] >= vocab_size) {
+      throw Error("token id out of range", where + ": ids[" + std::to_string(i) + "]",
+                  "[0, " + std::to_string(vocab_size) + ")", std::to_string(d.ids[i]));
+    }
+  }
+  if (const auto labels = l.value.find("labels"); labels != l.value.end()) {
+    d.labels = int_list(*labels, "labels", where);
+    if (d.labels.size() != d.ids.size()) {
+      throw Error("\"labels\" and \"ids\" differ in length", where, std::to_string(d.ids.size()),
+                  std::to_string(d.labels.size()));
+    }
+    for (size_t i = 0; i < d.labels.size(); ++i) {
+      if (d.labels[i] != kIgnoreIndex && (d.labels[i] < 0 || d.labels[i] >= vocab_size)) {
+        throw Error("label out of range", where + ": labels[" + std::to_string(i) + "]",
+                    "[0, " + std::to_string(vocab_size) + ") or -100", std::to_string(d.labels[i]));
+      }
+    }
+  } else {
+    d.labels = d.ids;
+  }
+  return d;
+}
+
+// Chunks of at most `n` tokens, packed in input order into sequences of at most `n`.
+std::vector<std::vector<Chunk>> pack(const std::vector<Document>& docs, int64_t n) {
+  std::vector<std::vector<Chunk>> packs;
+  int64_t used = n;  // forces a new pack first
+  for (size_t d = 0; d < docs.size(); ++d) {
+    const int64_t len = static_cast<int64_t>(docs[d].ids.size());
+    for (int64_t b = 0; b < len; b += n) {
+      const Chunk c{static_cast<int64_t>(d), b, std::min(len, b + n)};
+      if (used + (c.end - c.begin) > n) {
+        packs.emplace_back();
+        used = 0;
+      }
+      packs.back().push_back(c);
+      used += c.end - c.begin;
+    }
+  }
+  return packs;
+}
+
+PackedBatch make_batch(const std::vector<Document>& docs, const std::vector<Chunk>& chunks) {
+  PackedBatch b;
+  for (size_t s = 0; s < chunks.size(); ++s) {
+    const Chunk& c = chunks[s];
+    const Document& d = docs[static_cast<size_t>(c.doc)];
+    for (int64_t i = c.begin; i < c.end; ++i) {
+      b.tokens.push_back(d.ids[i]);
+      b.positions.push_back(static_cast<int32_t>(i - c.begin));
+      b.segments.push_back(static_cast<int32_t>(s));
+      // Position i predicts the next label of the same chunk; a chunk's last token none.
+      b.labels.push_back(i + 1 < c.end ? d.labels[i + 1] : kIgnoreIndex);
+    }
+  }
+  return b;
+}
+
+}  // namespace
+
+std::optional<LossOptions> parse_loss_options(int argc, char** argv, std::string& help_text) {
+  std::vector<char*> args(argv, argv + argc);
+  args.erase(args.begin() + 1);  // "loss"
+  cxxopts::Options opts("linnet-tp loss",
+                        "Mean NLL and perplexity of a model on a JSONL data set, with vocab-parallel\n"
+                        "cross-entropy; world = dp x tp ranks, tp groups are contiguous ranks.\n\n"
+                        "  mpirun -np 8 linnet-tp loss --model DIR --input data.jsonl --tp 4\n");
+  opts.custom_help("loss [OPTIONS]");
+  // clang-format off
+  opts.add_options()
+    ("model", "Model directory or name", cxxopts::value<std::string>())
+    ("input", "JSONL: {\"text\": ...} (tokenized with BOS as the tokenizer adds it) or "
+     "{\"ids\": [...], \"labels\": [...] (optional, -100 = ignored)} per line", cxxopts::value<std::string>())
+    ("output", "Per-document JSONL {index, tokens, nll_sum, mean_nll}, input order",
+     cxxopts::value<std::string>())
+    ("max-seq-len", "Tokens per packed sequence; longer documents are scored in chunks "
+     "(default: min(max_position_embeddings, 8192))", cxxopts::value<int64_t>())
+    ("tp", "Ranks per tensor-parallel group (default: all ranks)", cxxopts::value<int>())
+    ("threads", "BLAS threads per rank (default: cores / ranks on the node)", cxxopts::value<int>())
+    ("verbose", "Print the plan and per-rank details to stderr")
+    ("h,help", "Print this help and exit");
+  // clang-format on
+  cxxopts::ParseResult r;
+  try {
+    r = opts.parse(static_cast<int>(args.size()), args.data());
+  } catch (const cxxopts::exceptions::exception& e) {
+    throw Error(e.what(), "command line");
+  }
+  if (!r.unmatched().empty()) throw Error("unexpected argument '" + r.unmatched().front() + "'", "command line");
+  if (r.count("help")) {
+    help_text = opts.help();
+    return std::nullopt;
+  }
+  LossOptions o;
+  if (!r.count("model")) throw Error("is required", "--model");
+  if (!r.count("input")) throw Error("is required", "--input");
+  o.model = r["model"].as<std::string>();
+  o.input = r["input"].as<std::string>();
+  if (r.count("output")) o.output = r["output"].as<std::string>();
+  if (r.count("max-seq-len")) {
+    o.max_seq_len = r["max-seq-len"].as<int64_t>();
+    if (o.max_seq_len < 2) throw Error("invalid value", "--max-seq-len", ">= 2", std::to_string(o.max_seq_len));
+  }
+  if (r.count("tp")) {
+    o.tp = r["tp"].as<int>();
+    if (o.tp < 1) throw Error("invalid value", "--tp", ">= 1", std::to_string(o.tp));
+  }
+  if (r.count("threads")) {
+    o.threads = r["threads"].as<int>();
+    if (o.threads < 1) throw Error("invalid value", "--threads", ">= 1", std::to_string(o.threads));
+  }
+  o.verbose = r.count("verbose") > 0;
+  return o;
+}
+
+int run_loss(const LossOptions& o, Job& job) {
+  set_verbose(o.verbose);
+  MpiGroups groups;
+  // make_mpi_groups splits communicators (collective): check --tp on every rank first.
+  if (!job.load_phase([&] { WorldConfig::make(job.rank(), job.size(), o.tp, 0, 1); })) return 2;
+  groups = make_mpi_groups(o.tp);
+  const WorldConfig& w = groups.world_config;
+  set_log_rank(w.world_size > 1 ? w.world_rank : -1);
+
+  std::vector<std::pair<int, std::string>> lines;
+  if (!job.load_phase([&] {
+        if (w.world_rank != 0) return;
+        lines = read_jsonl_lines(o.input);
+        if (!o.output.empty()) check_output_path(o.output);
+      })) {
+    return 1;
+  }
+  broadcast_lines(*groups.world, lines);
+
+  std::unique_ptr<ModelFiles> files;
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Engine> engine;
+  std::vector<Document> docs;
+  std::vector<std::vector<Chunk>> packs;
+  int64_t pack_len = 0;
+  if (!job.load_phase([&] {
+        const std::filesystem::path dir = resolve_model_dir(o.model);
+        files = std::make_unique<ModelFiles>(open_model(dir));
+        const ShardPlan plan = ShardPlan::make(files->config, w.tp_rank, w.tp_size);
+        pack_len = resolve_max_seq_len(files->config, o.max_seq_len);
+        // No KV cache is kept between passes; the packed pass needs one of pack_len rows.
+        const RankMemory need = rank_memory(files->config, plan, pack_len);
+        const int64_t available = available_host_memory();
+        check_memory(need, available < 0 ? -1 : available / w.local_size, w.local_size);
+        std::unique_ptr<Tokenizer> tok;
+        if (std::filesystem::exists(dir / "tokenizer.json")) {
+          tok = std::make_unique<Tokenizer>(Tokenizer::from_dir(dir));
+        }
+        for (const JsonlLine& l : parse_jsonl(o.input, lines)) {
+          docs.push_back(parse_document(l, o.input + ":" + std::to_string(l.line), tok.get(), files->config.vocab_size));
+        }
+        packs = pack(docs, pack_len);
+        const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+        backend = make_cpu_backend(o.threads > 0 ? o.threads : std::max(1, cores / w.local_size));
+        engine = make_engine(*files, plan, *backend, *groups.tp, /*max_seq_len=*/1);
+        info("dp group " + std::to_string(w.dp_rank) + "/" + std::to_string(w.dp_size) + ", tp rank " +
+             std::to_string(w.tp_rank) + "/" + std::to_string(w.tp_size) + ": " + std::to_string(docs.size()) +
+             " documents in " + std::to_string(packs.size()) + " packs of <= " + std::to_string(pack_len) + " tokens");
+      })) {
+    return 1;
+  }
+
+  std::unique_ptr<JsonlOutput> output;
+  try {
+    // [0, D): nll sums, [D, 2D): scored token counts, per document.
+    const size_t D = docs.size();
+    std::vector<double> sums(2 * D, 0.0);
+    using Clock = std::chrono::steady_clock;
+    const auto t0 = Clock::now();
+    auto last_report = t0;
+    double local_tokens = 0;
+    size_t mine = 0, done = 0;
+    for (size_t k = static_cast<size_t>(w.dp_rank); k < packs.size(); k += static_cast<size_t>(w.dp_size)) ++mine;
+    for (size_t k = static_cast<size_t>(w.dp_rank); k < packs.size(); k += static_cast<size_t>(w.dp_size)) {
+      const PackedBatch batch = make_batch(docs, packs[k]);
+      const PackedLoss loss = loss_packed(*engine, batch);
+      for (size_t i = 0; i < batch.tokens.size(); ++i) {
+        const size_t d = static_cast<size_t>(packs[k][static_cast<size_t>(batch.segments[i])].doc);
+        sums[d] += loss.nll[i];
+        sums[D + d] += loss.scored[i];
+      }
+      local_tokens += static_cast<double>(batch.tokens.size());
+      ++done;
+      const auto now = Clock::now();
+      if (w.world_rank == 0 && now - last_report > std::chrono::seconds(2)) {
+        const double s = std::chrono::duration<double>(now - t0).count();
+        std::fprintf(stderr, "[linnet-tp] loss: %zu/%zu packs of this group, %.0f tokens/s\n", done, mine,
+                     local_tokens / s);
+        last_report = now;
+      }
+    }
+    // Every tp rank of a group holds the same sums: combine over the dp groups only.
+    groups.dp->all_reduce_sum(sums.data(), sums.size());
+    double all_tokens = local_tokens;
+    groups.dp->all_reduce_sum(&all_tokens, 1);
+    const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+
+    if (w.world_rank == 0) {
+      double nll = 0, scored = 0;
+      if (!o.output.empty()) output = std::make_unique<JsonlOutput>(o.output);
+      for (size_t d = 0; d < D; ++d) {
+        nll += sums[d];
+        scored += sums[D + d];
+        if (output) {
+          nlohmann::ordered_json j;
+          j["index"] = d;
+          j["tokens"] = static_cast<int64_t>(sums[D + d]);
+          j["nll_sum"] = sums[d];
+          j["mean_nll"] = sums[D + d] > 0 ? nlohmann::ordered_json(sums[d] / sums[D + d]) : nlohmann::ordered_json();
+          output->add_line(j.dump());
+        }
+      }
+      const double mean = scored > 0 ? nll / scored : std::nan("");
+      std::printf("scored tokens: %.0f\nmean NLL per token: %.6f\nperplexity: %.4f\ntokens/s: %.1f\n", scored, mean,
+                  std::exp(mean), seconds > 0 ? all_tokens / seconds : 0.0);
+      if (std::fflush(stdout) != 0) throw Error("cannot write the results", "stdout");
+      if (output) output->commit();
+    }
+  } catch (const std::exception& e) {
+    job.abort(e.what(), [&] { output.reset(); });
+  }
+  return 0;
+}
+
+}  // namespace linnet

@@ -1,0 +1,35 @@
+// `linnet-tp loss`: training-loss evaluation of a checkpoint on a JSONL data set, with
+// data parallelism over tensor-parallel groups. Documents are packed into sequences of
+// at most --max-seq-len tokens (a longer document is cut into consecutive chunks, each
+// scored on its own), the packs are dealt round-robin to the dp groups, each group runs
+// loss_packed (vocab-parallel cross-entropy), and the per-document sums are combined.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace linnet {
+
+class Job;
+
+/// Options of `linnet-tp loss`.
+struct LossOptions {
+  std::string model;        // --model: directory or name
+  std::string input;        // --input: JSONL, {"text": ...} or {"ids": [...], "labels": [...]} per line
+  std::string output;       // --output: per-document JSONL {"index", "tokens", "nll_sum", "mean_nll"}
+  int64_t max_seq_len = 0;  // --max-seq-len: tokens per packed sequence (0: min(max_position_embeddings, 8192))
+  int tp = 0;               // --tp: ranks per tensor-parallel group (0: all ranks); dp = world / tp
+  int threads = 0;          // --threads: BLAS threads per rank (0: cores / ranks on the node)
+  bool verbose = false;
+};
+
+/// Parses `argv` after the word "loss". Sets `help_text` and returns nullopt for --help.
+/// @throws Error naming the option on unknown options, bad values or missing ones.
+std::optional<LossOptions> parse_loss_options(int argc, char** argv, std::string& help_text);
+
+/// Runs the evaluation; rank 0 prints scored tokens, mean NLL per token, perplexity and
+/// tokens/s to stdout and writes --output. Returns the exit code.
+int run_loss(const LossOptions& options, Job& job);
+
+}  // namespace linnet

@@ -1,0 +1,119 @@
+// `linnet-tp loss` end to end: per-document losses of stories260k and of every f32
+// fixture against transformers (tests/data/loss/*.json) at tp 1, 2, 4 and with two
+// data-parallel groups; long documents scored in chunks; bad labels refused.
+#include <cmath>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "tests/cli_harness.h"
+#include "tests/test_data.h"
+
+namespace linnet {
+namespace {
+
+using test::CliTest;
+using test::quote;
+using test::Result;
+using test::slurp;
+namespace fs = std::filesystem;
+
+class LossCli : public CliTest {
+ protected:
+  // Writes the golden documents as input lines ("text" for stories260k docs that have
+  // one and no labels; else "ids" and "labels").
+  fs::path write_input(const nlohmann::json& golden) {
+    const fs::path in = tmp_ / "docs.jsonl";
+    std::ofstream f(in);
+    for (const auto& d : golden["documents"]) {
+      nlohmann::json line;
+      if (d.contains("text") && !d.contains("labels")) {
+        line["text"] = d["text"];
+      } else {
+        line["ids"] = d["ids"];
+        if (d.contains("labels")) line["labels"] = d["labels"];
+      }
+      f << line.dump() << "\n";
+    }
+    return in;
+  }
+
+  // Runs loss and checks every document of `golden` within 1e-5 relative.
+  void expect_golden(const nlohmann::json& golden, const fs::path& model, int ranks, const std::string& extra) {
+    const fs::path in = write_input(golden), out = tmp_ / "per_doc.jsonl";
+    fs::remove(out);
+    const Result r = run(ranks, "loss --model " + quote(model.string()) + " --input " + quote(in.string()) +
+                                    " --output " + quote(out.string()) + " " + extra);
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_NE(r.out.find("perplexity"), std::string::npos) << r.out;
+    std::ifstream lines(out);
+    std::string line;
+    double nll = 0, tokens = 0;
+    for (size_t k = 0; k < golden["documents"].size(); ++k) {
+      ASSERT_TRUE(std::getline(lines, line)) << "document " << k;
+      const auto j = nlohmann::json::parse(line);
+      const auto& g = golden["documents"][k];
+      EXPECT_EQ(j["index"], k);
+      EXPECT_EQ(j["tokens"], g["tokens"]) << "document " << k;
+      const double mean = g["mean_nll"].get<double>();
+      EXPECT_NEAR(j["mean_nll"].get<double>(), mean, 1e-5 * mean) << "document " << k << " with " << extra;
+      nll += g["nll_sum"].get<double>();
+      tokens += g["tokens"].get<double>();
+    }
+    char expected[64];
+    std::snprintf(expected, sizeof expected, "scored tokens: %.0f", tokens);
+    EXPECT_NE(r.out.find(expected), std::string::npos) << r.out;
+  }
+};
+
+TEST_F(LossCli, Stories260kAtEveryTpSizeAndWithTwoDataParallelGroups) {
+  const auto golden = test::read_json(test::test_data_dir() / "loss" / "stories260k.json");
+  expect_golden(golden, test::stories_dir(), 1, "");
+  expect_golden(golden, test::stories_dir(), 2, "");          // tp 2
+  expect_golden(golden, test::stories_dir(), 4, "");          // tp 4
+  expect_golden(golden, test::stories_dir(), 2, "--tp 1");    // dp 2 x tp 1
+  expect_golden(golden, test::stories_dir(), 4, "--tp 2");    // dp 2 x tp 2
+}
+
+TEST_F(LossCli, EveryF32FixtureWithTwoDataParallelGroups) {
+  for (const char* name : {"llama31", "qwen3", "phi3"}) {
+    const auto golden = test::read_json(test::test_data_dir() / "loss" / (std::string(name) + ".json"));
+    const fs::path model = test::test_data_dir() / "fixtures" / name / "f32";
+    expect_golden(golden, model, 2, "--tp 1");
+    expect_golden(golden, model, 4, "--tp 2");
+  }
+}
+
+TEST_F(LossCli, LongDocumentsAreScoredInChunks) {
+  const auto g = test::read_json(test::test_data_dir() / "loss" / "stories260k_chunks.json");
+  const fs::path in = tmp_ / "long.jsonl", out = tmp_ / "per_doc.jsonl";
+  std::ofstream(in) << nlohmann::json{{"ids", g["ids"]}}.dump() << "\n";
+  const Result r = run(2, "loss --model " + quote(test::stories_dir().string()) + " --input " + quote(in.string()) +
+                              " --output " + quote(out.string()) + " --max-seq-len " +
+                              std::to_string(g["max_chunk"].get<int>()));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(slurp(out));
+  const double sum = g["nll_sum"].get<double>();
+  EXPECT_EQ(j["tokens"], g["tokens"]);
+  EXPECT_NEAR(j["nll_sum"].get<double>(), sum, 1e-5 * sum);
+}
+
+TEST_F(LossCli, BadLabelsAndTpSizesAreRefused) {
+  const fs::path in = tmp_ / "bad.jsonl", out = tmp_ / "out.jsonl";
+  std::ofstream(in) << "{\"ids\": [1, 2, 3]}\n{\"ids\": [1, 2, 3], \"labels\": [1, 512, 3]}\n";
+  Result r = run(2, "loss --model " + quote(test::stories_dir().string()) + " --input " + quote(in.string()) +
+                        " --output " + quote(out.string()));
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("bad.jsonl:2: labels[1]"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("label out of range"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(out));
+  r = run(4, "loss --model " + quote(test::stories_dir().string()) + " --input " + quote(in.string()) + " --tp 3");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--tp"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace linnet
