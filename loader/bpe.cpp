@@ -63,14 +63,10 @@ BpeModel BpeModel::from_json(const Json& j, const std::string& where) {
     throw Error("BPE model without a 'vocab' object", ctx);
   }
   for (const auto& [token, id_json] : j.at("vocab").items()) {
-    if (!id_json.is_number_integer() || id_json.get<int64_t>() < 0 ||
-        id_json.get<int64_t>() > INT32_MAX) {
-      throw Error("vocab id of '" + token + "' is not a non-negative 32-bit integer", ctx, "",
-                  json_brief(id_json));
-    }
-    const auto id = id_json.get<int32_t>();
+    const int32_t id = json_token_id(id_json, token, ctx + " vocab");
     m.vocab_.emplace(token, id);
-    if (static_cast<std::size_t>(id) >= m.id_to_token_.size()) m.id_to_token_.resize(id + 1);
+    if (static_cast<std::size_t>(id) >= m.id_to_token_.size())
+      m.id_to_token_.resize(static_cast<std::size_t>(id) + 1);
     if (!m.id_to_token_[id]) m.id_to_token_[id] = token;
   }
 
@@ -104,8 +100,9 @@ BpeModel BpeModel::from_json(const Json& j, const std::string& where) {
     if (const auto id = m.token_to_id(name)) m.byte_ids_[b] = *id;
   }
 
-  const Json merges = j.value("merges", Json::array());
-  if (!merges.is_array()) throw Error("'merges' is not an array", ctx, "array", merges.type_name());
+  const Json& merges = json_field(j, "merges");  // absent or null: no merges
+  if (!merges.is_array() && !merges.is_null())
+    throw Error("'merges' is not an array", ctx, "array", merges.type_name());
   m.merges_.reserve(merges.size());
   const std::size_t prefix_len = m.continuing_subword_prefix_.size();
   for (std::size_t rank = 0; rank < merges.size(); ++rank) {

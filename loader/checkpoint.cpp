@@ -5,13 +5,14 @@
 // ignored, like transformers does.
 #include "loader/checkpoint.h"
 
-#include <fstream>
 #include <set>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "loader/file_io.h"
+#include "loader/json_brief.h"
 
 namespace linnet {
 
@@ -20,11 +21,14 @@ namespace {
 constexpr const char* kIndexName = "model.safetensors.index.json";
 constexpr const char* kSingleName = "model.safetensors";
 
+/// Problems listed by validate(); the rest are counted. A config for another model
+/// can give one per tensor, millions for a big checkpoint.
+constexpr std::size_t kMaxListedProblems = 20;
+
 nlohmann::json read_json_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error("cannot open file", path.string());
+  const std::string text = read_text_file(path, "checkpoint index");
   try {
-    return nlohmann::json::parse(in);
+    return nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     throw Error("not valid JSON", path.string(), "a JSON object", e.what());
   }
@@ -33,6 +37,10 @@ nlohmann::json read_json_file(const std::filesystem::path& path) {
 /// A shard name from weight_map must be a plain relative path inside the directory.
 void check_shard_name(const std::string& shard, const std::string& tensor,
                       const std::string& index) {
+  // A NUL would end the name at the open() call: "a.safetensors\0junk" opens a.safetensors.
+  if (shard.find('\0') != std::string::npos)
+    throw Error("weight_map entry for tensor '" + tensor + "' names a file with a NUL byte",
+                index, "a file name without NUL", json_brief(nlohmann::json(shard)));
   const std::filesystem::path p(shard);
   bool ok = !shard.empty() && p.is_relative();
   for (const auto& part : p)
@@ -40,7 +48,7 @@ void check_shard_name(const std::string& shard, const std::string& tensor,
   if (!ok)
     throw Error("weight_map entry for tensor '" + tensor +
                     "' names a file outside the checkpoint directory",
-                index, "a relative file name", "\"" + shard + "\"");
+                index, "a relative file name", json_brief(nlohmann::json(shard)));
 }
 
 }  // namespace
@@ -112,25 +120,31 @@ std::pair<const TensorInfo*, const SafetensorsFile*> Checkpoint::find(std::strin
 }
 
 std::vector<std::string> Checkpoint::validate(const std::vector<TensorSpec>& specs) const {
-  std::vector<std::string> problems;
+  std::vector<std::string> listed;  // the first kMaxListedProblems
+  std::size_t n_problems = 0;
+  // Checkpoint tensors some spec asked for: bounded by the checkpoint, not by the specs
+  // (a wrong config can ask for millions).
   std::set<std::string, std::less<>> asked;
   for (const TensorSpec& spec : specs) {
-    asked.insert(spec.name);
     const auto [info, file] = find(spec.name);
+    if (info) asked.insert(spec.name);
+    if (info && info->shape == spec.shape) continue;
+    if (n_problems++ >= kMaxListedProblems) continue;
     if (!info) {
-      problems.push_back("missing tensor '" + spec.name + "' (expected shape " +
-                         shape_str(spec.shape) + ")");
-    } else if (info->shape != spec.shape) {
-      problems.push_back(file->path().string() + ": tensor '" + spec.name +
-                         "' has the wrong shape (expected " + shape_str(spec.shape) + ", got " +
-                         shape_str(info->shape) + ")");
+      listed.push_back("missing tensor '" + spec.name + "' (expected shape " +
+                       shape_str(spec.shape) + ")");
+    } else {
+      listed.push_back(file->path().string() + ": tensor '" + spec.name +
+                       "' has the wrong shape (expected " + shape_str(spec.shape) + ", got " +
+                       shape_str(info->shape) + ")");
     }
   }
-  if (!problems.empty()) {
+  if (n_problems > 0) {
     std::ostringstream msg;
-    msg << "checkpoint does not match the model (" << problems.size() << " problem"
-        << (problems.size() == 1 ? "" : "s") << "):";
-    for (const std::string& p : problems) msg << "\n  " << p;
+    msg << "checkpoint does not match the model (" << n_problems << " problem"
+        << (n_problems == 1 ? "" : "s") << "):";
+    for (const std::string& p : listed) msg << "\n  " << p;
+    if (n_problems > listed.size()) msg << "\n  ... and " << n_problems - listed.size() << " more";
     throw Error(msg.str(), dir_.string());
   }
   std::vector<std::string> unused;

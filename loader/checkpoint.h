@@ -31,7 +31,9 @@ class Checkpoint {
   /// weight_map names must exist and hold the tensors mapped to it), else
   /// model.safetensors.
   /// @throws Error naming the directory/file when neither exists, the index JSON is
-  ///   malformed, a shard is missing, or any shard fails SafetensorsFile validation.
+  ///   malformed or not a regular file, a weight_map file name is absolute, has a ".."
+  ///   part or a NUL byte, a shard is missing, or any shard fails SafetensorsFile
+  ///   validation.
   static Checkpoint open(const std::filesystem::path& dir);
 
   const std::filesystem::path& dir() const { return dir_; }
@@ -40,9 +42,10 @@ class Checkpoint {
   std::pair<const TensorInfo*, const SafetensorsFile*> find(std::string_view name) const;
 
   /// Checks every spec for presence and shape (dtype is always one of F32/F16/BF16
-  /// once open() succeeded). Throws one Error listing every problem, each with file,
-  /// tensor, expected and actual shape. Returns the names of checkpoint tensors no
-  /// spec asked for (the caller lists them in a warning).
+  /// once open() succeeded). Throws one Error that counts every problem and lists the
+  /// first 20 (then "... and N more"), each with file, tensor, expected and actual
+  /// shape. Returns the names of checkpoint tensors no spec asked for (the caller lists
+  /// them in a warning).
   std::vector<std::string> validate(const std::vector<TensorSpec>& specs) const;
 
   /// read_f32 of the file holding `name`.

@@ -1,15 +1,16 @@
 // generation_config.json -> GenerationConfig. The file is optional and every field
-// in it is optional; a field that is present must have the right JSON type (null
-// counts as absent, as transformers writes it).
+// in it is optional; a field that is present must have the right JSON type and a value
+// the sampler accepts (null counts as absent, as transformers writes it).
 #include "loader/generation_config.h"
 
 #include <algorithm>
-#include <fstream>
+#include <cmath>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "loader/file_io.h"
 #include "loader/json_brief.h"
 
 namespace linnet {
@@ -30,9 +31,18 @@ const json* field_of(const json& j, const char* field) {
               std::string(v.type_name()) + " " + json_brief(v));
 }
 
-bool is_token_id(const json& v) {
-  return v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0);
+[[noreturn]] void value_error(const std::string& source, const char* field, const char* expected,
+                              const json& v) {
+  throw Error("impossible value", source + ": field \"" + field + "\"", expected, json_brief(v));
 }
+
+/// An integer that fits int64 (the parser keeps integers above 2^63-1 as unsigned).
+bool is_int64(const json& v) {
+  return v.is_number_unsigned() ? v.get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX)
+                                : v.is_number_integer();
+}
+
+bool is_token_id(const json& v) { return is_int64(v) && v.get<int64_t>() >= 0; }
 
 }  // namespace
 
@@ -62,17 +72,24 @@ GenerationConfig GenerationConfig::from_json(const json& j, const std::string& s
     if (!v->is_boolean()) type_error(source, "do_sample", "true or false", *v);
     g.do_sample = v->get<bool>();
   }
+  // The ranges the sampler accepts, checked here so the error names this file.
   if (const json* v = field_of(j, "temperature")) {
     if (!v->is_number()) type_error(source, "temperature", "a number", *v);
-    g.temperature = v->get<double>();
+    const double t = v->get<double>();
+    if (!std::isfinite(t) || t < 0) value_error(source, "temperature", "a finite number >= 0", *v);
+    g.temperature = t;
   }
   if (const json* v = field_of(j, "top_k")) {
     if (!v->is_number_integer()) type_error(source, "top_k", "an integer", *v);
+    if (!is_int64(*v) || v->get<int64_t>() < 0)
+      value_error(source, "top_k", "an integer in [0, 2^63-1] (0: no top-k cut)", *v);
     g.top_k = v->get<int64_t>();
   }
   if (const json* v = field_of(j, "top_p")) {
     if (!v->is_number()) type_error(source, "top_p", "a number", *v);
-    g.top_p = v->get<double>();
+    const double p = v->get<double>();
+    if (!(p > 0 && p <= 1)) value_error(source, "top_p", "a number in (0, 1]", *v);
+    g.top_p = p;
   }
   return g;
 }
@@ -80,11 +97,10 @@ GenerationConfig GenerationConfig::from_json(const json& j, const std::string& s
 GenerationConfig GenerationConfig::load(const std::filesystem::path& path) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) return {};
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error("cannot open generation config", path.string());
+  const std::string text = read_text_file(path, "generation config");
   json j;
   try {
-    j = json::parse(in);
+    j = json::parse(text);
   } catch (const json::exception& e) {
     throw Error("generation config is not valid JSON", path.string(), "a JSON object", e.what());
   }

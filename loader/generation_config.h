@@ -20,10 +20,13 @@ struct GenerationConfig {
   std::optional<int64_t> top_k;
   std::optional<double> top_p;
 
-  /// @throws Error naming the field when it has the wrong JSON type.
+  /// @throws Error naming `source` and the field when it has the wrong JSON type or an
+  ///   impossible value: a token id < 0 or > 2^63-1, temperature not finite or < 0,
+  ///   top_k < 0 or > 2^63-1, top_p outside (0, 1].
   static GenerationConfig from_json(const nlohmann::json& j, const std::string& source);
   /// Reads `path`; a missing file gives an empty GenerationConfig (it is optional).
-  /// @throws Error naming the file when it exists but is not valid JSON.
+  /// @throws Error naming the file when it exists but is not a regular file or not valid
+  ///   JSON, then as from_json.
   static GenerationConfig load(const std::filesystem::path& path);
 };
 

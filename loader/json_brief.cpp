@@ -1,6 +1,10 @@
 #include "loader/json_brief.h"
 
 #include <algorithm>
+#include <utility>
+#include <vector>
+
+#include "common/error.h"
 
 namespace linnet {
 
@@ -13,6 +17,58 @@ std::string json_brief(const nlohmann::json& v) {
   s = flat ? v.dump() : std::string(v.type_name()) + " of " + std::to_string(v.size()) + " entries";
   if (s.size() > 200) s = s.substr(0, 200) + "...";
   return s;
+}
+
+namespace {
+
+[[noreturn]] void too_deep(std::size_t max_depth, const std::string& where, const std::string& at) {
+  throw Error("JSON nested too deeply", where,
+              "at most " + std::to_string(max_depth) + " levels of arrays/objects",
+              "more than " + std::to_string(max_depth) + at);
+}
+
+}  // namespace
+
+void check_json_depth(const nlohmann::json& v, std::size_t max_depth, const std::string& where) {
+  if (!v.is_structured()) return;
+  if (max_depth == 0) too_deep(max_depth, where, "");
+  // One (next, end) pair per open container: the stack size is the current depth.
+  using It = nlohmann::json::const_iterator;
+  std::vector<std::pair<It, It>> stack;
+  stack.emplace_back(v.cbegin(), v.cend());
+  while (!stack.empty()) {
+    auto& [next, end] = stack.back();
+    if (next == end) {
+      stack.pop_back();
+      continue;
+    }
+    const nlohmann::json& child = *next;
+    ++next;
+    if (!child.is_structured()) continue;
+    if (stack.size() >= max_depth) too_deep(max_depth, where, "");
+    stack.emplace_back(child.cbegin(), child.cend());
+  }
+}
+
+void check_json_text_depth(std::string_view text, std::size_t max_depth, const std::string& where) {
+  std::size_t depth = 0;
+  bool in_string = false;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;  // the escaped character cannot end the string
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > max_depth) too_deep(max_depth, where, " at byte offset " + std::to_string(i));
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
 }
 
 }  // namespace linnet

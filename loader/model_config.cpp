@@ -9,11 +9,11 @@
 #include "loader/model_config.h"
 
 #include <algorithm>
-#include <fstream>
 
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "loader/file_io.h"
 #include "loader/json_brief.h"
 
 namespace linnet {
@@ -21,6 +21,11 @@ namespace linnet {
 namespace {
 
 using nlohmann::json;
+
+// Far above any real model (Llama 3.1 405B: hidden_size 16384, 126 layers, vocabularies
+// ~260k), and low enough that sizes multiplied together stay inside int64.
+constexpr int64_t kMaxDimension = int64_t{1} << 26;  // hidden, intermediate, vocab, heads
+constexpr int64_t kMaxLayers = int64_t{1} << 16;  // real models have <= ~130 layers
 
 /// Typed access to one config object; every error names the source file and field.
 class Fields {
@@ -70,6 +75,13 @@ class Fields {
 
   void check_positive(const char* field, int64_t v) const {
     if (v <= 0) fail(field, "impossible value", "> 0", std::to_string(v));
+  }
+
+  /// Refuses a size so large that products of sizes (weights, caches) would overflow.
+  void check_at_most(const char* field, int64_t v, int64_t limit) const {
+    if (v > limit)
+      fail(field, "larger than this build supports", "<= " + std::to_string(limit),
+           std::to_string(v));
   }
 
   /// An optional number > 0, `fallback` when absent.
@@ -192,10 +204,15 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
   }
 
   c.hidden_size = f.positive_int("hidden_size");
+  f.check_at_most("hidden_size", c.hidden_size, kMaxDimension);
   c.intermediate_size = f.positive_int("intermediate_size");
+  f.check_at_most("intermediate_size", c.intermediate_size, kMaxDimension);
   c.num_hidden_layers = f.positive_int("num_hidden_layers");
+  f.check_at_most("num_hidden_layers", c.num_hidden_layers, kMaxLayers);
   c.num_attention_heads = f.positive_int("num_attention_heads");
+  f.check_at_most("num_attention_heads", c.num_attention_heads, kMaxDimension);
   c.num_key_value_heads = f.positive_int_or("num_key_value_heads", c.num_attention_heads);
+  f.check_at_most("num_key_value_heads", c.num_key_value_heads, kMaxDimension);
   if (c.num_attention_heads % c.num_key_value_heads != 0)
     f.fail("num_key_value_heads", "num_attention_heads is not a multiple of num_key_value_heads",
            "a divisor of num_attention_heads = " + std::to_string(c.num_attention_heads),
@@ -211,7 +228,15 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
              "hidden_size " + std::to_string(c.hidden_size));
     c.head_dim = c.hidden_size / c.num_attention_heads;
   }
+  f.check_at_most("head_dim", c.head_dim, kMaxDimension);
+  // RoPE rotates pairs of dimensions (rotate_half splits head_dim in two halves).
+  if (c.head_dim % 2 != 0)
+    f.fail("head_dim",
+           f.get("head_dim") ? "odd; RoPE needs an even head_dim"
+                             : "odd (hidden_size / num_attention_heads); RoPE needs an even head_dim",
+           "an even number", std::to_string(c.head_dim));
   c.vocab_size = f.positive_int("vocab_size");
+  f.check_at_most("vocab_size", c.vocab_size, kMaxDimension);
   c.max_position_embeddings = f.positive_int_or("max_position_embeddings", 2048);
   c.rms_norm_eps = f.positive_double_or("rms_norm_eps", 1e-6);
   c.rope_theta = theta_from_parameters > 0.0 ? theta_from_parameters
@@ -237,11 +262,10 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
 }
 
 ModelConfig ModelConfig::load(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error("cannot open model config", path.string());
+  const std::string text = read_text_file(path, "model config");
   json j;
   try {
-    j = json::parse(in);
+    j = json::parse(text);
   } catch (const json::exception& e) {
     throw Error("model config is not valid JSON", path.string(), "a JSON object", e.what());
   }

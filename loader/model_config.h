@@ -50,14 +50,18 @@ struct ModelConfig {
   /// Accepts rope settings both as transformers 4 writes them (rope_theta,
   /// rope_scaling) and as transformers 5 does (rope_parameters).
   /// @throws Error naming the field when a required field is missing, has the wrong
-  ///   JSON type or an impossible value (<= 0), or when the config uses something this
+  ///   JSON type or an impossible value (<= 0, an odd head_dim, num_attention_heads not a
+  ///   multiple of num_key_value_heads), or a size larger than this build supports
+  ///   (num_hidden_layers > 2^20; hidden_size, intermediate_size, vocab_size, head counts
+  ///   or head_dim > 2^26), or when the config uses something this
   ///   build does not implement: model_type other than llama / mistral / qwen3 / phi3,
   ///   a rope_scaling type other than llama3, attention_bias or mlp_bias true,
   ///   hidden_act other than "silu", Qwen3's use_sliding_window.
   static ModelConfig from_json(const nlohmann::json& j, const std::string& source);
 
   /// Reads and parses `path` (config.json).
-  /// @throws Error naming the file when it is missing or not valid JSON, then as from_json.
+  /// @throws Error naming the file when it is missing, not a regular file or not valid
+  ///   JSON, then as from_json.
   static ModelConfig load(const std::filesystem::path& path);
 };
 

@@ -6,10 +6,7 @@
 // the caller's slice.
 #include "loader/safetensors.h"
 
-#include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <bit>
@@ -20,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "loader/file_io.h"
 #include "loader/json_brief.h"
 
 namespace linnet {
@@ -254,27 +252,18 @@ class HeaderParser {
 
 SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path) {
   const std::string file = path.string();
-  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw Error(std::string("cannot open safetensors file: ") + std::strerror(errno), file);
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const int e = errno;
-    ::close(fd);
-    throw Error(std::string("cannot stat safetensors file: ") + std::strerror(e), file);
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    throw Error("not a regular file", file);
-  }
-  const uint64_t size = static_cast<uint64_t>(st.st_size);
-  if (size < 8) {
-    ::close(fd);
-    throw Error("file too short for a safetensors header length", file, ">= 8 bytes",
-                std::to_string(size) + " bytes");
-  }
-  void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-  const int map_errno = errno;
-  ::close(fd);  // the mapping keeps the file alive
+  uint64_t size = 0;
+  void* p = MAP_FAILED;
+  int map_errno = 0;
+  {
+    const RegularFile f(path, "safetensors file");
+    size = f.size();
+    if (size < 8)
+      throw Error("file too short for a safetensors header length", file, ">= 8 bytes",
+                  std::to_string(size) + " bytes");
+    p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, f.fd(), 0);
+    map_errno = errno;
+  }  // the mapping keeps the file alive
   if (p == MAP_FAILED)
     throw Error(std::string("cannot mmap safetensors file: ") + std::strerror(map_errno), file);
   map_ = static_cast<const std::byte*>(p);
@@ -291,6 +280,9 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path
                   "8 + header length <= file size " + std::to_string(size),
                   "8 + " + std::to_string(n));
     const char* h = reinterpret_cast<const char*>(map_ + 8);
+    // object > tensor entry > shape / data_offsets array; parsing deeper nesting only
+    // costs memory (100 MiB of '[' is gigabytes of json nodes).
+    check_json_text_depth(std::string_view(h, n), kMaxHeaderDepth, file);
     json header;
     try {
       header = json::parse(h, h + n);

@@ -53,9 +53,10 @@ struct Slice2D {
 class SafetensorsFile {
  public:
   /// Maps `path` and validates its header.
-  /// @throws Error naming the file when: it cannot be opened or is shorter than 8 bytes;
-  ///   the header length exceeds kMaxHeaderBytes or runs past the end of the file;
-  ///   the header is not a JSON object; an entry lacks dtype/shape/data_offsets or has
+  /// @throws Error naming the file when: it cannot be opened, is not a regular file
+  ///   or is shorter than 8 bytes; the header length exceeds kMaxHeaderBytes or runs
+  ///   past the end of the file; the header nests deeper than kMaxHeaderDepth or is
+  ///   not a JSON object; an entry lacks dtype/shape/data_offsets or has
   ///   them of the wrong JSON type; a dtype is not F32/F16/BF16 (the error names the
   ///   tensor and dtype); prod(shape) * itemsize != end - begin; a range lies outside
   ///   the data area; two ranges overlap; __metadata__ is not a map of strings.
@@ -67,6 +68,8 @@ class SafetensorsFile {
   SafetensorsFile& operator=(const SafetensorsFile&) = delete;
 
   static constexpr uint64_t kMaxHeaderBytes = 100ull << 20;  // 100 MiB
+  /// Nesting of a valid header: object > tensor entry > shape array is 3; one spare.
+  static constexpr std::size_t kMaxHeaderDepth = 4;
 
   const std::filesystem::path& path() const { return path_; }
   /// All tensors, by name.

@@ -7,10 +7,9 @@
 // "<s>" typed in the prompt is the token and never "▁<s>" spelled out; every piece is
 // normalized on its own, which is why "a<s>b" gets a "▁" before both "a" and "b".
 #include <algorithm>
-#include <fstream>
-#include <sstream>
 
 #include "common/error.h"
+#include "loader/file_io.h"
 #include "loader/json_brief.h"
 #include "loader/tokenizer_parts.h"
 
@@ -93,23 +92,17 @@ namespace {
 
 using tok::Json;
 
-std::string read_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error("cannot open file", path.string());
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) throw Error("cannot read file", path.string());
-  return ss.str();
-}
-
-Json read_json_object(const std::filesystem::path& path) {
-  const std::string text = read_file(path);
+/// Parses `path`, refusing nesting deeper than kMaxJsonDepth before any component is
+/// built from it (Sequences are built recursively).
+Json read_json_object(const std::filesystem::path& path, const char* what) {
+  const std::string text = read_text_file(path, what);
   Json j;
   try {
     j = Json::parse(text);
   } catch (const Json::exception& e) {
     throw Error(std::string("malformed JSON: ") + e.what(), path.string());
   }
+  check_json_depth(j, tok::kMaxJsonDepth, path.string());
   if (!j.is_object()) throw Error("top level is not a JSON object", path.string(), "object", j.type_name());
   return j;
 }
@@ -126,16 +119,15 @@ std::optional<std::string> config_token(const Json& config, const char* key, con
 
 std::vector<tok::AddedToken> parse_added_tokens(const Json& j, const std::string& where) {
   std::vector<tok::AddedToken> out;
-  const Json list = j.value("added_tokens", Json::array());
-  if (!list.is_array()) throw Error("'added_tokens' is not an array", where);
+  const Json& list = tok::json_field(j, "added_tokens");  // absent or null: none
+  if (!list.is_array() && !list.is_null()) throw Error("'added_tokens' is not an array", where);
   for (const Json& t : list) {
     tok::AddedToken a;
-    if (!t.is_object() || !t.contains("id") || !t.at("id").is_number_integer() ||
-        t.at("id").get<int64_t>() < 0 || t.at("id").get<int64_t>() > INT32_MAX) {
+    if (!t.is_object() || !t.contains("id")) {
       throw Error("added token without a valid 'id'", where, "", json_brief(t));
     }
-    a.id = t.at("id").get<int32_t>();
     a.content = tok::json_string(t, "content", where + " (added_tokens)");
+    a.id = tok::json_token_id(t.at("id"), a.content, where + " (added_tokens)");
     a.single_word = t.value("single_word", false);
     a.lstrip = t.value("lstrip", false);
     a.rstrip = t.value("rstrip", false);
@@ -202,7 +194,7 @@ void apply_config(Tokenizer::Impl& impl, const Json& c, const std::string& where
 std::shared_ptr<Tokenizer::Impl> load(const std::filesystem::path& tokenizer_json,
                                       const std::filesystem::path& config_json) {
   const std::string where = tokenizer_json.string();
-  const Json j = read_json_object(tokenizer_json);
+  const Json j = read_json_object(tokenizer_json, "tokenizer file");
   std::shared_ptr<Tokenizer::Impl> impl;
   try {
     if (!j.contains("model") || !j.at("model").is_object()) {
@@ -213,10 +205,11 @@ std::shared_ptr<Tokenizer::Impl> load(const std::filesystem::path& tokenizer_jso
     if (type != "BPE") throw Error("unsupported model type '" + type + "'", where);
     impl = std::make_shared<Tokenizer::Impl>(tok::BpeModel::from_json(model, where));
     impl->where = where;
-    impl->normalizer = tok::Normalizer::from_json(j.value("normalizer", Json()), where);
-    impl->pre_tokenizer = tok::PreTokenizer::from_json(j.value("pre_tokenizer", Json()), where);
-    impl->post_processor = tok::PostProcessor::from_json(j.value("post_processor", Json()), where);
-    impl->decoder = tok::Decoder::from_json(j.value("decoder", Json()), where);
+    impl->normalizer = tok::Normalizer::from_json(tok::json_field(j, "normalizer"), where);
+    impl->pre_tokenizer = tok::PreTokenizer::from_json(tok::json_field(j, "pre_tokenizer"), where);
+    impl->post_processor =
+        tok::PostProcessor::from_json(tok::json_field(j, "post_processor"), where);
+    impl->decoder = tok::Decoder::from_json(tok::json_field(j, "decoder"), where);
     impl->added_tokens = parse_added_tokens(j, where);
   } catch (const Json::exception& e) {
     throw Error(std::string("malformed tokenizer.json: ") + e.what(), where);
@@ -263,7 +256,7 @@ std::shared_ptr<Tokenizer::Impl> load(const std::filesystem::path& tokenizer_jso
   t.bos_id = t.post_processor.leading_special();
   if (!config_json.empty() && std::filesystem::exists(config_json)) {
     const std::string cwhere = config_json.string();
-    const Json c = read_json_object(config_json);
+    const Json c = read_json_object(config_json, "tokenizer config");
     try {
       apply_config(t, c, cwhere);
     } catch (const Json::exception& e) {
@@ -354,7 +347,7 @@ Tokenizer Tokenizer::from_dir(const std::filesystem::path& model_dir) {
   auto impl = load(model_dir / "tokenizer.json", model_dir / "tokenizer_config.json");
   const auto jinja = model_dir / "chat_template.jinja";
   if (impl->chat_template.empty() && std::filesystem::exists(jinja)) {
-    impl->chat_template = read_file(jinja);
+    impl->chat_template = read_text_file(jinja, "chat template");
   }
   return Tokenizer(std::move(impl));
 }

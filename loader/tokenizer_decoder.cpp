@@ -192,13 +192,14 @@ void Decoder::add(const Json& j, const std::string& where) {
     if (content.empty() || utf8_length_at(content, 0) != content.size()) {
       throw Error("Strip decoder content must be one character", where, "one character", content);
     }
-    const Json start = j.value("start", Json(0));
-    const Json stop = j.value("stop", Json(0));
-    if (!start.is_number_unsigned() || !stop.is_number_unsigned()) {
-      throw Error("Strip decoder start/stop must be non-negative integers", where);
-    }
-    steps_.push_back(Strip{utf8_decode_at(content, 0), start.get<std::size_t>(),
-                           stop.get<std::size_t>()});
+    auto count = [&](const char* key) -> std::size_t {  // absent: 0
+      if (!j.contains(key)) return 0;
+      if (!j.at(key).is_number_unsigned()) {
+        throw Error("Strip decoder start/stop must be non-negative integers", where);
+      }
+      return j.at(key).get<std::size_t>();
+    };
+    steps_.push_back(Strip{utf8_decode_at(content, 0), count("start"), count("stop")});
   } else {
     throw Error("unsupported decoder type '" + type + "'", where);
   }

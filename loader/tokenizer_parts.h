@@ -56,6 +56,23 @@ std::string replace_all(std::string_view s, std::string_view from, std::string_v
 /// The JSON string at j[key], or an Error naming `where` and the key.
 std::string json_string(const Json& j, const char* key, const std::string& where);
 
+/// j[key] by reference, or a null Json when `j` is not an object or has no `key`.
+/// Unlike j.value(key, default) it never copies the subtree (a deep copy recurses).
+const Json& json_field(const Json& j, const char* key);
+
+/// Token ids are below this: 16.7M, far above real vocabularies (~150k-260k), and
+/// low enough that tables indexed by id stay affordable and id + 1 cannot overflow.
+constexpr int64_t kTokenIdLimit = int64_t{1} << 24;
+
+/// Deepest nesting of arrays/objects accepted in tokenizer.json / tokenizer_config.json
+/// (real files nest about 5); component Sequences are built recursively.
+constexpr std::size_t kMaxJsonDepth = 64;
+
+/// The id `v` of `token` (a vocabulary entry, added token or template token).
+/// @throws Error naming `where`, the token and the value unless `v` is an integer in
+///   [0, kTokenIdLimit).
+int32_t json_token_id(const Json& v, const std::string& token, const std::string& where);
+
 /// The byte of a byte-fallback token: "<0xAB>" (6 bytes, hex as Rust's
 /// u8::from_str_radix reads it) -> 0xAB, anything else -> empty (decoders/byte_fallback.rs).
 std::optional<uint8_t> byte_token_value(std::string_view token);

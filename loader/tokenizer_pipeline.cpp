@@ -107,6 +107,29 @@ std::string json_string(const Json& j, const char* key, const std::string& where
   return j.at(key).get<std::string>();
 }
 
+const Json& json_field(const Json& j, const char* key) {
+  static const Json kNull;
+  if (!j.is_object()) return kNull;
+  const auto it = j.find(key);
+  return it == j.end() ? kNull : *it;
+}
+
+int32_t json_token_id(const Json& v, const std::string& token, const std::string& where) {
+  // Unsigned first: get<int64_t> of an integer above 2^63-1 would wrap negative.
+  bool ok = false;
+  if (v.is_number_unsigned()) {
+    ok = v.get<uint64_t>() < static_cast<uint64_t>(kTokenIdLimit);
+  } else if (v.is_number_integer()) {
+    ok = v.get<int64_t>() >= 0 && v.get<int64_t>() < kTokenIdLimit;
+  }
+  if (!ok) {
+    throw Error("id of token " + json_brief(Json(token)) + " is not an integer in [0, " +
+                    std::to_string(kTokenIdLimit) + ")",
+                where, "0 <= id < " + std::to_string(kTokenIdLimit), json_brief(v));
+  }
+  return static_cast<int32_t>(v.get<int64_t>());
+}
+
 std::optional<uint8_t> byte_token_value(std::string_view token) {
   if (token.size() != 6 || token.substr(0, 3) != "<0x" || token.back() != '>') return {};
   // Rust's u8::from_str_radix(s, 16) on token[3..5]: an optional '+', then hex digits.
@@ -270,7 +293,7 @@ void PostProcessor::add(const Json& j, const std::string& where) {
   if (!j.contains("single") || !j.at("single").is_array()) {
     throw Error("'single' template missing or not an array", ctx);
   }
-  const Json specials = j.value("special_tokens", Json::object());
+  const Json& specials = json_field(j, "special_tokens");
   for (const Json& item : j.at("single")) {
     if (item.contains("Sequence")) {
       const std::string seq = json_string(item.at("Sequence"), "id", ctx);
@@ -283,12 +306,7 @@ void PostProcessor::add(const Json& j, const std::string& where) {
       }
       const Json& ids = specials.at(name).at("ids");
       Piece piece;
-      for (const Json& id : ids) {
-        if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX) {
-          throw Error("bad id for special token '" + name + "'", ctx, "an id", json_brief(id));
-        }
-        piece.ids.push_back(id.get<int32_t>());
-      }
+      for (const Json& id : ids) piece.ids.push_back(json_token_id(id, name, ctx));
       single_.push_back(std::move(piece));
     } else {
       throw Error("template item is neither Sequence nor SpecialToken", ctx, "", json_brief(item));

@@ -2,13 +2,17 @@
 // files hold, defaults follow transformers' LlamaConfig, and every feature this build
 // does not implement is refused by field name.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <string>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -280,6 +284,47 @@ TEST(ModelConfig, HeadArithmetic) {
   EXPECT_EQ(ModelConfig::from_json(j, "x").head_dim, 8);
 }
 
+TEST(ModelConfig, OddHeadDimIsRefused) {
+  for (const int64_t head_dim : {7, 1, 65}) {
+    json j = base_config();
+    j["head_dim"] = head_dim;
+    const std::string msg = config_error(j);
+    EXPECT_CONTAINS(msg, "\"head_dim\"");
+    EXPECT_CONTAINS(msg, "even");
+    EXPECT_CONTAINS(msg, std::to_string(head_dim));
+  }
+  json j = base_config();
+  j["hidden_size"] = 72;  // 72 / 8 heads = 9
+  const std::string msg = config_error(j);
+  EXPECT_CONTAINS(msg, "\"head_dim\"");
+  EXPECT_CONTAINS(msg, "hidden_size / num_attention_heads");
+  EXPECT_CONTAINS(msg, "got 9");
+  j["head_dim"] = 10;
+  EXPECT_EQ(ModelConfig::from_json(j, "x").head_dim, 10);
+}
+
+TEST(ModelConfig, AbsurdSizesAreRefusedByName) {
+  const std::pair<const char*, int64_t> cases[] = {
+      {"num_hidden_layers", (int64_t{1} << 16) + 1}, {"hidden_size", int64_t{1} << 40},
+      {"intermediate_size", (int64_t{1} << 26) + 1}, {"vocab_size", INT64_MAX},
+      {"num_attention_heads", int64_t{1} << 27},     {"num_key_value_heads", int64_t{1} << 27},
+      {"head_dim", int64_t{1} << 28}};
+  for (const auto& [field, value] : cases) {
+    json j = base_config();
+    j[field] = value;
+    if (std::string(field) == "num_attention_heads") j["num_key_value_heads"] = 8;
+    const std::string msg = config_error(j);
+    EXPECT_CONTAINS(msg, std::string("\"") + field + "\"");
+    EXPECT_CONTAINS(msg, "larger than this build supports");
+    EXPECT_CONTAINS(msg, std::to_string(value));
+  }
+  // The largest accepted sizes still parse.
+  json j = base_config();
+  j["num_hidden_layers"] = 1 << 16;
+  j["vocab_size"] = 1 << 26;
+  EXPECT_EQ(ModelConfig::from_json(j, "x").vocab_size, 1 << 26);
+}
+
 TEST(ModelConfig, LoadNamesTheFile) {
   const fs::path absent = fs::temp_directory_path() / "linnet-no-such-dir" / "config.json";
   EXPECT_CONTAINS(error_of([&] { ModelConfig::load(absent); }), absent.string());
@@ -350,4 +395,69 @@ TEST(GenerationConfig, TypeErrorsNameTheField) {
   }
   TempFile bad("not json");
   EXPECT_CONTAINS(error_of([&] { GenerationConfig::load(bad.path); }), bad.path.string());
+}
+
+TEST(GenerationConfig, ImpossibleSamplingValuesNameFileFieldAndValue) {
+  const std::tuple<const char*, const char*, const char*> cases[] = {
+      {"temperature", "-1", "-1"},
+      {"temperature", "-0.5", "-0.5"},
+      {"top_p", "0", "0"},
+      {"top_p", "1.5", "1.5"},
+      {"top_p", "-0.1", "-0.1"},
+      {"top_k", "-1", "-1"},
+      {"top_k", "9223372036854775808", "9223372036854775808"},  // used to wrap negative
+      {"bos_token_id", "18446744073709551615", "18446744073709551615"},
+      {"eos_token_id", "[2, 9223372036854775808]", "9223372036854775808"}};
+  for (const auto& [field, value, shown] : cases) {
+    const json j = json::parse(std::string(R"({"do_sample": true, ")") + field + "\": " + value + "}");
+    const std::string msg = error_of([&] { GenerationConfig::from_json(j, "gen.json"); });
+    EXPECT_CONTAINS(msg, std::string("gen.json: field \"") + field + "\"");
+    EXPECT_CONTAINS(msg, shown);
+  }
+  for (const double t : {std::numeric_limits<double>::infinity(), std::nan("")}) {
+    const std::string msg = error_of([&] { GenerationConfig::from_json({{"temperature", t}}, "gen.json"); });
+    EXPECT_CONTAINS(msg, "gen.json: field \"temperature\"");
+    EXPECT_CONTAINS(msg, "finite");
+  }
+  const GenerationConfig g = GenerationConfig::from_json(
+      json::parse(R"({"temperature": 0, "top_p": 1, "top_k": 0, "bos_token_id": 9223372036854775807})"),
+      "x");
+  EXPECT_EQ(g.temperature, 0.0);
+  EXPECT_EQ(g.top_p, 1.0);
+  EXPECT_EQ(g.top_k, 0);
+  EXPECT_EQ(g.bos_token_id, INT64_MAX);
+}
+
+TEST(ConfigFiles, NotARegularFileIsRefusedByName) {
+  const fs::path dir = fs::temp_directory_path() /
+                       ("linnet-test-config-dir-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  struct Cleanup {
+    fs::path p;
+    ~Cleanup() {
+      std::error_code ec;
+      fs::remove_all(p, ec);
+    }
+  } cleanup{dir};
+  // Directories named like the files.
+  fs::create_directory(dir / "config.json");
+  fs::create_directory(dir / "generation_config.json");
+  std::string msg = error_of([&] { ModelConfig::load(dir / "config.json"); });
+  EXPECT_CONTAINS(msg, (dir / "config.json").string());
+  EXPECT_CONTAINS(msg, "not a regular file");
+  EXPECT_CONTAINS(msg, "directory");
+  msg = error_of([&] { GenerationConfig::load(dir / "generation_config.json"); });
+  EXPECT_CONTAINS(msg, (dir / "generation_config.json").string());
+  EXPECT_CONTAINS(msg, "not a regular file");
+  // FIFOs: open() would block until a writer came.
+  fs::remove(dir / "config.json");
+  fs::remove(dir / "generation_config.json");
+  ASSERT_EQ(::mkfifo((dir / "config.json").c_str(), 0600), 0);
+  ASSERT_EQ(::mkfifo((dir / "generation_config.json").c_str(), 0600), 0);
+  msg = error_of([&] { ModelConfig::load(dir / "config.json"); });
+  EXPECT_CONTAINS(msg, (dir / "config.json").string());
+  EXPECT_CONTAINS(msg, "FIFO");
+  msg = error_of([&] { GenerationConfig::load(dir / "generation_config.json"); });
+  EXPECT_CONTAINS(msg, (dir / "generation_config.json").string());
+  EXPECT_CONTAINS(msg, "FIFO");
 }

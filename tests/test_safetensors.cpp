@@ -2,6 +2,7 @@
 // bit patterns, every malformed-header case the loader promises to reject, and the
 // sharded stories260k checkpoint from shared/.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -348,11 +349,40 @@ TEST(SafetensorsMalformed, EntryFieldsMissingOrMistyped) {
 }
 
 TEST(SafetensorsMalformed, DeeplyNestedValuesGiveAnErrorNotACrash) {
+  // Refused by a scan before parsing: a valid header nests 3 deep (object > entry >
+  // shape), and parsing megabytes of '[' would cost gigabytes.
   const std::string deep = std::string(1000000, '[') + std::string(1000000, ']');
   EXPECT_CONTAINS(open_error(raw_file(R"({"w": {"dtype": "F32", "shape": )" + deep +
                                       R"(, "data_offsets": [0, 0]}})")),
+                  "nested too deeply");
+  EXPECT_CONTAINS(open_error(raw_file(R"({"w": )" + deep + "}")), "nested too deeply");
+  // 64 MiB of '[' (under the 100 MiB header cap) is refused at the first excess byte.
+  const std::string msg = open_error(raw_file(std::string(64u << 20, '[')));
+  EXPECT_CONTAINS(msg, "at most 4 levels");
+  EXPECT_CONTAINS(msg, "byte offset 4");
+  // Depth 4 passes the scan and fails as a bad shape; brackets inside strings don't count.
+  EXPECT_CONTAINS(open_error(raw_file(R"({"w": {"dtype": "F32", "shape": [[1]], "data_offsets": [0, 4]}})",
+                                     std::string(4, '\0'))),
                   "'w'");
-  EXPECT_CONTAINS(open_error(raw_file(R"({"w": )" + deep + "}")), "'w'");
+  TempDir dir;
+  write_file(dir.path / "s.safetensors",
+             raw_file(R"({"__metadata__": {"note": "[[[[[{{{{{ \"[[[[[["}})"));
+  EXPECT_EQ(SafetensorsFile(dir.path / "s.safetensors").metadata().at("note"), "[[[[[{{{{{ \"[[[[[[");
+}
+
+TEST(SafetensorsMalformed, NotARegularFileIsRefusedWithoutBlocking) {
+  TempDir dir;
+  const fs::path fifo = dir.path / "fifo.safetensors";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  std::string msg = error_of([&] { SafetensorsFile f(fifo); });  // used to block in open()
+  EXPECT_CONTAINS(msg, fifo.string());
+  EXPECT_CONTAINS(msg, "not a regular file");
+  EXPECT_CONTAINS(msg, "FIFO");
+  const fs::path sub = dir.path / "dir.safetensors";
+  fs::create_directory(sub);
+  msg = error_of([&] { SafetensorsFile f(sub); });
+  EXPECT_CONTAINS(msg, sub.string());
+  EXPECT_CONTAINS(msg, "directory");
 }
 
 TEST(SafetensorsMalformed, SizeDoesNotMatchShape) {
@@ -527,6 +557,53 @@ TEST(Checkpoint, MalformedIndex) {
   EXPECT_CONTAINS(error_of([&] { Checkpoint::open(dir.path); }), "../a.safetensors");
 }
 
+TEST(Checkpoint, ShardNameWithNulIsRefused) {
+  TempDir dir;
+  write_two_shards(dir.path);
+  // Truncated at the NUL, this would silently open a.safetensors.
+  write_file(dir.path / "model.safetensors.index.json",
+             R"({"weight_map": {"x": "a.safetensors\u0000junk", "y": "b.safetensors"}})");
+  const std::string msg = error_of([&] { Checkpoint::open(dir.path); });
+  EXPECT_CONTAINS(msg, "model.safetensors.index.json");
+  EXPECT_CONTAINS(msg, "'x'");
+  EXPECT_CONTAINS(msg, "NUL");
+  EXPECT_CONTAINS(msg, "a.safetensors\\u0000junk");  // quoted, not cut short
+}
+
+TEST(Checkpoint, FilesThatAreNotRegularAreNamed) {
+  {
+    TempDir dir;
+    write_two_shards(dir.path);
+    const fs::path index = dir.path / "model.safetensors.index.json";
+    fs::create_directory(index);
+    const std::string msg = error_of([&] { Checkpoint::open(dir.path); });
+    EXPECT_CONTAINS(msg, index.string());
+    EXPECT_CONTAINS(msg, "not a regular file");
+  }
+  {
+    TempDir dir;
+    write_two_shards(dir.path);
+    ASSERT_EQ(::mkfifo((dir.path / "model.safetensors.index.json").c_str(), 0600), 0);
+    EXPECT_CONTAINS(error_of([&] { Checkpoint::open(dir.path); }), "not a regular file");
+  }
+  {
+    TempDir dir;
+    write_two_shards(dir.path);
+    const fs::path fifo = dir.path / "c.safetensors";
+    ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+    write_file(dir.path / "model.safetensors.index.json",
+               R"({"weight_map": {"x": "a.safetensors", "z": "c.safetensors"}})");
+    const std::string msg = error_of([&] { Checkpoint::open(dir.path); });
+    EXPECT_CONTAINS(msg, fifo.string());
+    EXPECT_CONTAINS(msg, "not a regular file");
+  }
+  {
+    TempDir dir;
+    fs::create_directory(dir.path / "model.safetensors");
+    EXPECT_CONTAINS(error_of([&] { Checkpoint::open(dir.path); }), "not a regular file");
+  }
+}
+
 TEST(Checkpoint, BadShardHeaderNamesShard) {
   TempDir dir;
   write_two_shards(dir.path);
@@ -559,4 +636,26 @@ TEST(Checkpoint, ValidateReportsAllProblemsInOneError) {
 
   const std::vector<std::string> unused = ck.validate({{"w1", {2, 3}}, {"w2", {4}}});
   EXPECT_EQ(unused, (std::vector<std::string>{"extra.a", "extra.b"}));
+}
+
+TEST(Checkpoint, ValidateListsTheFirstProblemsAndCountsAll) {
+  TempDir dir;
+  FileBuilder b;
+  b.add("w", "F32", {1}, bytes_of(std::vector<float>(1)));
+  write_file(dir.path / "model.safetensors", b.bytes());
+  const Checkpoint ck = Checkpoint::open(dir.path);
+  std::vector<TensorSpec> specs;
+  for (int i = 0; i < 100000; ++i) {
+    std::string name = "t";
+    name += std::to_string(i);  // (not "t" + to_string: GCC 12 gives a false -Wrestrict)
+    specs.push_back({name, {2}});
+  }
+  specs.push_back({"w", {3}});
+  const std::string msg = error_of([&] { ck.validate(specs); });
+  EXPECT_CONTAINS(msg, "(100001 problems)");
+  EXPECT_CONTAINS(msg, "missing tensor 't19'");
+  EXPECT_EQ(msg.find("'t20'"), std::string::npos);
+  EXPECT_CONTAINS(msg, "\n  ... and 99981 more");
+  EXPECT_EQ(std::count(msg.begin(), msg.end(), '\n'), 21) << msg;
+  EXPECT_LT(msg.size(), 4000u);
 }

@@ -1,6 +1,7 @@
 // Tokenizer tests: encode/decode against goldens from the Hugging Face `tokenizers`
 // package (tests/data/stories260k/tokenizer_cases.json), the streaming detokenizer
 // against one-shot decode, and malformed / unsupported tokenizer files.
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <random>
@@ -353,6 +354,109 @@ TEST(Tokenizer, MalformedFilesNameTheFile) {
   const fs::path config = dir.write("tokenizer_config.json", "{\"bos_token\": ");
   const std::string msg = error_of([&] { Tokenizer::from_dir(dir.path()); });
   EXPECT_NE(msg.find(config.string()), std::string::npos) << msg;
+}
+
+/// `inner` wrapped in `levels` component Sequences of `type` ("decoder" -> "decoders").
+std::string nested_sequence(const std::string& list_key, const std::string& inner, int levels) {
+  std::string text;
+  for (int i = 0; i < levels; ++i) text += R"({"type": "Sequence", ")" + list_key + R"(": [)";
+  text += inner;
+  for (int i = 0; i < levels; ++i) text += "]}";
+  return text;
+}
+
+TEST(Tokenizer, DeeplyNestedJsonIsRefusedNotACrash) {
+  const std::string model = R"("model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2}, "merges": )";
+  const std::string texts[] = {
+      // Each used to overflow the stack: a recursive Sequence build, or a json copy.
+      "{" + model + R"(["a b"]}, "decoder": )" +
+          nested_sequence("decoders", R"({"type": "Fuse"})", 20000) + "}",
+      "{" + model + R"(["a b"]}, "normalizer": )" +
+          nested_sequence("normalizers", R"({"type": "NFC"})", 50000) + "}",
+      "{" + model + "[\"a b\", " + std::string(200000, '[') + std::string(200000, ']') + "]}}",
+      // Not needed by any real tokenizer (they nest about 5 deep).
+      "{" + model + R"(["a b"]}, "pre_tokenizer": )" +
+          nested_sequence("pretokenizers", R"({"type": "ByteLevel"})", 2500) + "}",
+  };
+  TempDir dir;
+  for (const std::string& text : texts) {
+    const fs::path file = dir.write("tokenizer.json", text);
+    const std::string msg = error_of([&] { Tokenizer::from_files(file, dir.path() / "no.json"); });
+    EXPECT_NE(msg.find(file.string()), std::string::npos) << msg;
+    EXPECT_NE(msg.find("nested too deeply"), std::string::npos) << msg;
+  }
+  // tokenizer_config.json is checked the same way.
+  dir.write("tokenizer.json", stories_json().dump());
+  const fs::path config = dir.write(
+      "tokenizer_config.json",
+      R"({"chat_template": )" + std::string(100000, '[') + std::string(100000, ']') + "}");
+  const std::string msg = error_of([&] { Tokenizer::from_dir(dir.path()); });
+  EXPECT_NE(msg.find(config.string()), std::string::npos) << msg;
+  EXPECT_NE(msg.find("nested too deeply"), std::string::npos) << msg;
+  // Shallow Sequences still load.
+  const fs::path file = dir.write(
+      "tokenizer.json", "{" + model + R"(["a b"]}, "decoder": )" +
+                            nested_sequence("decoders", R"({"type": "Fuse"})", 20) + "}");
+  const Tokenizer tok = Tokenizer::from_files(file, dir.path() / "no.json");
+  EXPECT_EQ(tok.decode(std::vector<int32_t>{0, 1, 2}, false), "abab");
+}
+
+TEST(Tokenizer, HugeTokenIdsAreRefusedByName) {
+  // Each used to allocate tables of id + 1 entries (tens of GB) or overflow id + 1.
+  const std::string ids[] = {"400000000", "2147483647", "16777216", "9223372036854775808",
+                             "18446744073709551615", "-1"};
+  TempDir dir;
+  for (const std::string& id : ids) {
+    const std::string texts[] = {
+        R"({"model": {"type": "BPE", "vocab": {"a": 0, "huge": )" + id + "}}}",
+        R"({"model": {"type": "BPE", "vocab": {"a": 0}}, "added_tokens": [{"id": )" + id +
+            R"(, "content": "huge", "special": true}]})",
+        R"({"model": {"type": "BPE", "vocab": {"a": 0}}, "post_processor": {"type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": "huge", "type_id": 0}},
+                       {"Sequence": {"id": "A", "type_id": 0}}],
+            "special_tokens": {"huge": {"id": "huge", "ids": [)" + id + "]}}}}",
+    };
+    for (const std::string& text : texts) {
+      const fs::path file = dir.write("tokenizer.json", text);
+      const std::string msg = error_of([&] { Tokenizer::from_files(file, dir.path() / "no.json"); });
+      EXPECT_NE(msg.find(file.string()), std::string::npos) << msg;
+      EXPECT_NE(msg.find("\"huge\""), std::string::npos) << msg;
+      EXPECT_NE(msg.find(id), std::string::npos) << msg;
+      EXPECT_NE(msg.find("16777216"), std::string::npos) << msg;  // the limit
+    }
+  }
+  const fs::path file = dir.write(
+      "tokenizer.json", R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 262143}}})");
+  EXPECT_EQ(Tokenizer::from_files(file, dir.path() / "no.json").vocab_size(), 262144);
+}
+
+TEST(Tokenizer, FilesThatAreNotRegularAreRefusedByName) {
+  {
+    TempDir dir;  // tokenizer.json a FIFO: open() used to block forever
+    const fs::path file = dir.path() / "tokenizer.json";
+    ASSERT_EQ(::mkfifo(file.c_str(), 0600), 0);
+    const std::string msg = error_of([&] { Tokenizer::from_dir(dir.path()); });
+    EXPECT_NE(msg.find(file.string()), std::string::npos) << msg;
+    EXPECT_NE(msg.find("not a regular file"), std::string::npos) << msg;
+  }
+  {
+    TempDir dir;
+    dir.write("tokenizer.json", stories_json().dump());
+    const fs::path config = dir.path() / "tokenizer_config.json";
+    fs::create_directory(config);
+    std::string msg = error_of([&] { Tokenizer::from_dir(dir.path()); });
+    EXPECT_NE(msg.find(config.string()), std::string::npos) << msg;
+    EXPECT_NE(msg.find("not a regular file"), std::string::npos) << msg;
+    fs::remove(config);
+    ASSERT_EQ(::mkfifo(config.c_str(), 0600), 0);
+    msg = error_of([&] { Tokenizer::from_dir(dir.path()); });
+    EXPECT_NE(msg.find(config.string()), std::string::npos) << msg;
+    fs::remove(config);
+    const fs::path jinja = dir.path() / "chat_template.jinja";
+    ASSERT_EQ(::mkfifo(jinja.c_str(), 0600), 0);
+    msg = error_of([&] { Tokenizer::from_dir(dir.path()); });
+    EXPECT_NE(msg.find(jinja.string()), std::string::npos) << msg;
+  }
 }
 
 TEST(Tokenizer, CopiesShareTablesAndCacheIsConsistent) {

@@ -128,9 +128,13 @@ TEST(TokenizerComponents, MalformedPreTokenizerNamesTheProblem) {
 TEST(TokenizerComponents, DeeplyNestedSequenceIsAnErrorNotACrash) {
   json j = test::read_json(test::stories_dir() / "tokenizer.json");
   json pre = {{"type", "Digits"}};
-  for (int i = 0; i < 200; ++i) pre = {{"type", "Sequence"}, {"pretokenizers", json::array({pre})}};
+  for (int i = 0; i < 20; ++i) pre = {{"type", "Sequence"}, {"pretokenizers", json::array({pre})}};
   j["pre_tokenizer"] = pre;
   EXPECT_NE(error_of([&] { load_json(j); }).find("'Digits'"), std::string::npos);
+  // Deeper than the tokenizer's JSON depth limit: refused before any Sequence is built.
+  for (int i = 20; i < 200; ++i) pre = {{"type", "Sequence"}, {"pretokenizers", json::array({pre})}};
+  j["pre_tokenizer"] = pre;
+  EXPECT_NE(error_of([&] { load_json(j); }).find("nested too deeply"), std::string::npos);
 }
 
 }  // namespace
