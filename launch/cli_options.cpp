@@ -46,6 +46,13 @@ CommandLine parse_command_line(int argc, char** argv) {
     if (options) cl.tokenize = *options;
     return cl;
   }
+  if (argc > 1 && std::strcmp(argv[1], "template") == 0) {
+    CommandLine cl;
+    const auto options = parse_template_options(argc, argv, cl.help_text);
+    cl.kind = options ? CommandLine::Kind::kTemplate : CommandLine::Kind::kHelp;
+    if (options) cl.chat_template = *options;
+    return cl;
+  }
   std::vector<char*> args(argv, argv + argc);
   if (args.size() > 1 && std::strcmp(args[1], "generate") == 0) args.erase(args.begin() + 1);
 
@@ -54,15 +61,18 @@ CommandLine parse_command_line(int argc, char** argv) {
                         "every rank loads its slice of the checkpoint and computes its share of\n"
                         "each layer.\n\n"
                         "  mpirun -np 4 linnet-tp --model DIR --prompt TEXT\n\n"
-                        "Subcommands: generate (the default), loss, info, tokenize (see SUBCOMMAND --help).\n");
+                        "Subcommands: generate (the default), loss, info, tokenize, template (see SUBCOMMAND --help).\n");
   opts.custom_help("[generate] [OPTIONS]");
   // clang-format off
   opts.add_options()
     ("model", "Model directory (Hugging Face layout: config.json, *.safetensors, tokenizer.json)",
      cxxopts::value<std::string>())
-    ("prompt", "Prompt text (raw: no chat template is applied)", cxxopts::value<std::string>())
+    ("prompt", "Prompt text (raw, unless --chat)", cxxopts::value<std::string>())
     ("input", "JSONL file, one {\"prompt\": ...} per line, done one after another "
-     "(instead of --prompt)", cxxopts::value<std::string>())
+     "(instead of --prompt); a {\"messages\": [...], ...} line is rendered with the chat template",
+     cxxopts::value<std::string>())
+    ("chat", "Treat --prompt (and each {\"prompt\"} line) as one user message and render it with the "
+     "model's chat template (add_generation_prompt true)")
     ("output", "JSONL results, one {prompt, completion, prompt_ids, completion_ids, "
      "finish_reason} per prompt in input order; written when the run succeeds",
      cxxopts::value<std::string>())
@@ -138,6 +148,7 @@ CommandLine parse_command_line(int argc, char** argv) {
     if (g.threads < 1) invalid("--threads", ">= 1", std::to_string(g.threads));
   }
   g.verbose = r.count("verbose") > 0;
+  g.chat = r.count("chat") > 0;
   return cl;
 }
 

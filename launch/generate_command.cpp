@@ -19,6 +19,7 @@
 #include "launch/jsonl_input.h"
 #include "launch/jsonl_output.h"
 #include "launch/model_path.h"
+#include "loader/chat_template.h"
 #include "loader/tokenizer.h"
 #include "parallel/mpi_communicator.h"
 #include "parallel/shard_plan.h"
@@ -34,15 +35,44 @@ struct Prompt {
   std::vector<int32_t> ids;
 };
 
-std::vector<std::string> read_prompts(const GenerateOptions& o) {
-  if (o.prompt) return {*o.prompt};
+// A chat prompt travels as its request JSON (key order kept) with kind "chat"; raw text
+// has kind "text".
+constexpr const char* kChat = "chat";
+
+std::string user_message_request(const std::string& prompt) {
+  nlohmann::ordered_json r;
+  r["messages"] = nlohmann::ordered_json::array({{{"role", "user"}, {"content", prompt}}});
+  r["add_generation_prompt"] = true;
+  return r.dump();
+}
+
+std::vector<std::string> read_prompts(const GenerateOptions& o, std::vector<std::string>& kinds) {
+  if (o.prompt) {
+    kinds = {o.chat ? kChat : "text"};
+    return {o.chat ? user_message_request(*o.prompt) : *o.prompt};
+  }
   std::vector<std::string> prompts;
-  for (const JsonlLine& l : parse_jsonl(o.input, read_jsonl_lines(o.input))) {
-    const auto it = l.value.find("prompt");
-    if (it == l.value.end() || !it->is_string()) {
-      throw Error("each line must be an object with a string \"prompt\"", o.input + ":" + std::to_string(l.line));
+  for (const auto& [n, text] : read_jsonl_lines(o.input)) {
+    const std::string where = o.input + ":" + std::to_string(n);
+    nlohmann::ordered_json line;
+    try {
+      line = nlohmann::ordered_json::parse(text);
+    } catch (const nlohmann::json::exception& e) {
+      throw Error(std::string("not valid JSON: ") + e.what(), where);
     }
-    prompts.push_back(it->get<std::string>());
+    if (!line.is_object()) throw Error("each line must be a JSON object", where);
+    if (line.contains("messages")) {
+      if (!line.contains("add_generation_prompt")) line["add_generation_prompt"] = true;
+      kinds.push_back(kChat);
+      prompts.push_back(line.dump());
+      continue;
+    }
+    const auto it = line.find("prompt");
+    if (it == line.end() || !it->is_string()) {
+      throw Error("each line must be an object with a string \"prompt\" or a \"messages\" list", where);
+    }
+    kinds.push_back(o.chat ? kChat : "text");
+    prompts.push_back(o.chat ? user_message_request(it->get<std::string>()) : it->get<std::string>());
   }
   return prompts;
 }
@@ -89,14 +119,16 @@ int run_generate(const GenerateOptions& o, Job& job) {
   // Rank 0 reads the prompts (stdin and local files exist only there under mpirun) and
   // checks --output; then every rank gets the same texts.
   std::vector<std::string> texts;
+  std::vector<std::string> kinds;  // "text" or "chat" per prompt
   if (!job.load_phase([&] {
         if (w.world_rank != 0) return;
-        texts = read_prompts(o);
+        texts = read_prompts(o, kinds);
         if (!o.output.empty()) check_output_path(o.output);
       })) {
     return 1;
   }
   broadcast_strings(*groups.world, texts);
+  broadcast_strings(*groups.world, kinds);
 
   const bool loaded = job.load_phase([&] {
     const std::filesystem::path model_dir = resolve_model_dir(o.model);
@@ -112,12 +144,25 @@ int run_generate(const GenerateOptions& o, Job& job) {
                   "ids < config.json vocab_size = " + std::to_string(files->config.vocab_size),
                   "ids up to " + std::to_string(tokenizer->vocab_size() - 1));
     }
-    for (std::string& text : texts) {
+    std::unique_ptr<ModelChatTemplate> chat;
+    for (std::size_t k = 0; k < texts.size(); ++k) {
+      std::string& text = texts[k];
       const std::string where =
           o.input.empty() ? std::string("--prompt") : o.input + ": prompt #" + std::to_string(prompts.size() + 1);
+      const bool is_chat = kinds[k] == kChat;
+      if (is_chat) {
+        // The rendered text already holds the template's BOS, so no second one is added.
+        if (!chat) chat = std::make_unique<ModelChatTemplate>(load_chat_template(*tokenizer, model_dir));
+        try {
+          text = chat->chat_template.render(
+              chat_variables(nlohmann::ordered_json::parse(text), chat->special_tokens, where));
+        } catch (const Error& e) {
+          throw Error(e.what(), where);
+        }
+      }
       std::vector<int32_t> ids;
       try {
-        ids = tokenizer->encode(text);
+        ids = tokenizer->encode(text, /*add_special_tokens=*/!is_chat);
       } catch (const Error& e) {
         throw Error(e.what(), where);
       }

@@ -32,6 +32,8 @@ int main(int argc, char** argv) {
       code = linnet::run_loss(cl.loss, job);
     } else if (cl.kind == linnet::CommandLine::Kind::kInfo) {
       code = linnet::run_info(cl.info, job);
+    } else if (cl.kind == linnet::CommandLine::Kind::kTemplate) {
+      code = linnet::run_template(cl.chat_template, job);
     } else if (cl.kind == linnet::CommandLine::Kind::kTokenize) {
       code = linnet::run_tokenize(cl.tokenize, job);
     } else {

@@ -1,0 +1,100 @@
+// `linnet-tp template`: every rank renders the input in a load phase (no collectives), so
+// an error is reported once; rank 0 prints. The whole output is built before anything is
+// printed, so a bad line leaves no partial output. Lines are parsed keeping their key
+// order, which `tojson` of tools shows.
+#include "launch/template_command.h"
+
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include <cxxopts.hpp>
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "launch/job.h"
+#include "launch/jsonl_input.h"
+#include "launch/model_path.h"
+#include "loader/chat_template.h"
+#include "loader/tokenizer.h"
+
+namespace linnet {
+namespace {
+
+std::string render_all(const TemplateOptions& o) {
+  const std::filesystem::path dir = resolve_model_dir(o.model);
+  const Tokenizer tok = Tokenizer::from_dir(dir);
+  const ModelChatTemplate chat = load_chat_template(tok, dir);
+  std::string out;
+  for (const auto& [line_no, line] : read_jsonl_lines(o.input)) {
+    const std::string where = o.input + ":" + std::to_string(line_no);
+    nlohmann::ordered_json request;
+    try {
+      request = nlohmann::ordered_json::parse(line);
+    } catch (const nlohmann::json::exception& e) {
+      throw Error(std::string("not valid JSON: ") + e.what(), where);
+    }
+    std::string text;
+    try {
+      text = chat.chat_template.render(chat_variables(request, chat.special_tokens, where));
+    } catch (const Error& e) {
+      throw Error(e.what(), where);
+    }
+    out += nlohmann::json{{"text", text}}.dump() + "\n";
+  }
+  return out;
+}
+
+}  // namespace
+
+std::optional<TemplateOptions> parse_template_options(int argc, char** argv, std::string& help_text) {
+  std::vector<char*> args(argv, argv + argc);
+  if (args.size() > 1 && std::strcmp(args[1], "template") == 0) args.erase(args.begin() + 1);
+  cxxopts::Options opts("linnet-tp template",
+                        "Renders chat messages into prompt text with the model's own chat template\n"
+                        "(tokenizer_config.json \"chat_template\" or chat_template.jinja), as\n"
+                        "transformers' apply_chat_template(tokenize=False) does. No weights are\n"
+                        "loaded; no mpirun needed.\n");
+  opts.custom_help("template --model DIR --input FILE.jsonl");
+  // clang-format off
+  opts.add_options()
+    ("model", "Model directory (tokenizer.json, tokenizer_config.json with a chat_template)",
+     cxxopts::value<std::string>())
+    ("input", "JSONL file, one {\"messages\": [...], \"add_generation_prompt\": true, ...} per line "
+     "(other keys such as tools, enable_thinking, date_string go to the template); prints one "
+     "{\"text\": ...} line each, in order", cxxopts::value<std::string>())
+    ("h,help", "Print this help and exit");
+  // clang-format on
+  cxxopts::ParseResult r;
+  try {
+    r = opts.parse(static_cast<int>(args.size()), args.data());
+  } catch (const cxxopts::exceptions::exception& e) {
+    throw Error(e.what(), "command line");
+  }
+  if (!r.unmatched().empty()) {
+    throw Error("unexpected argument '" + r.unmatched().front() + "'", "command line");
+  }
+  if (r.count("help")) {
+    help_text = opts.help();
+    return std::nullopt;
+  }
+  TemplateOptions o;
+  if (!r.count("model")) throw Error("is required", "--model");
+  o.model = r["model"].as<std::string>();
+  if (!r.count("input")) throw Error("is required", "--input");
+  if (r.count("input") > 1) throw Error("given more than once", "--input");
+  o.input = r["input"].as<std::string>();
+  return o;
+}
+
+int run_template(const TemplateOptions& options, Job& job) {
+  std::string out;
+  if (!job.load_phase([&] { out = render_all(options); })) return 1;
+  if (job.rank() == 0) {
+    std::fwrite(out.data(), 1, out.size(), stdout);
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+}  // namespace linnet

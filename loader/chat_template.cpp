@@ -1,0 +1,69 @@
+// Chat templates: parse once (lexer -> parser), render per request (evaluator), and the
+// variables transformers' apply_chat_template passes to a template.
+#include "loader/chat_template.h"
+
+#include "common/error.h"
+#include "loader/jinja.h"
+#include "loader/tokenizer.h"
+
+namespace linnet {
+
+ChatTemplate ChatTemplate::parse(std::string_view source, std::string name) {
+  ChatTemplate t;
+  t.name_ = std::make_shared<const std::string>(std::move(name));
+  const std::vector<jinja::Token> tokens = jinja::lex(std::string(source), *t.name_);
+  t.nodes_ = std::make_shared<const std::vector<jinja::Node>>(jinja::parse(tokens, *t.name_));
+  return t;
+}
+
+std::string ChatTemplate::render(const nlohmann::ordered_json& variables) const {
+  if (!nodes_) throw Error("render() of an empty ChatTemplate (use ChatTemplate::parse)", "chat template");
+  if (!variables.is_object()) throw Error("the template variables must be a JSON object", *name_);
+  return jinja::render(*nodes_, jinja::Value::from_json(variables), *name_);
+}
+
+nlohmann::ordered_json chat_variables(const nlohmann::ordered_json& request, const ChatSpecialTokens& tokens,
+                                      const std::string& where) {
+  if (!request.is_object()) throw Error("a chat request must be a JSON object", where);
+  const auto messages = request.find("messages");
+  if (messages == request.end() || !messages->is_array()) {
+    throw Error("a chat request needs \"messages\": a list of {\"role\", \"content\"} objects", where);
+  }
+  for (const auto& m : *messages) {
+    if (!m.is_object()) throw Error("each of \"messages\" must be a JSON object", where, "object", m.type_name());
+  }
+  nlohmann::ordered_json vars = nlohmann::ordered_json::object();
+  // Order as in transformers: special tokens first, then the request's own keys override.
+  if (tokens.bos_token) vars["bos_token"] = *tokens.bos_token;
+  if (tokens.eos_token) vars["eos_token"] = *tokens.eos_token;
+  vars["messages"] = *messages;
+  vars["tools"] = nullptr;
+  vars["documents"] = nullptr;
+  vars["add_generation_prompt"] = false;
+  for (const auto& [key, value] : request.items()) {
+    if (key == "add_generation_prompt" && !value.is_boolean()) {
+      throw Error("\"add_generation_prompt\" must be true or false", where, "boolean", value.type_name());
+    }
+    vars[key] = value;
+  }
+  return vars;
+}
+
+ModelChatTemplate load_chat_template(const Tokenizer& tok, const std::filesystem::path& model_dir) {
+  const std::string config = (model_dir / "tokenizer_config.json").string();
+  if (tok.chat_template().empty()) {
+    throw Error("the model has no chat template, so chat messages cannot be turned into a prompt (a base model? "
+                "give a raw --prompt instead)",
+                config, "a \"chat_template\" in tokenizer_config.json or a chat_template.jinja beside it", "none");
+  }
+  const std::filesystem::path jinja_file = model_dir / "chat_template.jinja";
+  std::error_code ec;
+  const std::string name = std::filesystem::exists(config, ec) ? config + " chat_template" : jinja_file.string();
+  ModelChatTemplate m{ChatTemplate::parse(tok.chat_template(), name), {}};
+  // The strings of the tokens (for added tokens the vocabulary string is the content).
+  if (auto id = tok.bos_token_id()) m.special_tokens.bos_token = tok.id_to_token(*id);
+  if (auto id = tok.eos_token_id()) m.special_tokens.eos_token = tok.id_to_token(*id);
+  return m;
+}
+
+}  // namespace linnet

@@ -1,0 +1,194 @@
+// The Jinja interpreter behind chat templates (internal to loader/): values, tokens, the
+// syntax tree, and the three stages lexer -> parser -> evaluator.
+//
+// Design choice: behave like Python Jinja2 3.1 as transformers configures it
+// (ImmutableSandboxedEnvironment with trim_blocks, lstrip_blocks, loopcontrols), with
+// Python's value semantics (str() of lists and floats, truthiness, slicing by code point),
+// because the product must give byte-identical prompts. Only the subset chat templates
+// use is implemented; anything else fails at parse time naming the line and construct.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace linnet::jinja {
+
+struct Value;
+class Evaluator;
+
+using List = std::vector<Value>;
+using Dict = std::vector<std::pair<std::string, Value>>;  // insertion-ordered, like Python's dict
+using Args = std::vector<Value>;
+using Kwargs = std::vector<std::pair<std::string, Value>>;
+using Function = std::function<Value(Evaluator&, Args&, Kwargs&, int line)>;
+
+/// A Jinja value with Python semantics. Lists, dicts and namespaces are shared by
+/// reference, as Python objects are.
+struct Value {
+  enum class Type { kUndefined, kNone, kBool, kInt, kFloat, kString, kList, kDict, kNamespace, kFunction };
+  Type type = Type::kUndefined;
+  bool b = false;
+  int64_t i = 0;
+  double f = 0.0;
+  std::string s;                  // kString; for kUndefined the name that was missing
+  std::shared_ptr<List> list;     // kList
+  std::shared_ptr<Dict> dict;     // kDict, kNamespace
+  std::shared_ptr<Function> fn;   // kFunction
+  bool tuple = false;             // a kList that Python would show as a tuple
+
+  static Value undefined(std::string name = {});
+  static Value none();
+  static Value boolean(bool v);
+  static Value integer(int64_t v);
+  static Value real(double v);
+  static Value string(std::string v);
+  static Value make_list(List items = {});
+  static Value make_dict(Dict items = {});
+  static Value make_namespace(Dict items = {});
+  static Value function(Function f);
+  static Value from_json(const nlohmann::ordered_json& j);
+
+  bool is_undefined() const { return type == Type::kUndefined; }
+  bool is_none() const { return type == Type::kNone; }
+  bool is_string() const { return type == Type::kString; }
+  bool is_number() const { return type == Type::kInt || type == Type::kFloat || type == Type::kBool; }
+  bool truthy() const;
+  /// The dict entry `key`, or nullptr (kDict and kNamespace).
+  const Value* find(const std::string& key) const;
+  /// Python's type name, for error messages ("str", "list", "NoneType", ...).
+  const char* type_name() const;
+};
+
+/// Python's str(v) (Undefined gives "").
+std::string to_str(const Value& v);
+/// Python's repr(v).
+std::string to_repr(const Value& v);
+/// Python's repr(float).
+std::string float_repr(double d);
+/// json.dumps(v, ensure_ascii, indent, separators, sort_keys); indent < 0: none.
+/// @throws Error (via the caller's line) for values JSON cannot hold: returns false.
+bool to_json(const Value& v, bool ensure_ascii, int indent, const std::string& item_sep, const std::string& key_sep,
+             bool sort_keys, std::string& out);
+/// Python ==.
+bool equal(const Value& a, const Value& b);
+
+// --- tokens ---------------------------------------------------------------------------
+
+struct Token {
+  enum class Kind { kText, kVarBegin, kVarEnd, kBlockBegin, kBlockEnd, kName, kString, kInt, kFloat, kOp, kEnd };
+  Kind kind = Kind::kEnd;
+  std::string text;  // data, name, operator, or string value
+  int64_t i = 0;
+  double f = 0.0;
+  int line = 1;
+};
+
+/// Splits a template into tokens with Jinja2's whitespace rules (trim_blocks,
+/// lstrip_blocks, `-` / `+` markers; one trailing newline of the source dropped).
+/// @throws Error naming the line on an unclosed tag, comment or string.
+std::vector<Token> lex(const std::string& source, const std::string& name);
+
+// --- syntax tree ----------------------------------------------------------------------
+
+struct Expr {
+  enum class Kind {
+    kLiteral, kName, kList, kTuple, kDict, kGetAttr, kGetItem, kSlice, kCall, kFilter, kTest,
+    kNeg, kPos, kNot, kAnd, kOr, kBinary, kCompare, kCondExpr
+  };
+  Kind kind = Kind::kLiteral;
+  int line = 1;
+  Value literal;                            // kLiteral
+  std::string name;                         // kName, attribute, filter, test, binary operator
+  std::vector<std::string> ops;             // kCompare: the operators between args
+  std::vector<std::unique_ptr<Expr>> args;  // operands; kSlice: obj, start, stop, step (null = absent)
+  std::vector<std::pair<std::string, std::unique_ptr<Expr>>> kwargs;  // kCall / kFilter / kTest; kDict keys
+  bool negated = false;                     // kTest: `is not`
+};
+
+struct Node {
+  enum class Kind { kText, kOutput, kIf, kFor, kSet, kSetBlock, kMacro, kBreak, kContinue, kBlock };
+  Kind kind = Kind::kText;
+  int line = 1;
+  std::string text;                                                  // kText
+  std::unique_ptr<Expr> expr;                                        // output, set value, for iterable
+  std::vector<std::pair<std::unique_ptr<Expr>, std::vector<Node>>> branches;  // kIf: if / elif
+  std::vector<Node> body;                                            // for, set block, macro, block
+  std::vector<Node> else_body;                                       // if, for
+  std::vector<std::string> targets;                                  // for / set names; macro name
+  std::string attr;                                                  // set ns.attr
+  std::unique_ptr<Expr> condition;                                   // for ... if condition
+  std::vector<std::pair<std::string, std::unique_ptr<Expr>>> params; // macro (default may be null)
+};
+
+/// Parses tokens into the node list of a template.
+/// @throws Error "unsupported Jinja construct ..." / "syntax error ..." naming `name` and the line.
+std::vector<Node> parse(const std::vector<Token>& tokens, const std::string& name);
+
+/// True when `filter` / `test` are known to the evaluator (checked at parse time).
+bool has_filter(const std::string& filter);
+bool has_test(const std::string& test);
+
+// --- evaluation ------------------------------------------------------------------------
+
+/// Walks the syntax tree. Variables live in frames: the first holds the builtins and the
+/// caller's variables; each for-loop iteration and macro call pushes its own (Jinja2's
+/// scoping: `set` inside a loop body is not seen after the iteration).
+class Evaluator {
+ public:
+  Evaluator(const std::string& name, const Value& globals);
+
+  /// What a statement list ended with.
+  enum class Flow { kNormal, kBreak, kContinue };
+  Flow exec(const std::vector<Node>& nodes, std::string& out);
+  Value eval(const Expr& e);
+  Value call(const Value& callee, Args& args, Kwargs& kwargs, int line);
+
+  /// Throws Error(what, "<template> line N").
+  [[noreturn]] void fail(int line, const std::string& what) const;
+  /// Throws the UndefinedError of using `v` (an undefined value) as a value.
+  [[noreturn]] void fail_undefined(int line, const Value& v) const;
+
+ private:
+  Value lookup(const std::string& name) const;
+  void assign(const std::string& name, Value v);
+  Flow exec_for(const Node& n, std::string& out);
+  void exec_set(const Node& n);
+  Value call_macro(const Node& macro, Args& args, Kwargs& kwargs, int line);
+  Value binary(const std::string& op, const Value& a, const Value& b, int line);
+  bool compare(const std::string& op, const Value& a, const Value& b, int line);
+  Value get_attr(const Value& obj, const std::string& name, int line);
+  Value get_item(const Value& obj, const Value& key, int line);
+  Value slice(const Value& obj, const Value& start, const Value& stop, const Value& step, int line);
+
+  const std::string& name_;
+  std::vector<Dict> frames_;
+};
+
+// Builtins (jinja_builtins.cpp).
+Value apply_filter(Evaluator& ev, const std::string& filter, const Value& v, Args& args, Kwargs& kwargs, int line);
+bool apply_test(Evaluator& ev, const std::string& test, const Value& v, Args& args, int line);
+/// The bound method `obj.name` (str / dict methods), or an undefined value.
+Value get_method(const Value& obj, const std::string& name);
+/// range, namespace, dict, raise_exception, strftime_now.
+Dict builtin_globals();
+/// `x in container` (Python's `in`).
+bool contains(Evaluator& ev, const Value& container, const Value& item, int line);
+/// The items a for loop visits (list items, dict keys, string characters).
+List iterate(Evaluator& ev, const Value& v, int line);
+/// Python's len() in code points for strings.
+int64_t length(Evaluator& ev, const Value& v, int line);
+/// UTF-8 <-> code points.
+std::u32string to_u32(const std::string& s);
+std::string from_u32(const std::u32string& s);
+
+/// Renders `nodes` with `globals` (a dict value) as the template's variables.
+/// @throws Error naming `name` and the line for runtime errors (raise_exception, type errors).
+std::string render(const std::vector<Node>& nodes, const Value& globals, const std::string& name);
+
+}  // namespace linnet::jinja

@@ -1,0 +1,498 @@
+// Jinja evaluator: statements and expressions over Values, with Jinja2's rules where
+// they differ from plain Python: a missing key or index is an Undefined value (printed as
+// "", false in tests, an error once used as a value); for-loop bodies get a fresh scope
+// per iteration; dict attribute syntax finds methods before keys (jinja2/sandbox.py).
+#include <cmath>
+
+#include "common/error.h"
+#include "loader/jinja.h"
+
+namespace linnet::jinja {
+namespace {
+
+double as_double(const Value& v) {
+  return v.type == Value::Type::kFloat ? v.f : static_cast<double>(v.type == Value::Type::kBool ? v.b : v.i);
+}
+int64_t as_int(const Value& v) { return v.type == Value::Type::kBool ? v.b : v.i; }
+bool is_intlike(const Value& v) { return v.type == Value::Type::kInt || v.type == Value::Type::kBool; }
+
+}  // namespace
+
+Evaluator::Evaluator(const std::string& name, const Value& globals) : name_(name) {
+  frames_.emplace_back(builtin_globals());
+  if (globals.dict) {
+    for (const auto& [k, v] : *globals.dict) assign(k, v);
+  }
+}
+
+void Evaluator::fail(int line, const std::string& what) const {
+  throw Error(what, name_ + " line " + std::to_string(line));
+}
+
+void Evaluator::fail_undefined(int line, const Value& v) const {
+  fail(line, "undefined value: " + (v.s.empty() ? std::string("a value is undefined") : v.s));
+}
+
+Value Evaluator::lookup(const std::string& name) const {
+  for (auto f = frames_.rbegin(); f != frames_.rend(); ++f) {
+    for (const auto& [k, v] : *f) {
+      if (k == name) return v;
+    }
+  }
+  return Value::undefined("'" + name + "' is undefined");
+}
+
+void Evaluator::assign(const std::string& name, Value v) {
+  for (auto& [k, old] : frames_.back()) {
+    if (k == name) {
+      old = std::move(v);
+      return;
+    }
+  }
+  frames_.back().emplace_back(name, std::move(v));
+}
+
+Evaluator::Flow Evaluator::exec(const std::vector<Node>& nodes, std::string& out) {
+  for (const Node& n : nodes) {
+    switch (n.kind) {
+      case Node::Kind::kText: out += n.text; break;
+      case Node::Kind::kOutput: out += to_str(eval(*n.expr)); break;
+      case Node::Kind::kIf: {
+        bool taken = false;
+        for (const auto& [cond, body] : n.branches) {
+          if (eval(*cond).truthy()) {
+            taken = true;
+            const Flow f = exec(body, out);
+            if (f != Flow::kNormal) return f;
+            break;
+          }
+        }
+        if (!taken) {
+          const Flow f = exec(n.else_body, out);
+          if (f != Flow::kNormal) return f;
+        }
+        break;
+      }
+      case Node::Kind::kFor: exec_for(n, out); break;
+      case Node::Kind::kSet: exec_set(n); break;
+      case Node::Kind::kSetBlock: {
+        std::string text;
+        exec(n.body, text);
+        assign(n.targets[0], Value::string(std::move(text)));
+        break;
+      }
+      case Node::Kind::kMacro: {
+        const Node* macro = &n;
+        assign(n.targets[0], Value::function([macro](Evaluator& ev, Args& args, Kwargs& kwargs, int line) {
+                 return ev.call_macro(*macro, args, kwargs, line);
+               }));
+        break;
+      }
+      case Node::Kind::kBreak: return Flow::kBreak;
+      case Node::Kind::kContinue: return Flow::kContinue;
+      case Node::Kind::kBlock: {
+        const Flow f = exec(n.body, out);
+        if (f != Flow::kNormal) return f;
+        break;
+      }
+    }
+  }
+  return Flow::kNormal;
+}
+
+Evaluator::Flow Evaluator::exec_for(const Node& n, std::string& out) {
+  const Value seq = eval(*n.expr);
+  List items = iterate(*this, seq, n.line);
+  const auto bind = [&](const Value& item) {
+    if (n.targets.size() == 1) {
+      assign(n.targets[0], item);
+      return;
+    }
+    const List parts = iterate(*this, item, n.line);
+    if (parts.size() != n.targets.size()) {
+      fail(n.line, "cannot unpack " + std::to_string(parts.size()) + " values into " +
+                       std::to_string(n.targets.size()) + " loop variables");
+    }
+    for (std::size_t k = 0; k < parts.size(); ++k) assign(n.targets[k], parts[k]);
+  };
+  if (n.condition) {
+    List kept;
+    for (const Value& item : items) {
+      frames_.emplace_back();
+      bind(item);
+      const bool keep = eval(*n.condition).truthy();
+      frames_.pop_back();
+      if (keep) kept.push_back(item);
+    }
+    items = std::move(kept);
+  }
+  if (items.empty()) return exec(n.else_body, out);
+  const auto count = static_cast<int64_t>(items.size());
+  for (int64_t k = 0; k < count; ++k) {
+    frames_.emplace_back();
+    bind(items[static_cast<std::size_t>(k)]);
+    Dict loop = {
+        {"index", Value::integer(k + 1)},
+        {"index0", Value::integer(k)},
+        {"revindex", Value::integer(count - k)},
+        {"revindex0", Value::integer(count - k - 1)},
+        {"first", Value::boolean(k == 0)},
+        {"last", Value::boolean(k == count - 1)},
+        {"length", Value::integer(count)},
+        {"previtem", k > 0 ? items[static_cast<std::size_t>(k - 1)] : Value::undefined("there is no previous item")},
+        {"nextitem", k + 1 < count ? items[static_cast<std::size_t>(k + 1)] : Value::undefined("there is no next item")},
+    };
+    assign("loop", Value::make_dict(std::move(loop)));
+    const Flow f = exec(n.body, out);
+    frames_.pop_back();
+    if (f == Flow::kBreak) break;
+  }
+  return Flow::kNormal;
+}
+
+void Evaluator::exec_set(const Node& n) {
+  Value v = eval(*n.expr);
+  if (!n.attr.empty()) {
+    Value ns = lookup(n.targets[0]);
+    if (ns.type != Value::Type::kNamespace) {
+      fail(n.line, "cannot assign attribute '" + n.attr + "' on '" + n.targets[0] + "': it is not a namespace()");
+    }
+    for (auto& [k, old] : *ns.dict) {
+      if (k == n.attr) {
+        old = std::move(v);
+        return;
+      }
+    }
+    ns.dict->emplace_back(n.attr, std::move(v));
+    return;
+  }
+  if (n.targets.size() == 1) {
+    assign(n.targets[0], std::move(v));
+    return;
+  }
+  const List parts = iterate(*this, v, n.line);
+  if (parts.size() != n.targets.size()) {
+    fail(n.line, "cannot unpack " + std::to_string(parts.size()) + " values into " + std::to_string(n.targets.size()) +
+                     " names");
+  }
+  for (std::size_t k = 0; k < parts.size(); ++k) assign(n.targets[k], parts[k]);
+}
+
+Value Evaluator::call_macro(const Node& macro, Args& args, Kwargs& kwargs, int line) {
+  if (args.size() > macro.params.size()) {
+    fail(line, "macro '" + macro.targets[0] + "' takes " + std::to_string(macro.params.size()) + " arguments, " +
+                   std::to_string(args.size()) + " given");
+  }
+  // A macro sees the template's top-level variables, not its caller's locals.
+  std::vector<Dict> saved;
+  saved.swap(frames_);
+  frames_.push_back(saved.front());
+  frames_.emplace_back();
+  std::string out;
+  try {
+    for (std::size_t k = 0; k < macro.params.size(); ++k) {
+      const auto& [param, def] = macro.params[k];
+      Value v = Value::undefined("'" + param + "' is undefined");
+      if (k < args.size()) {
+        v = args[k];
+      } else if (def) {
+        v = eval(*def);
+      }
+      for (const auto& [key, kv] : kwargs) {
+        if (key == param) v = kv;
+      }
+      assign(param, v);
+    }
+    for (const auto& [key, kv] : kwargs) {
+      bool known = false;
+      for (const auto& p : macro.params) known = known || p.first == key;
+      if (!known) fail(line, "macro '" + macro.targets[0] + "' has no parameter '" + key + "'");
+    }
+    exec(macro.body, out);
+  } catch (...) {
+    frames_.swap(saved);
+    throw;
+  }
+  saved.front() = frames_.front();
+  frames_.swap(saved);
+  return Value::string(std::move(out));
+}
+
+Value Evaluator::call(const Value& callee, Args& args, Kwargs& kwargs, int line) {
+  if (callee.is_undefined()) fail_undefined(line, callee);
+  if (callee.type != Value::Type::kFunction) fail(line, std::string("'") + callee.type_name() + "' object is not callable");
+  return (*callee.fn)(*this, args, kwargs, line);
+}
+
+Value Evaluator::eval(const Expr& e) {
+  switch (e.kind) {
+    case Expr::Kind::kLiteral: return e.literal;
+    case Expr::Kind::kName: return lookup(e.name);
+    case Expr::Kind::kList:
+    case Expr::Kind::kTuple: {
+      List items;
+      for (const auto& a : e.args) items.push_back(eval(*a));
+      Value v = Value::make_list(std::move(items));
+      v.tuple = e.kind == Expr::Kind::kTuple;
+      return v;
+    }
+    case Expr::Kind::kDict: {
+      Dict items;
+      for (std::size_t k = 0; k + 1 < e.args.size(); k += 2) {
+        const Value key = eval(*e.args[k]);
+        if (!key.is_string()) fail(e.line, std::string("dict keys must be strings here, got ") + key.type_name());
+        Value val = eval(*e.args[k + 1]);
+        bool replaced = false;
+        for (auto& [kk, vv] : items) {
+          if (kk == key.s) {
+            vv = val;
+            replaced = true;
+          }
+        }
+        if (!replaced) items.emplace_back(key.s, std::move(val));
+      }
+      return Value::make_dict(std::move(items));
+    }
+    case Expr::Kind::kGetAttr: return get_attr(eval(*e.args[0]), e.name, e.line);
+    case Expr::Kind::kGetItem: return get_item(eval(*e.args[0]), eval(*e.args[1]), e.line);
+    case Expr::Kind::kSlice: {
+      const auto part = [&](std::size_t k) { return e.args[k] ? eval(*e.args[k]) : Value::none(); };
+      return slice(eval(*e.args[0]), part(1), part(2), part(3), e.line);
+    }
+    case Expr::Kind::kCall: {
+      const Value callee = eval(*e.args[0]);
+      Args args;
+      for (std::size_t k = 1; k < e.args.size(); ++k) args.push_back(eval(*e.args[k]));
+      Kwargs kwargs;
+      for (const auto& [k, v] : e.kwargs) kwargs.emplace_back(k, eval(*v));
+      return call(callee, args, kwargs, e.line);
+    }
+    case Expr::Kind::kFilter:
+    case Expr::Kind::kTest: {
+      const Value v = eval(*e.args[0]);
+      Args args;
+      for (std::size_t k = 1; k < e.args.size(); ++k) args.push_back(eval(*e.args[k]));
+      Kwargs kwargs;
+      for (const auto& [k, kv] : e.kwargs) kwargs.emplace_back(k, eval(*kv));
+      if (e.kind == Expr::Kind::kFilter) return apply_filter(*this, e.name, v, args, kwargs, e.line);
+      if (!kwargs.empty()) fail(e.line, "test '" + e.name + "' takes no keyword arguments");
+      return Value::boolean(apply_test(*this, e.name, v, args, e.line) != e.negated);
+    }
+    case Expr::Kind::kNeg:
+    case Expr::Kind::kPos: {
+      const Value v = eval(*e.args[0]);
+      if (v.is_undefined()) fail_undefined(e.line, v);
+      if (!v.is_number()) fail(e.line, "bad operand type for unary " + std::string(e.kind == Expr::Kind::kNeg ? "-" : "+") + ": '" + v.type_name() + "'");
+      if (e.kind == Expr::Kind::kPos) return is_intlike(v) ? Value::integer(as_int(v)) : v;
+      return is_intlike(v) ? Value::integer(-as_int(v)) : Value::real(-v.f);
+    }
+    case Expr::Kind::kNot: return Value::boolean(!eval(*e.args[0]).truthy());
+    case Expr::Kind::kAnd: {
+      Value a = eval(*e.args[0]);
+      return a.truthy() ? eval(*e.args[1]) : a;
+    }
+    case Expr::Kind::kOr: {
+      Value a = eval(*e.args[0]);
+      return a.truthy() ? a : eval(*e.args[1]);
+    }
+    case Expr::Kind::kBinary: return binary(e.name, eval(*e.args[0]), eval(*e.args[1]), e.line);
+    case Expr::Kind::kCompare: {
+      Value left = eval(*e.args[0]);
+      for (std::size_t k = 0; k < e.ops.size(); ++k) {
+        Value right = eval(*e.args[k + 1]);
+        if (!compare(e.ops[k], left, right, e.line)) return Value::boolean(false);
+        left = std::move(right);
+      }
+      return Value::boolean(true);
+    }
+    case Expr::Kind::kCondExpr: {
+      if (eval(*e.args[1]).truthy()) return eval(*e.args[0]);
+      if (e.args[2]) return eval(*e.args[2]);
+      return Value::undefined("the conditional expression had no else branch");
+    }
+  }
+  return Value::undefined();
+}
+
+Value Evaluator::binary(const std::string& op, const Value& a, const Value& b, int line) {
+  if (op == "~") return Value::string(to_str(a) + to_str(b));
+  if (a.is_undefined()) fail_undefined(line, a);
+  if (b.is_undefined()) fail_undefined(line, b);
+  const bool nums = a.is_number() && b.is_number();
+  const bool ints = nums && is_intlike(a) && is_intlike(b);
+  const auto bad = [&]() -> Value {
+    fail(line, "unsupported operand type(s) for " + op + ": '" + a.type_name() + "' and '" + b.type_name() + "'");
+  };
+  if (op == "+") {
+    if (ints) return Value::integer(as_int(a) + as_int(b));
+    if (nums) return Value::real(as_double(a) + as_double(b));
+    if (a.is_string() && b.is_string()) return Value::string(a.s + b.s);
+    if (a.type == Value::Type::kList && b.type == Value::Type::kList) {
+      List items = *a.list;
+      items.insert(items.end(), b.list->begin(), b.list->end());
+      return Value::make_list(std::move(items));
+    }
+    return bad();
+  }
+  if (op == "*") {
+    if (ints) return Value::integer(as_int(a) * as_int(b));
+    if (nums) return Value::real(as_double(a) * as_double(b));
+    const Value* s = a.is_string() ? &a : b.is_string() ? &b : nullptr;
+    const Value* n = is_intlike(a) ? &a : is_intlike(b) ? &b : nullptr;
+    if (s && n) {
+      std::string out;
+      for (int64_t k = 0; k < as_int(*n); ++k) out += s->s;
+      return Value::string(std::move(out));
+    }
+    return bad();
+  }
+  if (!nums) return bad();
+  if (op == "-") return ints ? Value::integer(as_int(a) - as_int(b)) : Value::real(as_double(a) - as_double(b));
+  if (op == "**") {
+    if (ints && as_int(b) >= 0) {
+      int64_t r = 1;
+      for (int64_t k = 0; k < as_int(b); ++k) r *= as_int(a);
+      return Value::integer(r);
+    }
+    return Value::real(std::pow(as_double(a), as_double(b)));
+  }
+  if (as_double(b) == 0.0) fail(line, "division by zero");
+  if (op == "/") return Value::real(as_double(a) / as_double(b));
+  if (op == "//") {
+    if (ints) {
+      const int64_t x = as_int(a), y = as_int(b);
+      int64_t q = x / y;
+      if ((x % y != 0) && ((x < 0) != (y < 0))) --q;
+      return Value::integer(q);
+    }
+    return Value::real(std::floor(as_double(a) / as_double(b)));
+  }
+  if (op == "%") {
+    if (ints) {
+      const int64_t x = as_int(a), y = as_int(b);
+      int64_t r = x % y;
+      if (r != 0 && ((r < 0) != (y < 0))) r += y;
+      return Value::integer(r);
+    }
+    const double y = as_double(b);
+    double r = std::fmod(as_double(a), y);
+    if (r != 0.0 && ((r < 0) != (y < 0))) r += y;
+    return Value::real(r);
+  }
+  return bad();
+}
+
+bool Evaluator::compare(const std::string& op, const Value& a, const Value& b, int line) {
+  if (op == "==") return equal(a, b);
+  if (op == "!=") return !equal(a, b);
+  if (op == "in") return contains(*this, b, a, line);
+  if (op == "not in") return !contains(*this, b, a, line);
+  int c = 0;
+  if (a.is_number() && b.is_number()) {
+    const double x = as_double(a), y = as_double(b);
+    c = x < y ? -1 : x > y ? 1 : 0;
+  } else if (a.is_string() && b.is_string()) {
+    c = a.s.compare(b.s);
+  } else {
+    if (a.is_undefined()) fail_undefined(line, a);
+    if (b.is_undefined()) fail_undefined(line, b);
+    fail(line, "'" + op + "' not supported between instances of '" + a.type_name() + "' and '" + b.type_name() + "'");
+  }
+  if (op == "<") return c < 0;
+  if (op == "<=") return c <= 0;
+  if (op == ">") return c > 0;
+  return c >= 0;
+}
+
+Value Evaluator::get_attr(const Value& obj, const std::string& name, int line) {
+  if (obj.is_undefined()) fail_undefined(line, obj);
+  if (obj.type == Value::Type::kDict) {
+    Value m = get_method(obj, name);
+    if (!m.is_undefined()) return m;
+    if (const Value* v = obj.find(name)) return *v;
+    return Value::undefined("'dict object' has no attribute '" + name + "'");
+  }
+  if (obj.type == Value::Type::kNamespace) {
+    if (const Value* v = obj.find(name)) return *v;
+    return Value::undefined("'Namespace' object has no attribute '" + name + "'");
+  }
+  Value m = get_method(obj, name);
+  if (!m.is_undefined()) return m;
+  std::string hint = "'";
+  hint += obj.type_name();
+  hint += " object' has no attribute '" + name + "'";
+  return Value::undefined(std::move(hint));
+}
+
+Value Evaluator::get_item(const Value& obj, const Value& key, int line) {
+  if (obj.is_undefined()) fail_undefined(line, obj);
+  if (obj.type == Value::Type::kDict || obj.type == Value::Type::kNamespace) {
+    if (key.is_string()) {
+      if (const Value* v = obj.find(key.s)) return *v;
+      return get_attr(obj, key.s, line);
+    }
+    return Value::undefined("'dict object' has no item " + to_repr(key));
+  }
+  if ((obj.type == Value::Type::kList || obj.is_string()) && is_intlike(key)) {
+    int64_t idx = as_int(key);
+    if (obj.type == Value::Type::kList) {
+      const auto n = static_cast<int64_t>(obj.list->size());
+      if (idx < 0) idx += n;
+      if (idx < 0 || idx >= n) return Value::undefined(std::string(obj.type_name()) + " object has no element " + std::to_string(as_int(key)));
+      return (*obj.list)[static_cast<std::size_t>(idx)];
+    }
+    const std::u32string s = to_u32(obj.s);
+    const auto n = static_cast<int64_t>(s.size());
+    if (idx < 0) idx += n;
+    if (idx < 0 || idx >= n) return Value::undefined("str object has no element " + std::to_string(as_int(key)));
+    return Value::string(from_u32(s.substr(static_cast<std::size_t>(idx), 1)));
+  }
+  if (key.is_string()) return get_attr(obj, key.s, line);
+  return Value::undefined(std::string("'") + obj.type_name() + " object' has no item " + to_repr(key));
+}
+
+Value Evaluator::slice(const Value& obj, const Value& start_v, const Value& stop_v, const Value& step_v, int line) {
+  if (obj.is_undefined()) fail_undefined(line, obj);
+  for (const Value* p : {&start_v, &stop_v, &step_v}) {
+    if (!p->is_none() && !is_intlike(*p)) fail(line, "slice indices must be integers or None");
+  }
+  const bool is_str = obj.is_string();
+  if (!is_str && obj.type != Value::Type::kList) fail(line, std::string("'") + obj.type_name() + "' object is not subscriptable");
+  const std::u32string s = is_str ? to_u32(obj.s) : std::u32string();
+  const auto n = static_cast<int64_t>(is_str ? s.size() : obj.list->size());
+  const int64_t step = step_v.is_none() ? 1 : as_int(step_v);
+  if (step == 0) fail(line, "slice step cannot be zero");
+  // Python's PySlice_AdjustIndices.
+  const auto adjust = [&](const Value& v, int64_t def) {
+    if (v.is_none()) return def;
+    int64_t x = as_int(v);
+    if (x < 0) {
+      x += n;
+      if (x < 0) x = step < 0 ? -1 : 0;
+    } else if (x >= n) {
+      x = step < 0 ? n - 1 : n;
+    }
+    return x;
+  };
+  const int64_t start = adjust(start_v, step < 0 ? n - 1 : 0);
+  const int64_t stop = adjust(stop_v, step < 0 ? -1 : n);
+  std::u32string out_s;
+  List out_l;
+  for (int64_t k = start; step > 0 ? k < stop : k > stop; k += step) {
+    if (is_str) {
+      out_s += s[static_cast<std::size_t>(k)];
+    } else {
+      out_l.push_back((*obj.list)[static_cast<std::size_t>(k)]);
+    }
+  }
+  return is_str ? Value::string(from_u32(out_s)) : Value::make_list(std::move(out_l));
+}
+
+std::string render(const std::vector<Node>& nodes, const Value& globals, const std::string& name) {
+  Evaluator ev(name, globals);
+  std::string out;
+  ev.exec(nodes, out);
+  return out;
+}
+
+}  // namespace linnet::jinja

@@ -1,0 +1,342 @@
+// Chat templates: the real templates of the seed models (and Phi-3.5) render
+// byte-identical to Jinja2 with transformers' conventions (goldens from
+// scripts/make_chat_fixtures.py), small templates cover the interpreter's corners, and
+// unsupported or malformed templates fail naming the line and the construct.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "loader/chat_template.h"
+#include "loader/tokenizer.h"
+#include "tests/test_data.h"
+
+namespace linnet {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+std::filesystem::path golden_dir() { return test::test_data_dir() / "chat_templates"; }
+
+std::string read_file(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot open " + p.string());
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::vector<ojson> read_jsonl(const std::filesystem::path& p) {
+  std::vector<ojson> rows;
+  std::istringstream in(read_file(p));
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty()) rows.push_back(ojson::parse(line));
+  }
+  return rows;
+}
+
+// Renders every golden row; a row with "error" must throw, and a template's own
+// raise_exception message must be kept.
+void check_rows(const ChatTemplate& t, const std::vector<ojson>& rows, const std::string& label) {
+  for (const ojson& row : rows) {
+    const std::string name = row.contains("name") ? row["name"].get<std::string>() : row["template"].get<std::string>();
+    SCOPED_TRACE(label + ": " + name);
+    if (row.contains("error")) {
+      try {
+        const std::string text = t.render(row["variables"]);
+        ADD_FAILURE() << "expected an error like '" << row["error"].get<std::string>() << "', rendered: " << text;
+      } catch (const Error& e) {
+        if (row["error_kind"] == "raise_exception") {
+          EXPECT_NE(std::string(e.what()).find(row["error"].get<std::string>()), std::string::npos) << e.what();
+        }
+        EXPECT_NE(std::string(e.what()).find(" line "), std::string::npos) << e.what();
+      }
+      continue;
+    }
+    std::string text;
+    ASSERT_NO_THROW(text = t.render(row["variables"]));
+    EXPECT_EQ(text, row["text"].get<std::string>());
+  }
+}
+
+class RealTemplate : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(RealTemplate, MatchesJinja2) {
+  const std::string name = GetParam();
+  const ChatTemplate t = ChatTemplate::parse(read_file(golden_dir() / (name + ".jinja")), name + ".jinja");
+  const std::vector<ojson> rows = read_jsonl(golden_dir() / (name + ".jsonl"));
+  EXPECT_GE(rows.size(), 12u);
+  check_rows(t, rows, name);
+}
+
+INSTANTIATE_TEST_SUITE_P(ChatTemplates, RealTemplate,
+                         ::testing::Values("llama-3.1-8b-instruct", "qwen3", "phi-3-mini-4k-instruct",
+                                           "phi-3.5-mini-instruct"),
+                         [](const auto& info) {
+                           std::string s = info.param;
+                           for (char& c : s) {
+                             if (c == '-' || c == '.') c = '_';
+                           }
+                           return s;
+                         });
+
+TEST(ChatTemplate, SnippetsMatchJinja2) {
+  for (const ojson& row : read_jsonl(golden_dir() / "snippets.jsonl")) {
+    const std::string source = row["template"].get<std::string>();
+    SCOPED_TRACE(source);
+    ChatTemplate t;
+    ASSERT_NO_THROW(t = ChatTemplate::parse(source, "snippet"));
+    check_rows(t, {row}, "snippet");
+  }
+}
+
+// The copies in tests/data are the templates the model cards carry in tokenizer_config.json.
+TEST(ChatTemplate, ModelCardsCarryTheSameTemplates) {
+  const auto cards = test::shared_dir() / "models" / "cards";
+  if (!std::filesystem::exists(cards)) GTEST_SKIP() << "no " << cards;
+  for (const auto& [card, name] : std::vector<std::pair<std::string, std::string>>{
+           {"llama-3.1-8b-instruct", "llama-3.1-8b-instruct"}, {"qwen3-4b", "qwen3"},
+           {"phi-3-mini-4k-instruct", "phi-3-mini-4k-instruct"}}) {
+    SCOPED_TRACE(card);
+    const ojson config = ojson::parse(read_file(cards / card / "tokenizer_config.json"));
+    std::string golden = read_file(golden_dir() / (name + ".jinja"));
+    std::string from_card = config["chat_template"].get<std::string>();
+    // Jinja2 drops one trailing newline of the source, so the two render alike either way.
+    while (!golden.empty() && golden.back() == '\n') golden.pop_back();
+    while (!from_card.empty() && from_card.back() == '\n') from_card.pop_back();
+    EXPECT_EQ(from_card, golden);
+  }
+}
+
+// Through the tokenizer (its chat_template() and BOS / EOS strings) as the CLI does it.
+TEST(ChatTemplate, TokenizerTemplateWithChatVariables) {
+  const auto dir = test::shared_dir() / "models" / "cards" / "phi-3-mini-4k-instruct";
+  if (!std::filesystem::exists(dir)) GTEST_SKIP() << "no " << dir;
+  const Tokenizer tok = Tokenizer::from_dir(dir);
+  ASSERT_FALSE(tok.chat_template().empty());
+  ChatSpecialTokens special;
+  if (auto id = tok.bos_token_id()) special.bos_token = tok.id_to_token(*id);
+  if (auto id = tok.eos_token_id()) special.eos_token = tok.id_to_token(*id);
+  EXPECT_EQ(special.bos_token.value_or(""), "<s>");
+  const ChatTemplate t = ChatTemplate::parse(tok.chat_template(), "tokenizer_config.json");
+  const ojson request = ojson::parse(R"({"messages": [{"role": "user", "content": "Hello!"}],
+                                         "add_generation_prompt": true})");
+  const std::vector<ojson> rows = read_jsonl(golden_dir() / "phi-3-mini-4k-instruct.jsonl");
+  EXPECT_EQ(t.render(chat_variables(request, special, "request")), rows.at(0)["text"].get<std::string>());
+}
+
+TEST(ChatTemplate, ChatVariablesFollowTransformers) {
+  const ojson request = ojson::parse(R"({"messages": [{"role": "user", "content": "x"}], "enable_thinking": false})");
+  const ojson v = chat_variables(request, {std::string("<s>"), std::nullopt}, "r");
+  EXPECT_EQ(v["bos_token"], "<s>");
+  EXPECT_FALSE(v.contains("eos_token"));
+  EXPECT_TRUE(v["tools"].is_null());
+  EXPECT_TRUE(v["documents"].is_null());
+  EXPECT_EQ(v["add_generation_prompt"], false);
+  EXPECT_EQ(v["enable_thinking"], false);
+  EXPECT_THROW(chat_variables(ojson::parse(R"({"prompt": "x"})"), {}, "r"), Error);
+  EXPECT_THROW(chat_variables(ojson::parse(R"({"messages": ["x"]})"), {}, "r"), Error);
+  EXPECT_THROW(chat_variables(ojson::parse(R"({"messages": [], "add_generation_prompt": 1})"), {}, "r"), Error);
+}
+
+// Acceptance 2: an unsupported construct is an error naming its line and the construct.
+TEST(ChatTemplate, UnsupportedConstructsNameTheLine) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"line one\n{% if x %}\n{% include 'other.jinja' %}\n{% endif %}", "line 3"},
+      {"a\nb\n{{ x | wordwrap(10) }}", "line 3"},
+      {"{{ x }}\n{{ x is sameas_not_a_test }}", "line 2"},
+      {"\n\n\n{% for x in xs recursive %}{% endfor %}", "line 4"},
+      {"{% extends 'base' %}", "line 1"},
+      {"{% filter upper %}x{% endfilter %}", "line 1"},
+      {"{% call foo() %}x{% endcall %}", "line 1"},
+      {"x\n{% frobnicate %}", "line 2"},
+  };
+  for (const auto& [source, line] : cases) {
+    SCOPED_TRACE(source);
+    try {
+      ChatTemplate::parse(source, "t.jinja");
+      ADD_FAILURE() << "parsed";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("t.jinja " + line), std::string::npos) << what;
+      EXPECT_NE(what.find("unsupported Jinja construct"), std::string::npos) << what;
+    }
+  }
+}
+
+TEST(ChatTemplate, MalformedTemplatesNameTheLine) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"{% if x %}\nno end", "missing '{% endif %}'"},
+      {"a\n{{ x ", "unclosed tag"},
+      {"a\n\n{# never closed", "missing end of comment"},
+      {"{{ 'unterminated }}", "unterminated string"},
+      {"{{ x + }}", "syntax error"},
+      {"{% for x %}{% endfor %}", "expected 'in'"},
+      {"{% endfor %}", "unknown statement"},
+      {"{{ (1, }}", "syntax error"},
+  };
+  for (const auto& [source, what_part] : cases) {
+    SCOPED_TRACE(source);
+    try {
+      ChatTemplate::parse(source, "t.jinja");
+      ADD_FAILURE() << "parsed";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find(what_part), std::string::npos) << what;
+      EXPECT_NE(what.find("t.jinja line "), std::string::npos) << what;
+    }
+  }
+}
+
+TEST(ChatTemplate, RuntimeErrorsNameTheLine) {
+  const ChatTemplate t = ChatTemplate::parse("ok\n{{ raise_exception('Roles must alternate') }}", "t.jinja");
+  try {
+    t.render(ojson::object());
+    ADD_FAILURE() << "rendered";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("t.jinja line 2"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("Roles must alternate"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(ChatTemplate::parse("{{ 1 // 0 }}").render(ojson::object()), Error);
+  EXPECT_THROW(ChatTemplate::parse("{{ none.x.y }}").render(ojson::object()), Error);
+  EXPECT_THROW(ChatTemplate::parse("{% for x in 3 %}{% endfor %}").render(ojson::object()), Error);
+  EXPECT_THROW(ChatTemplate::parse("{{ x | tojson }}").render(ojson::object()), Error);
+}
+
+TEST(ChatTemplate, StrftimeNowGivesTheCurrentYear) {
+  const std::string year = ChatTemplate::parse("{{ strftime_now('%Y') }}").render(ojson::object());
+  ASSERT_EQ(year.size(), 4u);
+  EXPECT_GE(std::stoi(year), 2024);
+}
+
+// Deep or hostile inputs must fail cleanly, not crash.
+TEST(ChatTemplate, GarbageTemplatesFailCleanly) {
+  const std::vector<std::string> sources = {"{{", "{%", "{#", "{{ }}", "{% %}", "{{ [ }}", "{{ x[ }}", "{{ x.1.2 }}",
+                                            "{% set %}", "{% macro %}", "{{ 'a' 'b' | }}", "{{ x is }}", "}}", "%}"};
+  for (const std::string& s : sources) {
+    SCOPED_TRACE(s);
+    try {
+      ChatTemplate::parse(s).render(ojson::object());
+    } catch (const Error&) {
+    }
+  }
+}
+
+// --- the linnet-tp executable: `template` and `generate --chat` -------------------------
+// (run directly, no mpirun: an MPI singleton; skipped when LINNET_BIN is not built)
+
+namespace fs = std::filesystem;
+
+struct CliResult {
+  int code = -1;
+  std::string out, err;
+};
+
+std::string shell_quote(const std::string& s) {
+  std::string q = "'";
+  for (const char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+class ChatCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    bin_ = test::env_path("LINNET_BIN");
+    if (bin_.empty() || !fs::exists(bin_)) GTEST_SKIP() << "LINNET_BIN not set or not built";
+    if (!fs::exists(test::stories_dir())) GTEST_SKIP() << "no " << test::stories_dir();
+    tmp_ = fs::temp_directory_path() / ("linnet_chat_" + std::to_string(::getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(tmp_);
+    fs::create_directories(tmp_);
+  }
+  void TearDown() override {
+    if (!tmp_.empty()) fs::remove_all(tmp_);
+  }
+
+  CliResult run(const std::string& args) const {
+    const fs::path err = tmp_ / "stderr.txt";
+    const std::string cmd = shell_quote(bin_.string()) + " " + args + " 2>" + shell_quote(err.string());
+    CliResult r;
+    FILE* pipe = ::popen(cmd.c_str(), "r");
+    if (pipe == nullptr) return r;
+    char buf[4096];
+    for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, pipe)) > 0;) r.out.append(buf, n);
+    const int status = ::pclose(pipe);
+    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    r.err = read_file(err);
+    return r;
+  }
+
+  fs::path bin_, tmp_;
+};
+
+// The golden variables, given as request lines, come out as Jinja2's text.
+TEST_F(ChatCli, TemplateSubcommandMatchesJinja2) {
+  const fs::path card = test::shared_dir() / "models" / "cards" / "qwen3-4b";
+  if (!fs::exists(card)) GTEST_SKIP() << "no " << card;
+  std::string input;
+  std::vector<std::string> expected;
+  for (const ojson& row : read_jsonl(golden_dir() / "qwen3.jsonl")) {
+    if (row.contains("error")) continue;
+    input += row["variables"].dump() + "\n";
+    expected.push_back(nlohmann::json{{"text", row["text"]}}.dump() + "\n");
+  }
+  std::ofstream(tmp_ / "in.jsonl") << input;
+  const CliResult r = run("template --model " + shell_quote(card.string()) + " --input " +
+                          shell_quote((tmp_ / "in.jsonl").string()));
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::string all;
+  for (const auto& e : expected) all += e;
+  EXPECT_EQ(r.out, all);
+}
+
+// Acceptance 3: a model without a chat template is refused, naming tokenizer_config.json.
+TEST_F(ChatCli, GenerateChatRefusesModelWithoutTemplate) {
+  const std::string model = shell_quote(test::stories_dir().string());
+  const CliResult r = run("generate --model " + model + " --chat --prompt 'Once upon a time' --max-new-tokens 4");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_EQ(r.out, "");
+  EXPECT_NE(r.err.find("tokenizer_config.json"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("no chat template"), std::string::npos) << r.err;
+  std::ofstream(tmp_ / "in.jsonl") << R"({"messages": [{"role": "user", "content": "Hi"}]})" << "\n";
+  const CliResult t = run("--model " + model + " --input " + shell_quote((tmp_ / "in.jsonl").string()));
+  EXPECT_EQ(t.code, 1);
+  EXPECT_NE(t.err.find("tokenizer_config.json"), std::string::npos) << t.err;
+}
+
+// With a template that writes the BOS text itself, the chat prompt's ids equal the raw
+// prompt's ids with the tokenizer's BOS: one BOS, not two.
+TEST_F(ChatCli, GenerateChatDoesNotAddASecondBos) {
+  const fs::path model = tmp_ / "model";
+  fs::create_directories(model);
+  for (const auto& entry : fs::directory_iterator(test::stories_dir())) {
+    if (entry.path().filename() != "tokenizer_config.json") fs::create_symlink(entry.path(), model / entry.path().filename());
+  }
+  nlohmann::json config = test::read_json(test::stories_dir() / "tokenizer_config.json");
+  config["chat_template"] = "{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}";
+  std::ofstream(model / "tokenizer_config.json") << config.dump();
+  const std::string common = "--model " + shell_quote(model.string()) + " --max-new-tokens 4 --output ";
+  const CliResult chat = run(common + shell_quote((tmp_ / "chat.jsonl").string()) + " --chat --prompt 'Once upon a time'");
+  ASSERT_EQ(chat.code, 0) << chat.err;
+  const CliResult raw = run(common + shell_quote((tmp_ / "raw.jsonl").string()) + " --prompt 'Once upon a time'");
+  ASSERT_EQ(raw.code, 0) << raw.err;
+  const nlohmann::json c = nlohmann::json::parse(read_file(tmp_ / "chat.jsonl"));
+  const nlohmann::json w = nlohmann::json::parse(read_file(tmp_ / "raw.jsonl"));
+  EXPECT_EQ(c["prompt"], "<s>Once upon a time");
+  EXPECT_EQ(c["prompt_ids"], w["prompt_ids"]);
+  ASSERT_GE(c["prompt_ids"].size(), 2u);
+  EXPECT_NE(c["prompt_ids"][0], c["prompt_ids"][1]);
+  EXPECT_EQ(c["completion_ids"], w["completion_ids"]);
+}
+
+}  // namespace
+}  // namespace linnet
