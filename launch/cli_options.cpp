@@ -8,6 +8,7 @@
 #include <cxxopts.hpp>
 
 #include "common/error.h"
+#include "launch/cli_parse.h"
 
 namespace linnet {
 namespace {
@@ -53,8 +54,6 @@ CommandLine parse_command_line(int argc, char** argv) {
     if (options) cl.chat_template = *options;
     return cl;
   }
-  std::vector<char*> args(argv, argv + argc);
-  if (args.size() > 1 && std::strcmp(args[1], "generate") == 0) args.erase(args.begin() + 1);
 
   cxxopts::Options opts("linnet-tp",
                         "Tensor-parallel inference for Llama-family models. Run it under mpirun:\n"
@@ -95,20 +94,12 @@ CommandLine parse_command_line(int argc, char** argv) {
   // clang-format on
 
   CommandLine cl;
-  cxxopts::ParseResult r;
-  try {
-    r = opts.parse(static_cast<int>(args.size()), args.data());
-  } catch (const cxxopts::exceptions::exception& e) {
-    throw Error(e.what(), "command line");
-  }
-  if (!r.unmatched().empty()) {
-    throw Error("unexpected argument '" + r.unmatched().front() + "'", "command line");
-  }
-  if (r.count("help")) {
+  const auto parsed = parse_options(opts, argc, argv, "generate", cl.help_text);
+  if (!parsed) {
     cl.kind = CommandLine::Kind::kHelp;
-    cl.help_text = opts.help();
     return cl;
   }
+  const cxxopts::ParseResult& r = *parsed;
   if (r.count("version")) {
     cl.kind = CommandLine::Kind::kVersion;
     return cl;

@@ -8,6 +8,7 @@
 #include <cxxopts.hpp>
 
 #include "common/error.h"
+#include "launch/cli_parse.h"
 #include "launch/job.h"
 #include "launch/model_path.h"
 #include "loader/checkpoint.h"
@@ -31,8 +32,6 @@ bool has_checkpoint(const std::filesystem::path& dir) {
 }  // namespace
 
 std::optional<InfoOptions> parse_info_options(int argc, char** argv, std::string& help_text) {
-  std::vector<char*> args(argv, argv + argc);
-  args.erase(args.begin() + 1);  // "info"
   cxxopts::Options opts("linnet-tp info",
                         "A model's configuration and what each tensor-parallel rank would hold,\n"
                         "from config.json and the safetensors headers only (no weights read).\n");
@@ -44,17 +43,9 @@ std::optional<InfoOptions> parse_info_options(int argc, char** argv, std::string
      cxxopts::value<int64_t>())
     ("h,help", "Print this help and exit");
   // clang-format on
-  cxxopts::ParseResult r;
-  try {
-    r = opts.parse(static_cast<int>(args.size()), args.data());
-  } catch (const cxxopts::exceptions::exception& e) {
-    throw Error(e.what(), "command line");
-  }
-  if (!r.unmatched().empty()) throw Error("unexpected argument '" + r.unmatched().front() + "'", "command line");
-  if (r.count("help")) {
-    help_text = opts.help();
-    return std::nullopt;
-  }
+  const auto parsed = parse_options(opts, argc, argv, "info", help_text);
+  if (!parsed) return std::nullopt;
+  const cxxopts::ParseResult& r = *parsed;
   InfoOptions o;
   if (!r.count("model")) throw Error("is required", "--model");
   o.model = r["model"].as<std::string>();

@@ -13,6 +13,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "launch/cli_parse.h"
 #include "launch/job.h"
 #include "launch/jsonl_input.h"
 #include "launch/jsonl_output.h"
@@ -132,8 +133,6 @@ PackedBatch make_batch(const std::vector<Document>& docs, const std::vector<Chun
 }  // namespace
 
 std::optional<LossOptions> parse_loss_options(int argc, char** argv, std::string& help_text) {
-  std::vector<char*> args(argv, argv + argc);
-  args.erase(args.begin() + 1);  // "loss"
   cxxopts::Options opts("linnet-tp loss",
                         "Mean NLL and perplexity of a model on a JSONL data set, with vocab-parallel\n"
                         "cross-entropy; world = dp x tp ranks, tp groups are contiguous ranks.\n\n"
@@ -153,17 +152,9 @@ std::optional<LossOptions> parse_loss_options(int argc, char** argv, std::string
     ("verbose", "Print the plan and per-rank details to stderr")
     ("h,help", "Print this help and exit");
   // clang-format on
-  cxxopts::ParseResult r;
-  try {
-    r = opts.parse(static_cast<int>(args.size()), args.data());
-  } catch (const cxxopts::exceptions::exception& e) {
-    throw Error(e.what(), "command line");
-  }
-  if (!r.unmatched().empty()) throw Error("unexpected argument '" + r.unmatched().front() + "'", "command line");
-  if (r.count("help")) {
-    help_text = opts.help();
-    return std::nullopt;
-  }
+  const auto parsed = parse_options(opts, argc, argv, "loss", help_text);
+  if (!parsed) return std::nullopt;
+  const cxxopts::ParseResult& r = *parsed;
   LossOptions o;
   if (!r.count("model")) throw Error("is required", "--model");
   if (!r.count("input")) throw Error("is required", "--input");

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "launch/cli_parse.h"
 #include "launch/job.h"
 #include "launch/jsonl_input.h"
 #include "launch/model_path.h"
@@ -48,8 +49,6 @@ std::string render_all(const TemplateOptions& o) {
 }  // namespace
 
 std::optional<TemplateOptions> parse_template_options(int argc, char** argv, std::string& help_text) {
-  std::vector<char*> args(argv, argv + argc);
-  if (args.size() > 1 && std::strcmp(args[1], "template") == 0) args.erase(args.begin() + 1);
   cxxopts::Options opts("linnet-tp template",
                         "Renders chat messages into prompt text with the model's own chat template\n"
                         "(tokenizer_config.json \"chat_template\" or chat_template.jinja), as\n"
@@ -65,19 +64,9 @@ std::optional<TemplateOptions> parse_template_options(int argc, char** argv, std
      "{\"text\": ...} line each, in order", cxxopts::value<std::string>())
     ("h,help", "Print this help and exit");
   // clang-format on
-  cxxopts::ParseResult r;
-  try {
-    r = opts.parse(static_cast<int>(args.size()), args.data());
-  } catch (const cxxopts::exceptions::exception& e) {
-    throw Error(e.what(), "command line");
-  }
-  if (!r.unmatched().empty()) {
-    throw Error("unexpected argument '" + r.unmatched().front() + "'", "command line");
-  }
-  if (r.count("help")) {
-    help_text = opts.help();
-    return std::nullopt;
-  }
+  const auto parsed = parse_options(opts, argc, argv, "template", help_text);
+  if (!parsed) return std::nullopt;
+  const cxxopts::ParseResult& r = *parsed;
   TemplateOptions o;
   if (!r.count("model")) throw Error("is required", "--model");
   o.model = r["model"].as<std::string>();

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "launch/cli_parse.h"
 #include "launch/job.h"
 #include "launch/model_path.h"
 #include "loader/tokenizer.h"
@@ -67,8 +68,6 @@ std::string tokenize_all(const TokenizeOptions& o) {
 }  // namespace
 
 std::optional<TokenizeOptions> parse_tokenize_options(int argc, char** argv, std::string& help_text) {
-  std::vector<char*> args(argv, argv + argc);
-  if (args.size() > 1 && std::strcmp(args[1], "tokenize") == 0) args.erase(args.begin() + 1);
   cxxopts::Options opts("linnet-tp tokenize",
                         "Prints the token ids of text with a model directory's tokenizer.json\n"
                         "(no weights are loaded; no mpirun needed). No special tokens are added\n"
@@ -84,19 +83,9 @@ std::optional<TokenizeOptions> parse_tokenize_options(int argc, char** argv, std
     ("add-special", "Add the tokenizer's special tokens (e.g. BOS), as encode(add_special_tokens=True)")
     ("h,help", "Print this help and exit");
   // clang-format on
-  cxxopts::ParseResult r;
-  try {
-    r = opts.parse(static_cast<int>(args.size()), args.data());
-  } catch (const cxxopts::exceptions::exception& e) {
-    throw Error(e.what(), "command line");
-  }
-  if (!r.unmatched().empty()) {
-    throw Error("unexpected argument '" + r.unmatched().front() + "'", "command line");
-  }
-  if (r.count("help")) {
-    help_text = opts.help();
-    return std::nullopt;
-  }
+  const auto parsed = parse_options(opts, argc, argv, "tokenize", help_text);
+  if (!parsed) return std::nullopt;
+  const cxxopts::ParseResult& r = *parsed;
   TokenizeOptions o;
   if (!r.count("model")) throw Error("is required", "--model");
   o.model = r["model"].as<std::string>();
