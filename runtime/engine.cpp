@@ -9,15 +9,15 @@
 namespace linnet {
 
 Engine::Engine(const ModelConfig& config, const ShardPlan& plan, ModelWeights weights, Backend& backend,
-               Communicator& tp_comm, int64_t max_seq_len)
+               Communicator& tp_comm, int64_t max_seq_len, int64_t max_batch)
     : config_(config),
       plan_(plan),
       weights_(std::move(weights)),
       backend_(backend),
       comm_(tp_comm),
       cache_(KvCache::make(backend, config.num_hidden_layers, max_seq_len, plan.num_kv_heads_local,
-                           config.head_dim)) {
-  LINNET_CHECK(max_seq_len >= 1, "max_seq_len must be positive");
+                           config.head_dim, max_batch)) {
+  LINNET_CHECK(max_seq_len >= 1 && max_batch >= 1, "max_seq_len and max_batch must be positive");
   inv_freq_ = Tensor::zeros({config.head_dim / 2});
   cpu::rope_inv_freq(config.rope_theta, config.head_dim, inv_freq_.data());
   if (const auto& rs = config.rope_scaling) {
@@ -59,7 +59,8 @@ Engine::Rows Engine::sequence_rows(int64_t S, int64_t pos) const {
   return r;
 }
 
-Tensor Engine::run(std::span<const int32_t> tokens, const Rows& rows_in, KvCache& cache, bool all_rows) {
+Tensor Engine::run(std::span<const int32_t> tokens, const Rows& rows_in, KvCache& cache,
+                   std::span<const int32_t> out) {
   const int64_t S = static_cast<int64_t>(tokens.size());
   const int64_t H = config_.hidden_size;
   const int64_t hd = config_.head_dim;
@@ -112,9 +113,17 @@ Tensor Engine::run(std::span<const int32_t> tokens, const Rows& rows_in, KvCache
     backend_.add_inplace(h.data(), partial.data(), S * H);
   }
 
-  // Final norm and the vocab-parallel lm_head, on every row or only the last.
-  const int64_t rows = all_rows ? S : 1;
-  const float* last = h.data() + (S - rows) * H;
+  // Final norm and the vocab-parallel lm_head, on the requested rows only.
+  const int64_t rows = out.empty() ? S : static_cast<int64_t>(out.size());
+  Tensor selected;
+  const float* last = h.data();
+  if (!out.empty()) {
+    selected = backend_.zeros({rows, H});
+    for (int64_t i = 0; i < rows; ++i) {
+      std::copy(h.data() + out[i] * H, h.data() + (out[i] + 1) * H, selected.data() + i * H);
+    }
+    last = selected.data();
+  }
   Tensor normed = backend_.zeros({rows, H});
   backend_.rmsnorm(last, weights_.final_norm.data(), normed.data(), rows, H, eps);
   Tensor logits = backend_.zeros({rows, plan_.vocab_local});
@@ -148,7 +157,7 @@ std::vector<float> Engine::forward(std::span<const int32_t> tokens) {
   check_tokens(tokens, 0, cache_.max_seq_len);
   KvCache scratch = KvCache::make(backend_, config_.num_hidden_layers, S, plan_.num_kv_heads_local,
                                   config_.head_dim);
-  Tensor local = run(tokens, sequence_rows(S, 0), scratch, /*all_rows=*/true);
+  Tensor local = run(tokens, sequence_rows(S, 0), scratch, {});
   return gather_logits(local, S);
 }
 
@@ -157,14 +166,14 @@ std::vector<float> Engine::next_token(std::span<const int32_t> tokens) {
   check_tokens(tokens, 0, cache_.max_seq_len);
   KvCache scratch = KvCache::make(backend_, config_.num_hidden_layers, S, plan_.num_kv_heads_local,
                                   config_.head_dim);
-  return gather_logits(run(tokens, sequence_rows(S, 0), scratch, /*all_rows=*/false), 1);
+  const int32_t last[1] = {static_cast<int32_t>(S - 1)};
+  return gather_logits(run(tokens, sequence_rows(S, 0), scratch, last), 1);
 }
 
 std::vector<float> Engine::prefill(std::span<const int32_t> tokens, int64_t pos) {
   check_tokens(tokens, pos, cache_.max_seq_len);
-  return gather_logits(run(tokens, sequence_rows(static_cast<int64_t>(tokens.size()), pos), cache_,
-                           /*all_rows=*/false),
-                       1);
+  const int32_t last[1] = {static_cast<int32_t>(tokens.size() - 1)};
+  return gather_logits(run(tokens, sequence_rows(static_cast<int64_t>(tokens.size()), pos), cache_, last), 1);
 }
 
 std::vector<float> Engine::decode(int32_t token, int64_t pos) {
@@ -215,7 +224,50 @@ Tensor Engine::packed_logits_local(std::span<const int32_t> tokens, std::span<co
   }
   KvCache scratch = KvCache::make(backend_, config_.num_hidden_layers, P, plan_.num_kv_heads_local,
                                   config_.head_dim);
-  return run(tokens, r, scratch, /*all_rows=*/true);
+  return run(tokens, r, scratch, {});
+}
+
+std::vector<float> Engine::prefill_packed(std::span<const int32_t> tokens, std::span<const int32_t> rows,
+                                          std::span<const int32_t> positions, std::span<const int32_t> last) {
+  const int64_t P = static_cast<int64_t>(tokens.size());
+  if (rows.size() != tokens.size() || positions.size() != tokens.size()) {
+    throw Error("tokens, rows and positions differ in length", "prefill_packed", std::to_string(P) + " each",
+                std::to_string(rows.size()) + " rows, " + std::to_string(positions.size()) + " positions");
+  }
+  if (P == 0) throw Error("no tokens to run", "prefill_packed");
+  for (int32_t i : last) {
+    if (i < 0 || i >= P) throw Error("index of a wanted token out of range", "prefill_packed", "[0, " + std::to_string(P) + ")", std::to_string(i));
+  }
+  check_tokens(tokens, 0, P);
+  const int64_t L = cache_.max_seq_len;
+  const int64_t window = config_.sliding_window.value_or(0);
+  Rows r;
+  r.positions.assign(positions.begin(), positions.end());
+  r.cache_rows.resize(static_cast<size_t>(P));
+  r.key_begin.resize(static_cast<size_t>(P));
+  r.key_end.resize(static_cast<size_t>(P));
+  for (int64_t i = 0; i < P; ++i) {
+    const int64_t row = rows[i], p = positions[i];
+    if (row < 0 || row >= cache_.rows) {
+      throw Error("KV cache row out of range", "prefill_packed", "[0, " + std::to_string(cache_.rows) + ")",
+                  std::to_string(row));
+    }
+    if (p < 0 || p >= L) {
+      throw Error("position does not fit in the KV cache", "--max-seq-len", "< " + std::to_string(L), std::to_string(p));
+    }
+    const int64_t base = row * L;
+    r.cache_rows[i] = static_cast<int32_t>(base + p);
+    r.key_end[i] = static_cast<int32_t>(base + p + 1);
+    r.key_begin[i] = static_cast<int32_t>(base + (window > 0 ? std::max<int64_t>(0, p + 1 - window) : 0));
+  }
+  return gather_logits(run(tokens, r, cache_, last), static_cast<int64_t>(last.size()));
+}
+
+std::vector<float> Engine::decode_rows(std::span<const int32_t> tokens, std::span<const int32_t> rows,
+                                       std::span<const int32_t> positions) {
+  std::vector<int32_t> all(tokens.size());
+  std::iota(all.begin(), all.end(), 0);
+  return prefill_packed(tokens, rows, positions, all);
 }
 
 }  // namespace linnet

@@ -24,9 +24,11 @@ namespace linnet {
 /// the same calls with the same arguments (the collectives inside pair them up).
 class Engine {
  public:
-  /// @param max_seq_len  positions the KV cache holds (>= 1).
+  /// @param max_seq_len  positions each KV cache row holds (>= 1).
+  /// @param max_batch    KV cache rows, i.e. sequences decoded together (>= 1); the
+  ///                     batch-1 entries (prefill, decode) use row 0.
   Engine(const ModelConfig& config, const ShardPlan& plan, ModelWeights weights, Backend& backend,
-         Communicator& tp_comm, int64_t max_seq_len);
+         Communicator& tp_comm, int64_t max_seq_len, int64_t max_batch = 1);
 
   /// Logits for every position of `tokens` (positions 0..S-1, a fresh sequence), f32
   /// [S, vocab_size] row-major, the vocab slices gathered from all ranks. Does not touch
@@ -46,6 +48,25 @@ class Engine {
 
   /// One token at position `pos` through the KV cache: logits [vocab_size].
   std::vector<float> decode(int32_t token, int64_t pos);
+
+  /// prefill_packed: prompts (or chunks of them) packed end to end into one pass, no
+  /// padding. Token i goes to KV cache row rows[i] at positions[i] and attends to that
+  /// row's positions <= positions[i] (so a chunk continues what an earlier pass left in
+  /// the row: chunked prefill), within the sliding window. A row's tokens in one pack
+  /// must be consecutive positions. Returns logits f32 [last.size(), vocab_size] of the
+  /// tokens whose indices are in `last` (usually each prompt's final token).
+  /// @throws Error on mismatched lengths, a row outside [0, max_batch), a position
+  ///   outside [0, max_seq_len), or a bad token id.
+  std::vector<float> prefill_packed(std::span<const int32_t> tokens, std::span<const int32_t> rows,
+                                    std::span<const int32_t> positions, std::span<const int32_t> last);
+
+  /// decode_rows: one token per active row, each at its own position (continuous
+  /// batching). Returns logits f32 [tokens.size(), vocab_size].
+  std::vector<float> decode_rows(std::span<const int32_t> tokens, std::span<const int32_t> rows,
+                                 std::span<const int32_t> positions);
+
+  /// KV cache rows (sequences that can be decoded together).
+  int64_t max_batch() const { return cache_.rows; }
 
   /// The packed forward pass behind loss_packed / log_probs_packed: several documents
   /// end to end in one pass, token i at positions[i] (0 at each document's start,
@@ -72,8 +93,8 @@ class Engine {
   };
   Rows sequence_rows(int64_t S, int64_t pos) const;
   // The decoder over `tokens` placed per `rows` in `cache`. Returns this rank's logits
-  // slice [rows, vocab_local] for every row (all_rows) or only the last one.
-  Tensor run(std::span<const int32_t> tokens, const Rows& rows, KvCache& cache, bool all_rows);
+  // slice [n, vocab_local] of the tokens listed in `out` (all tokens when empty).
+  Tensor run(std::span<const int32_t> tokens, const Rows& rows, KvCache& cache, std::span<const int32_t> out);
   // all_gather of local logits [rows, vocab_local] into [rows, vocab_size].
   std::vector<float> gather_logits(const Tensor& local, int64_t rows);
   void check_tokens(std::span<const int32_t> tokens, int64_t pos, int64_t capacity) const;

@@ -19,7 +19,8 @@ namespace linnet {
 /// What a generation loop produced.
 struct GenerationResult {
   std::vector<int32_t> ids;   // new tokens only (an EOS that stopped the loop included)
-  std::string finish_reason;  // "stop" (an EOS id) or "length" (max_new_tokens or cache full)
+  std::string finish_reason;  // "stop" (an EOS id), "length" (max_new_tokens or cache full), "error"
+  std::string error;          // why, when finish_reason is "error"
   double prefill_ms = 0.0;    // wall time of the prompt's prefill, incl. its first token
   double decode_ms = 0.0;     // wall time of the decode steps after it
 };

@@ -84,9 +84,9 @@ void check_memory(const RankMemory& need, int64_t available_bytes, int ranks_on_
 }
 
 std::unique_ptr<Engine> make_engine(const ModelFiles& files, const ShardPlan& plan, Backend& backend,
-                                    Communicator& tp_comm, int64_t max_seq_len) {
+                                    Communicator& tp_comm, int64_t max_seq_len, int64_t max_batch) {
   ModelWeights weights = load_weights(files.checkpoint, files.config, plan);
-  return std::make_unique<Engine>(files.config, plan, std::move(weights), backend, tp_comm, max_seq_len);
+  return std::make_unique<Engine>(files.config, plan, std::move(weights), backend, tp_comm, max_seq_len, max_batch);
 }
 
 }  // namespace linnet

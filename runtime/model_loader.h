@@ -57,6 +57,6 @@ std::string format_bytes(int64_t bytes);
 
 /// Loads this rank's slices per `plan` and builds the Engine over them.
 std::unique_ptr<Engine> make_engine(const ModelFiles& files, const ShardPlan& plan, Backend& backend,
-                                    Communicator& tp_comm, int64_t max_seq_len);
+                                    Communicator& tp_comm, int64_t max_seq_len, int64_t max_batch = 1);
 
 }  // namespace linnet
