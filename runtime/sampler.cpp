@@ -67,7 +67,8 @@ int32_t Sampler::sample(std::span<const float> all_logits) {
     size_t cut = keep;
     for (size_t i = 0; i < keep; ++i) {
       mass += p[i] / sum;
-      if (mass >= params_.top_p) {
+      // Within rounding of top_p counts as reaching it: [0.5, 0.3] must make 0.8.
+      if (mass >= params_.top_p - 1e-9) {
         cut = i + 1;
         break;
       }

@@ -1,5 +1,6 @@
 // ShardPlan splits, WorldConfig groups and the Sampler, without MPI.
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <vector>
 
@@ -151,6 +152,62 @@ TEST(Sampler, SameSeedSameDraws) {
   p.seed = 42;
   Sampler a(p), b(p);
   for (int i = 0; i < 50; ++i) EXPECT_EQ(a.sample(logits), b.sample(logits));
+}
+
+// logits = log(p): softmax gives back p.
+std::vector<float> log_probs(const std::vector<double>& p) {
+  std::vector<float> out;
+  for (double x : p) out.push_back(static_cast<float>(std::log(x)));
+  return out;
+}
+
+TEST(Sampler, TopPKeepsExactlyTheNucleus) {
+  // [0.3, 0.1, 0.1, 0.5] with top_p 0.8: {0.5, 0.3} has mass 0.8 and is kept, nothing else.
+  const auto logits = log_probs({0.3, 0.1, 0.1, 0.5});
+  SamplingParams p;
+  p.temperature = 1.0;
+  p.top_p = 0.8;
+  p.seed = 5;
+  Sampler s(p);
+  std::map<int, int> seen;
+  for (int i = 0; i < 4000; ++i) seen[s.sample(logits)]++;
+  EXPECT_EQ(seen.size(), 2u);
+  EXPECT_TRUE(seen.count(0) && seen.count(3));
+  EXPECT_NEAR(seen[3] / 4000.0, 0.5 / 0.8, 0.03);
+}
+
+TEST(Sampler, TopPNextToOneNeverIndexesPastTheVocabulary) {
+  const auto logits = log_probs({0.25, 0.25, 0.25, 0.25});
+  for (double top_p : {1.0 - 1e-7, 1.0 - 1e-12, 1.0}) {
+    SamplingParams p;
+    p.temperature = 1.0;
+    p.top_p = top_p;
+    p.seed = 9;
+    Sampler s(p);
+    for (int i = 0; i < 2000; ++i) {
+      const int32_t t = s.sample(logits);
+      ASSERT_GE(t, 0);
+      ASSERT_LT(t, 4);
+    }
+  }
+}
+
+TEST(Sampler, TopK1AndTemperature0AreGreedy) {
+  const auto logits = log_probs({0.2, 0.05, 0.4, 0.35});
+  for (double top_p : {0.1, 0.5, 1.0}) {
+    SamplingParams p;
+    p.temperature = 1.5;
+    p.top_k = 1;
+    p.top_p = top_p;
+    p.seed = 3;
+    Sampler s(p);
+    for (int i = 0; i < 50; ++i) EXPECT_EQ(s.sample(logits), 2);
+  }
+  SamplingParams g;
+  g.top_k = 3;
+  g.top_p = 0.3;
+  Sampler s(g);
+  EXPECT_EQ(s.sample(logits), 2);
 }
 
 TEST(Sampler, TinyTemperatureIsGreedyInTheLimit) {
