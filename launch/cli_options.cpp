@@ -86,6 +86,8 @@ CommandLine parse_command_line(int argc, char** argv) {
     ("seed", "Sampling seed (default: random, printed with --verbose)", cxxopts::value<uint64_t>())
     ("max-seq-len", "KV cache length in tokens (default: min(max_position_embeddings, 8192))",
      cxxopts::value<int64_t>())
+    ("max-batch", "With --input, prompts decoded together (continuous batching; KV cache rows)",
+     cxxopts::value<int64_t>()->default_value("16"))
     ("threads", "BLAS threads per rank (default: cores / ranks on the node)",
      cxxopts::value<int>())
     ("verbose", "Print the shard plan, KV cache size, sampling settings and seed to stderr")
@@ -134,6 +136,8 @@ CommandLine parse_command_line(int argc, char** argv) {
     g.max_seq_len = r["max-seq-len"].as<int64_t>();
     if (g.max_seq_len < 1) invalid("--max-seq-len", ">= 1", std::to_string(g.max_seq_len));
   }
+  g.max_batch = r["max-batch"].as<int64_t>();
+  if (g.max_batch < 1) invalid("--max-batch", ">= 1", std::to_string(g.max_batch));
   if (r.count("threads")) {
     g.threads = r["threads"].as<int>();
     if (g.threads < 1) invalid("--threads", ">= 1", std::to_string(g.threads));

@@ -26,6 +26,7 @@ struct GenerateOptions {
   std::optional<uint64_t> seed;
   int64_t max_seq_len = 0;           // 0: min(max_position_embeddings, 8192)
   int threads = 0;                   // BLAS threads per rank; 0: cores / ranks on the node
+  int64_t max_batch = 16;            // --max-batch: prompts of --input decoded together
   bool verbose = false;
 };
 

@@ -1,6 +1,7 @@
 #include "launch/generate_command.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cerrno>
 #include <cstring>
 #include <cstdio>
@@ -24,6 +25,7 @@
 #include "parallel/mpi_communicator.h"
 #include "parallel/shard_plan.h"
 #include "runtime/backend.h"
+#include "runtime/batch_generate.h"
 #include "runtime/generate.h"
 #include "runtime/model_loader.h"
 
@@ -98,6 +100,43 @@ std::vector<int64_t> resolve_eos(const ModelFiles& files, const Tokenizer& tok) 
   return {};
 }
 
+// --input: every prompt through continuous batching; prompt i samples with seed + i.
+// Rank 0 prints each completion on its own line and fills --output, in input order.
+void run_batch(Engine& engine, const Tokenizer& tok, const std::vector<Prompt>& prompts, const SamplingParams& sampling,
+               int64_t max_new_tokens, const std::vector<int64_t>& eos, bool is_root, JsonlOutput* output) {
+  std::vector<BatchRequest> reqs(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    reqs[i].prompt = prompts[i].ids;
+    reqs[i].sampling = sampling;
+    reqs[i].sampling.seed = sampling.seed + i;
+    reqs[i].max_new_tokens = max_new_tokens;
+    reqs[i].eos_ids = eos;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<GenerationResult> results = generate_batch(engine, reqs);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!is_root) return;
+  size_t new_tokens = 0, errors = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const GenerationResult& r = results[i];
+    StreamingDetokenizer stream(tok, prompts[i].ids);
+    std::string completion;
+    for (int32_t id : r.ids) completion += stream.push(id);
+    completion += stream.flush();
+    std::fwrite(completion.data(), 1, completion.size(), stdout);
+    std::fputc('\n', stdout);
+    if (r.finish_reason == "error") {
+      ++errors;
+      warn("prompt #" + std::to_string(i + 1) + ": " + r.error);
+    }
+    new_tokens += r.ids.size();
+    if (output) output->add(prompts[i].text, completion, prompts[i].ids, r.ids, r.finish_reason, r.error);
+  }
+  std::fprintf(stderr, "[linnet-tp] requests: %zu (%zu failed), batch rows: %lld, new tokens: %zu, %.2f s, %.1f tokens/s\n",
+               prompts.size(), errors, static_cast<long long>(engine.max_batch()), new_tokens, seconds,
+               seconds > 0 ? static_cast<double>(new_tokens) / seconds : 0.0);
+}
+
 }  // namespace
 
 int run_generate(const GenerateOptions& o, Job& job) {
@@ -135,7 +174,8 @@ int run_generate(const GenerateOptions& o, Job& job) {
     files = std::make_unique<ModelFiles>(open_model(model_dir));
     plan = ShardPlan::make(files->config, w.tp_rank, w.tp_size);
     const int64_t max_seq_len = resolve_max_seq_len(files->config, o.max_seq_len);
-    const RankMemory need = rank_memory(files->config, plan, max_seq_len);
+    const int64_t batch_rows = std::min<int64_t>(o.max_batch, static_cast<int64_t>(texts.size()));
+    const RankMemory need = rank_memory(files->config, plan, max_seq_len, batch_rows);
     const int64_t available = available_host_memory();
     check_memory(need, available < 0 ? -1 : available / w.local_size, w.local_size);
     tokenizer = std::make_unique<Tokenizer>(Tokenizer::from_dir(model_dir));
@@ -187,7 +227,7 @@ int run_generate(const GenerateOptions& o, Job& job) {
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     const int threads = o.threads > 0 ? o.threads : std::max(1, cores / w.local_size);
     backend = make_cpu_backend(threads);
-    engine = make_engine(*files, plan, *backend, *groups.tp, max_seq_len);
+    engine = make_engine(*files, plan, *backend, *groups.tp, max_seq_len, batch_rows);
     info("tp rank " + std::to_string(w.tp_rank) + "/" + std::to_string(w.tp_size) + ": " +
          std::to_string(plan.num_heads_local) + " heads, " + std::to_string(plan.num_kv_heads_local) +
          " KV heads, " + std::to_string(plan.intermediate_local) + " MLP units, vocab rows [" +
@@ -227,6 +267,10 @@ int run_generate(const GenerateOptions& o, Job& job) {
       if (!o.output.empty()) output = std::make_unique<JsonlOutput>(o.output);
     }
 
+    if (prompts.size() > 1) {
+      run_batch(*engine, *tokenizer, prompts, sampling, o.max_new_tokens, eos, w.world_rank == 0, output.get());
+      prompts.clear();
+    }
     for (const Prompt& p : prompts) {
       std::unique_ptr<StreamingDetokenizer> stream;
       std::string completion;

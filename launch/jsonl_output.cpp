@@ -34,13 +34,14 @@ JsonlOutput::~JsonlOutput() { std::remove(tmp_path_.c_str()); }
 
 void JsonlOutput::add(const std::string& prompt, const std::string& completion,
                       const std::vector<int32_t>& prompt_ids, const std::vector<int32_t>& completion_ids,
-                      const std::string& finish_reason) {
+                      const std::string& finish_reason, const std::string& error) {
   nlohmann::ordered_json j;
   j["prompt"] = prompt;
   j["completion"] = completion;
   j["prompt_ids"] = prompt_ids;
   j["completion_ids"] = completion_ids;
   j["finish_reason"] = finish_reason;
+  if (!error.empty()) j["error"] = error;
   lines_.push_back(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
 }
 

@@ -23,8 +23,10 @@ class JsonlOutput {
   JsonlOutput& operator=(const JsonlOutput&) = delete;
 
   /// Adds {"prompt", "completion", "prompt_ids", "completion_ids", "finish_reason"}.
+  /// With finish_reason "error", `error` is added as {"error": ...}.
   void add(const std::string& prompt, const std::string& completion, const std::vector<int32_t>& prompt_ids,
-           const std::vector<int32_t>& completion_ids, const std::string& finish_reason);
+           const std::vector<int32_t>& completion_ids, const std::string& finish_reason,
+           const std::string& error = {});
   /// Adds one line of JSON text (no newline).
   void add_line(std::string line) { lines_.push_back(std::move(line)); }
   /// Writes path.tmp.<pid> and renames it to path.

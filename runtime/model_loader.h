@@ -42,7 +42,8 @@ struct RankMemory {
 };
 
 /// The bytes a rank under `plan` will allocate for a `max_seq_len` KV cache.
-RankMemory rank_memory(const ModelConfig& config, const ShardPlan& plan, int64_t max_seq_len);
+RankMemory rank_memory(const ModelConfig& config, const ShardPlan& plan, int64_t max_seq_len,
+                       int64_t batch_rows = 1);
 
 /// Memory preflight: refuses, before anything is loaded, when `need` exceeds
 /// `available_bytes` (this rank's share of the node's available memory).

@@ -147,6 +147,27 @@ TEST_F(Cli, APromptThatFillsTheContextWarns) {
   EXPECT_NE(r.err.find("new tokens: 0"), std::string::npos) << r.err;
 }
 
+TEST_F(Cli, BatchedInputEqualsOneAtATime) {
+  const fs::path in = tmp_ / "prompts.jsonl";
+  {
+    std::ofstream f(in);
+    for (const char* p : {"Once upon a time", "Lily and Ben", "The cat", "Tom had a red ball", "One day"}) {
+      f << nlohmann::json{{"prompt", p}}.dump() << "\n";
+    }
+  }
+  std::string outputs[2];
+  for (int k = 0; k < 2; ++k) {
+    const fs::path out = tmp_ / ("out" + std::to_string(k) + ".jsonl");
+    const Result r = run(2, "--model " + quote(test::stories_dir().string()) + " --input " + quote(in.string()) +
+                                " --output " + quote(out.string()) + " --max-new-tokens 40 --temperature 0.8 --seed 3" +
+                                (k == 0 ? " --max-batch 1" : " --max-batch 4"));
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_NE(r.err.find("requests: 5 (0 failed)"), std::string::npos) << r.err;
+    outputs[k] = slurp(out);
+  }
+  EXPECT_EQ(outputs[0], outputs[1]);  // each prompt samples with its own seed (seed + index)
+}
+
 TEST_F(Cli, TruncatedSafetensorsFile) {
   const fs::path m = copy_model();
   fs::resize_file(m / "model-00002-of-00002.safetensors", 300000);
