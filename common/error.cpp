@@ -25,6 +25,12 @@ Error::Error(std::string what, std::string where, std::string expected, std::str
       expected_(std::move(expected)),
       actual_(std::move(actual)) {}
 
+Error Error::at(const std::string& where) const {
+  const std::string msg = what();
+  if (msg.rfind(where, 0) == 0) return *this;
+  return Error(msg, where);
+}
+
 namespace detail {
 void check_failed(const char* expr, const char* file, int line, const std::string& msg) {
   throw Error(msg.empty() ? std::string("check failed: ") + expr

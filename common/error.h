@@ -25,6 +25,10 @@ class Error : public std::runtime_error {
   explicit Error(std::string what, std::string where = {}, std::string expected = {},
                  std::string actual = {});
 
+  /// This error located at `where` (a file:line, an option): the message gets the
+  /// prefix unless it already starts with it, so nested handlers do not repeat it.
+  Error at(const std::string& where) const;
+
   const std::string& what_part() const { return what_; }
   const std::string& where() const { return where_; }
   const std::string& expected() const { return expected_; }

@@ -112,7 +112,10 @@ CommandLine parse_command_line(int argc, char** argv) {
   if (r.count("prompt") > 1 || r.count("input") > 1) throw Error("given more than once", "--prompt/--input");
   if (r.count("prompt")) g.prompt = r["prompt"].as<std::string>();
   if (r.count("input")) g.input = r["input"].as<std::string>();
-  if (r.count("output")) g.output = r["output"].as<std::string>();
+  if (r.count("output")) {
+    g.output = r["output"].as<std::string>();
+    if (g.output.empty()) throw Error("is empty", "--output");
+  }
   if (!g.prompt && g.input.empty()) throw Error("give --prompt TEXT or --input FILE.jsonl", "--prompt");
   if (g.prompt && !g.input.empty()) throw Error("give only one of --prompt and --input", "--input");
   g.max_new_tokens = r["max-new-tokens"].as<int64_t>();

@@ -56,14 +56,9 @@ std::vector<std::string> read_prompts(const GenerateOptions& o, std::vector<std:
   std::vector<std::string> prompts;
   for (const auto& [n, text] : read_jsonl_lines(o.input)) {
     const std::string where = o.input + ":" + std::to_string(n);
-    nlohmann::ordered_json line;
-    try {
-      line = nlohmann::ordered_json::parse(text);
-    } catch (const nlohmann::json::exception& e) {
-      throw Error(std::string("not valid JSON: ") + e.what(), where);
-    }
-    if (!line.is_object()) throw Error("each line must be a JSON object", where);
+    nlohmann::ordered_json line = parse_jsonl_line(text, where);
     if (line.contains("messages")) {
+      if (line.contains("prompt")) throw Error("give \"prompt\" or \"messages\", not both", where);
       if (!line.contains("add_generation_prompt")) line["add_generation_prompt"] = true;
       kinds.push_back(kChat);
       prompts.push_back(line.dump());
@@ -197,14 +192,14 @@ int run_generate(const GenerateOptions& o, Job& job) {
           text = chat->chat_template.render(
               chat_variables(nlohmann::ordered_json::parse(text), chat->special_tokens, where));
         } catch (const Error& e) {
-          throw Error(e.what(), where);
+          throw e.at(where);
         }
       }
       std::vector<int32_t> ids;
       try {
         ids = tokenizer->encode(text, /*add_special_tokens=*/!is_chat);
       } catch (const Error& e) {
-        throw Error(e.what(), where);
+        throw e.at(where);
       }
       if (ids.empty()) throw Error("the prompt has no tokens (and the tokenizer adds no BOS)", where);
       if (static_cast<int64_t>(ids.size()) > max_seq_len) {

@@ -4,6 +4,7 @@
 #include <fstream>
 
 #include "common/error.h"
+#include "loader/json_brief.h"
 
 namespace linnet {
 
@@ -24,19 +25,22 @@ std::vector<std::pair<int, std::string>> read_jsonl_lines(const std::string& pat
 std::vector<JsonlLine> parse_jsonl(const std::string& path, const std::vector<std::pair<int, std::string>>& lines) {
   std::vector<JsonlLine> out;
   out.reserve(lines.size());
-  for (const auto& [n, text] : lines) {
-    const std::string where = path + ":" + std::to_string(n);
-    JsonlLine l;
-    l.line = n;
-    try {
-      l.value = nlohmann::json::parse(text);
-    } catch (const nlohmann::json::exception& e) {
-      throw Error(std::string("not valid JSON: ") + e.what(), where);
-    }
-    if (!l.value.is_object()) throw Error("each line must be a JSON object", where);
-    out.push_back(std::move(l));
-  }
+  for (const auto& [n, text] : lines) out.push_back({n, parse_jsonl_line(text, path + ":" + std::to_string(n))});
   return out;
+}
+
+nlohmann::ordered_json parse_jsonl_line(const std::string& text, const std::string& where) {
+  if (text.find('\0') != std::string::npos) throw Error("a NUL byte inside the line", where);
+  // Nesting beyond any real request would only cost stack further on.
+  check_json_text_depth(text, kMaxJsonlDepth, where);
+  nlohmann::ordered_json value;
+  try {
+    value = nlohmann::ordered_json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(std::string("not valid JSON: ") + e.what(), where);
+  }
+  if (!value.is_object()) throw Error("each line must be a JSON object", where);
+  return value;
 }
 
 void broadcast_strings(Communicator& comm, std::vector<std::string>& strings) {

@@ -11,11 +11,21 @@
 
 namespace linnet {
 
-/// One non-blank line of a JSONL file, parsed, with its 1-based line number.
+/// Deepest JSON nesting accepted in an input line (chat tools' JSON schemas stay far below).
+inline constexpr std::size_t kMaxJsonlDepth = 128;
+
+/// One non-blank line of a JSONL file, parsed (keys in file order), with its 1-based
+/// line number.
 struct JsonlLine {
   int line = 0;
-  nlohmann::json value;
+  nlohmann::ordered_json value;
 };
+
+/// Parses one line into a JSON object, keys in file order (tojson in chat templates
+/// shows them).
+/// @throws Error naming `where` when the line holds a NUL byte, nests deeper than
+///   kMaxJsonlDepth, is not valid JSON or is not an object.
+nlohmann::ordered_json parse_jsonl_line(const std::string& text, const std::string& where);
 
 /// Reads `path` (a regular file, or a pipe such as /dev/stdin), skipping blank lines.
 /// Returns the raw lines and their numbers.
@@ -24,7 +34,8 @@ struct JsonlLine {
 std::vector<std::pair<int, std::string>> read_jsonl_lines(const std::string& path);
 
 /// Parses lines read by read_jsonl_lines; each must be a JSON object.
-/// @throws Error naming "file:line" when a line is not a JSON object.
+/// @throws Error naming "file:line" when a line is not a JSON object, holds a NUL byte,
+///   or nests deeper than kMaxJsonlDepth.
 std::vector<JsonlLine> parse_jsonl(const std::string& path, const std::vector<std::pair<int, std::string>>& lines);
 
 /// Copies rank 0's `strings` to every rank of `comm` (a collective).

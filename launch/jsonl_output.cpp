@@ -13,22 +13,37 @@
 
 namespace linnet {
 
-void check_output_path(const std::string& path) {
+std::string resolve_output_path(const std::string& path) {
   namespace fs = std::filesystem;
-  const fs::path p(path);
+  if (path.empty()) throw Error("is empty", "--output");
+  std::error_code ec;
+  // Through symlinks to the real file, so the temp file is made beside it and the
+  // rename replaces the file, not the link.
+  const fs::path real = fs::weakly_canonical(fs::path(path), ec);
+  const fs::path p = ec ? fs::path(path) : real;
   const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
-  if (!fs::is_directory(dir)) throw Error("its directory does not exist", "--output " + path);
-  if (fs::is_directory(p)) throw Error("is a directory", "--output " + path);
+  if (!fs::is_directory(dir, ec)) throw Error("its directory does not exist", "--output " + path);
+  const fs::file_status st = fs::status(p, ec);
+  if (fs::is_directory(st)) throw Error("is a directory", "--output " + path);
+  // A rename over a device, FIFO or socket would replace it (as root, /dev/null too).
+  if (fs::exists(st) && !fs::is_regular_file(st)) {
+    throw Error("is not a regular file (a device, FIFO or socket); give a file path", "--output " + path);
+  }
+  return p.string();
+}
+
+void check_output_path(const std::string& given) {
+  const std::string path = resolve_output_path(given);
   // Probe now that the file can be created there, rather than after the whole run.
   const std::string probe = path + ".tmp." + std::to_string(::getpid());
   std::FILE* f = std::fopen(probe.c_str(), "wb");
-  if (!f) throw Error(std::string("cannot create a file there: ") + std::strerror(errno), "--output " + path);
+  if (!f) throw Error(std::string("cannot create a file there: ") + std::strerror(errno), "--output " + given);
   std::fclose(f);
   std::remove(probe.c_str());
 }
 
-JsonlOutput::JsonlOutput(std::string path)
-    : path_(std::move(path)), tmp_path_(path_ + ".tmp." + std::to_string(::getpid())) {}
+JsonlOutput::JsonlOutput(const std::string& path)
+    : path_(resolve_output_path(path)), tmp_path_(path_ + ".tmp." + std::to_string(::getpid())) {}
 
 JsonlOutput::~JsonlOutput() { std::remove(tmp_path_.c_str()); }
 

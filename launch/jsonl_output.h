@@ -9,15 +9,21 @@
 
 namespace linnet {
 
-/// Throws Error naming --output when its directory does not exist or the path is a
-/// directory.
+/// The file --output `path` names, through symlinks.
+/// @throws Error naming --output when it is empty, its directory does not exist, or it
+///   names a directory, device, FIFO or socket (a rename would replace those).
+std::string resolve_output_path(const std::string& path);
+
+/// resolve_output_path, then a probe that a file can be created beside it.
+/// @throws Error naming --output, with the system's reason.
 void check_output_path(const std::string& path);
 
 /// Collects one JSON line per prompt and writes them atomically on commit().
 /// Destroyed without commit(), it leaves nothing on disk.
 class JsonlOutput {
  public:
-  explicit JsonlOutput(std::string path);
+  /// @throws Error as resolve_output_path.
+  explicit JsonlOutput(const std::string& path);
   ~JsonlOutput();
   JsonlOutput(const JsonlOutput&) = delete;
   JsonlOutput& operator=(const JsonlOutput&) = delete;

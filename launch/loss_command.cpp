@@ -42,8 +42,10 @@ std::vector<int32_t> int_list(const nlohmann::json& v, const char* field, const 
   std::vector<int32_t> out;
   out.reserve(v.size());
   for (const auto& e : v) {
-    if (!e.is_number_integer() || e.get<int64_t>() < INT32_MIN || e.get<int64_t>() > INT32_MAX) {
-      throw Error(std::string("\"") + field + "\" must be a list of integers", where);
+    if (!e.is_number_integer()) throw Error(std::string("\"") + field + "\" must be a list of integers", where);
+    if ((e.is_number_unsigned() && e.get<uint64_t>() > INT32_MAX) ||
+        (!e.is_number_unsigned() && (e.get<int64_t>() < INT32_MIN || e.get<int64_t>() > INT32_MAX))) {
+      throw Error("integer out of range", where + ": " + field, "a token id or -100", e.dump());
     }
     out.push_back(e.get<int32_t>());
   }
@@ -65,7 +67,7 @@ Document parse_document(const JsonlLine& l, const std::string& where, const Toke
     try {
       d.ids = tok->encode(text->get<std::string>());
     } catch (const Error& e) {
-      throw Error(e.what(), where);
+      throw e.at(where);
     }
     if (l.value.contains("labels")) throw Error("\"labels\" go with \"ids\", not \"text\"", where);
   } else {
@@ -137,7 +139,7 @@ std::optional<LossOptions> parse_loss_options(int argc, char** argv, std::string
                         "Mean NLL and perplexity of a model on a JSONL data set, with vocab-parallel\n"
                         "cross-entropy; world = dp x tp ranks, tp groups are contiguous ranks.\n\n"
                         "  mpirun -np 8 linnet-tp loss --model DIR --input data.jsonl --tp 4\n");
-  opts.custom_help("loss [OPTIONS]");
+  opts.custom_help("[OPTIONS]");
   // clang-format off
   opts.add_options()
     ("model", "Model directory or name", cxxopts::value<std::string>())
@@ -160,7 +162,10 @@ std::optional<LossOptions> parse_loss_options(int argc, char** argv, std::string
   if (!r.count("input")) throw Error("is required", "--input");
   o.model = r["model"].as<std::string>();
   o.input = r["input"].as<std::string>();
-  if (r.count("output")) o.output = r["output"].as<std::string>();
+  if (r.count("output")) {
+    o.output = r["output"].as<std::string>();
+    if (o.output.empty()) throw Error("is empty", "--output");
+  }
   if (r.count("max-seq-len")) {
     o.max_seq_len = r["max-seq-len"].as<int64_t>();
     if (o.max_seq_len < 2) throw Error("invalid value", "--max-seq-len", ">= 2", std::to_string(o.max_seq_len));

@@ -29,17 +29,12 @@ std::string render_all(const TemplateOptions& o) {
   std::string out;
   for (const auto& [line_no, line] : read_jsonl_lines(o.input)) {
     const std::string where = o.input + ":" + std::to_string(line_no);
-    nlohmann::ordered_json request;
-    try {
-      request = nlohmann::ordered_json::parse(line);
-    } catch (const nlohmann::json::exception& e) {
-      throw Error(std::string("not valid JSON: ") + e.what(), where);
-    }
+    const nlohmann::ordered_json request = parse_jsonl_line(line, where);
     std::string text;
     try {
       text = chat.chat_template.render(chat_variables(request, chat.special_tokens, where));
     } catch (const Error& e) {
-      throw Error(e.what(), where);
+      throw e.at(where);
     }
     out += nlohmann::json{{"text", text}}.dump() + "\n";
   }
@@ -54,7 +49,7 @@ std::optional<TemplateOptions> parse_template_options(int argc, char** argv, std
                         "(tokenizer_config.json \"chat_template\" or chat_template.jinja), as\n"
                         "transformers' apply_chat_template(tokenize=False) does. No weights are\n"
                         "loaded; no mpirun needed.\n");
-  opts.custom_help("template --model DIR --input FILE.jsonl");
+  opts.custom_help("--model DIR --input FILE.jsonl");
   // clang-format off
   opts.add_options()
     ("model", "Model directory (tokenizer.json, tokenizer_config.json with a chat_template)",

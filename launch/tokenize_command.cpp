@@ -35,7 +35,7 @@ std::string tokenize_all(const TokenizeOptions& o) {
     try {
       return ids_line(tok.encode(*o.text, o.add_special)) + "\n";
     } catch (const Error& e) {
-      throw Error(e.what(), "--text");
+      throw e.at("--text");
     }
   }
   std::ifstream in(o.input, std::ios::binary);
@@ -58,7 +58,7 @@ std::string tokenize_all(const TokenizeOptions& o) {
     try {
       ids = tok.encode(j["text"].get<std::string>(), o.add_special);
     } catch (const Error& e) {
-      throw Error(e.what(), where);
+      throw e.at(where);
     }
     out += nlohmann::json{{"ids", ids}}.dump() + "\n";
   }
@@ -72,7 +72,7 @@ std::optional<TokenizeOptions> parse_tokenize_options(int argc, char** argv, std
                         "Prints the token ids of text with a model directory's tokenizer.json\n"
                         "(no weights are loaded; no mpirun needed). No special tokens are added\n"
                         "unless --add-special.\n");
-  opts.custom_help("tokenize --model DIR (--text STR | --input FILE.jsonl) [--add-special]");
+  opts.custom_help("--model DIR (--text STR | --input FILE.jsonl) [--add-special]");
   // clang-format off
   opts.add_options()
     ("model", "Model directory (tokenizer.json, optionally tokenizer_config.json)",

@@ -29,14 +29,36 @@ nlohmann::ordered_json chat_variables(const nlohmann::ordered_json& request, con
   if (messages == request.end() || !messages->is_array()) {
     throw Error("a chat request needs \"messages\": a list of {\"role\", \"content\"} objects", where);
   }
+  if (messages->empty()) {
+    throw Error("cannot apply the chat template to an empty conversation; give at least one message", where);
+  }
+  // As transformers' apply_chat_template: keys whose value is null are dropped (APIs
+  // send content=None, tool_calls=None), then reasoning given as "thinking" or
+  // "reasoning" is also passed as "reasoning_content" (and "thinking", first).
+  nlohmann::ordered_json normalized = nlohmann::ordered_json::array();
   for (const auto& m : *messages) {
     if (!m.is_object()) throw Error("each of \"messages\" must be a JSON object", where, "object", m.type_name());
+    nlohmann::ordered_json msg = nlohmann::ordered_json::object();
+    for (const auto& [key, value] : m.items()) {
+      if (!value.is_null()) msg[key] = value;
+    }
+    for (const char* field : {"reasoning_content", "thinking", "reasoning"}) {
+      if (!msg.contains(field)) continue;
+      const nlohmann::ordered_json reasoning = msg[field];
+      nlohmann::ordered_json aliased = nlohmann::ordered_json::object();
+      aliased["thinking"] = reasoning;
+      for (const auto& [key, value] : msg.items()) aliased[key] = value;
+      aliased["reasoning_content"] = reasoning;
+      msg = std::move(aliased);
+      break;
+    }
+    normalized.push_back(std::move(msg));
   }
   nlohmann::ordered_json vars = nlohmann::ordered_json::object();
   // Order as in transformers: special tokens first, then the request's own keys override.
   if (tokens.bos_token) vars["bos_token"] = *tokens.bos_token;
   if (tokens.eos_token) vars["eos_token"] = *tokens.eos_token;
-  vars["messages"] = *messages;
+  vars["messages"] = normalized;
   vars["tools"] = nullptr;
   vars["documents"] = nullptr;
   vars["add_generation_prompt"] = false;
@@ -44,7 +66,7 @@ nlohmann::ordered_json chat_variables(const nlohmann::ordered_json& request, con
     if (key == "add_generation_prompt" && !value.is_boolean()) {
       throw Error("\"add_generation_prompt\" must be true or false", where, "boolean", value.type_name());
     }
-    vars[key] = value;
+    if (key != "messages") vars[key] = value;  // messages: the normalized list above
   }
   return vars;
 }

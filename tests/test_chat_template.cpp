@@ -279,6 +279,23 @@ class ChatCli : public ::testing::Test {
   fs::path bin_, tmp_;
 };
 
+// Requests as transformers' apply_chat_template itself renders them (null-valued keys
+// dropped, reasoning aliases, empty conversations refused): goldens from
+// scripts/make_chat_request_fixtures.py.
+TEST(ChatRequests, NormalizedAsTransformersDoes) {
+  for (const ojson& row : read_jsonl(golden_dir() / "requests_transformers.jsonl")) {
+    const auto dir = test::shared_dir() / "models" / "cards" / row["card"].get<std::string>();
+    const Tokenizer tok = Tokenizer::from_dir(dir);
+    const ModelChatTemplate chat = load_chat_template(tok, dir);
+    const auto render = [&] { return chat.chat_template.render(chat_variables(row["request"], chat.special_tokens, "request")); };
+    if (row.contains("error")) {
+      EXPECT_THROW(render(), Error) << row["request"].dump();
+    } else {
+      EXPECT_EQ(render(), row["text"].get<std::string>()) << row["request"].dump();
+    }
+  }
+}
+
 // The golden variables, given as request lines, come out as Jinja2's text.
 TEST_F(ChatCli, TemplateSubcommandMatchesJinja2) {
   const fs::path card = test::shared_dir() / "models" / "cards" / "qwen3-4b";
