@@ -27,7 +27,7 @@ mean_nll is asserted equal (1e-6 relative) to model(ids, labels=y).loss.
 
 Outputs (in <out>, default tests/data/loss):
 
-  stories260k.json, llama31.json, qwen3.json, phi3.json
+  stories260k.json, llama31.json, qwen3.json, phi3.json, mistral.json
       {"source", "model_dir", "documents": [{"text" (stories260k only), "ids",
        "labels" (only where it differs from ids), "nll_sum", "tokens",
        "mean_nll", "target_log_probs" (n-1 entries: lp[t], null where
@@ -92,7 +92,7 @@ STORY_TEXTS = [
 ]
 LABEL_MASK_STORIES = [1, 9, -1]  # positions set to -100 in "masked" labels
 
-FIXTURES = ["llama31", "qwen3", "phi3"]
+FIXTURES = ["llama31", "qwen3", "phi3", "mistral"]
 FIXTURE_LENGTHS = [2, 7, 20, 33, 60]
 FIXTURE_MASKED_LEN = 24
 FIXTURE_MASK = [0, 1, 2, 10, 11, 17, 23]

@@ -161,7 +161,7 @@ TEST_P(LossTest, IgnoredLabelsAndOutOfRangeLabels) {
 
 INSTANTIATE_TEST_SUITE_P(Models, LossTest,
                          testing::Values(Case{"stories260k", "stories260k"}, Case{"llama31", "llama31"},
-                                         Case{"qwen3", "qwen3"}, Case{"phi3", "phi3"}),
+                                         Case{"qwen3", "qwen3"}, Case{"phi3", "phi3"}, Case{"mistral", "mistral"}),
                          [](const testing::TestParamInfo<Case>& i) { return i.param.golden; });
 
 }  // namespace

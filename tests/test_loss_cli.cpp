@@ -79,7 +79,7 @@ TEST_F(LossCli, Stories260kAtEveryTpSizeAndWithTwoDataParallelGroups) {
 }
 
 TEST_F(LossCli, EveryF32FixtureWithTwoDataParallelGroups) {
-  for (const char* name : {"llama31", "qwen3", "phi3"}) {
+  for (const char* name : {"llama31", "qwen3", "phi3", "mistral"}) {
     const auto golden = test::read_json(test::test_data_dir() / "loss" / (std::string(name) + ".json"));
     const fs::path model = test::test_data_dir() / "fixtures" / name / "f32";
     expect_golden(golden, model, 2, "--tp 1");
