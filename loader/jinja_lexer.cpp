@@ -188,24 +188,6 @@ class Lexer {
     pos_ += n;
   }
 
-  static void append_utf8(std::string& out, uint32_t cp) {
-    if (cp < 0x80) {
-      out += static_cast<char>(cp);
-    } else if (cp < 0x800) {
-      out += static_cast<char>(0xc0 | (cp >> 6));
-      out += static_cast<char>(0x80 | (cp & 0x3f));
-    } else if (cp < 0x10000) {
-      out += static_cast<char>(0xe0 | (cp >> 12));
-      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
-      out += static_cast<char>(0x80 | (cp & 0x3f));
-    } else {
-      out += static_cast<char>(0xf0 | (cp >> 18));
-      out += static_cast<char>(0x80 | ((cp >> 12) & 0x3f));
-      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
-      out += static_cast<char>(0x80 | (cp & 0x3f));
-    }
-  }
-
   // A quoted string with Python's unicode-escape rules (what Jinja2 applies).
   void lex_string(std::string_view rest, int line) {
     const char q = rest[0];
@@ -229,7 +211,7 @@ class Lexer {
           cp = cp * 16 + static_cast<uint32_t>(std::isdigit(static_cast<unsigned char>(h)) ? h - '0' : (std::tolower(h) - 'a' + 10));
         }
         n += digits;
-        append_utf8(value, cp);
+        value += from_u32(std::u32string(1, static_cast<char32_t>(cp)));
       };
       switch (e) {
         case 'n': value += '\n'; break;
