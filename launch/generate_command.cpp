@@ -10,7 +10,6 @@
 #include <memory>
 #include <random>
 #include <sstream>
-#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -219,8 +218,7 @@ int run_generate(const GenerateOptions& o, Job& job) {
     // Phi-3 pads its embedding to 32064 rows while the tokenizer knows 32011 ids: never
     // draw an id the tokenizer cannot decode.
     sampling.vocab_limit = std::min<int64_t>(files->config.vocab_size, tokenizer->vocab_size());
-    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    const int threads = o.threads > 0 ? o.threads : std::max(1, cores / w.local_size);
+    const int threads = blas_threads_per_rank(o.threads, w.local_size);
     backend = make_cpu_backend(threads);
     engine = make_engine(*files, plan, *backend, *groups.tp, max_seq_len, batch_rows);
     info("tp rank " + std::to_string(w.tp_rank) + "/" + std::to_string(w.tp_size) + ": " +

@@ -5,7 +5,6 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
-#include <thread>
 #include <vector>
 
 #include <cxxopts.hpp>
@@ -224,8 +223,7 @@ int run_loss(const LossOptions& o, Job& job) {
           docs.push_back(parse_document(l, o.input + ":" + std::to_string(l.line), tok.get(), files->config.vocab_size));
         }
         packs = pack(docs, pack_len);
-        const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-        backend = make_cpu_backend(o.threads > 0 ? o.threads : std::max(1, cores / w.local_size));
+        backend = make_cpu_backend(blas_threads_per_rank(o.threads, w.local_size));
         engine = make_engine(*files, plan, *backend, *groups.tp, /*max_seq_len=*/1);
         info("dp group " + std::to_string(w.dp_rank) + "/" + std::to_string(w.dp_size) + ", tp rank " +
              std::to_string(w.tp_rank) + "/" + std::to_string(w.tp_size) + ": " + std::to_string(docs.size()) +

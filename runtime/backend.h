@@ -37,6 +37,10 @@ class Backend {
                           const int32_t* positions, int64_t rows) = 0;
 };
 
+/// BLAS threads per rank: `requested` when > 0, else the node's cores shared by its
+/// `ranks_on_node` ranks (at least 1).
+int blas_threads_per_rank(int requested, int ranks_on_node);
+
 /// f32 host backend: kernels/cpu with `num_threads` BLAS threads.
 std::unique_ptr<Backend> make_cpu_backend(int num_threads);
 

@@ -68,12 +68,8 @@ std::vector<GenerationResult> generate_batch(Engine& engine, const std::vector<B
       GenerationResult& res = results[s.index];
       s.token = tokens[k];
       res.ids.push_back(s.token);
-      std::string reason;
-      if (std::find(req.eos_ids.begin(), req.eos_ids.end(), static_cast<int64_t>(s.token)) != req.eos_ids.end()) {
-        reason = "stop";
-      } else if (static_cast<int64_t>(res.ids.size()) >= req.max_new_tokens || s.pos + 1 >= L) {
-        reason = "length";
-      }
+      const std::string reason = finish_reason_after(s.token, req.eos_ids, static_cast<int64_t>(res.ids.size()),
+                                                     req.max_new_tokens, s.pos, L);
       if (!reason.empty()) {
         free_rows.push_back(s.row);
         s.sampler.reset();  // marks the slot finished

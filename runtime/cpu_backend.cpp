@@ -1,4 +1,7 @@
 // CpuBackend: forwards the Backend ops to kernels/cpu.
+#include <algorithm>
+#include <thread>
+
 #include "kernels/cpu/ops.h"
 #include "runtime/backend.h"
 
@@ -46,6 +49,12 @@ class CpuBackend final : public Backend {
 };
 
 }  // namespace
+
+int blas_threads_per_rank(int requested, int ranks_on_node) {
+  if (requested > 0) return requested;
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return std::max(1, cores / std::max(1, ranks_on_node));
+}
 
 std::unique_ptr<Backend> make_cpu_backend(int num_threads) {
   return std::make_unique<CpuBackend>(num_threads);

@@ -41,6 +41,12 @@ void Engine::check_tokens(std::span<const int32_t> tokens, int64_t pos, int64_t 
   }
 }
 
+// First cache index a query at index `i` (position counted from `start`) attends to:
+// its document's start, or the last `window` keys (itself included) when that is later.
+static int32_t first_key(int64_t start, int64_t i, int64_t window) {
+  return static_cast<int32_t>(window > 0 ? std::max<int64_t>(start, i + 1 - window) : start);
+}
+
 // Rows of a sequence at positions pos..pos+S-1, cached at the same rows: each attends
 // causally to the cache, or to its last sliding_window positions.
 Engine::Rows Engine::sequence_rows(int64_t S, int64_t pos) const {
@@ -54,7 +60,7 @@ Engine::Rows Engine::sequence_rows(int64_t S, int64_t pos) const {
   for (int64_t i = 0; i < S; ++i) {
     const int64_t p = pos + i;
     r.key_end[i] = static_cast<int32_t>(p + 1);
-    r.key_begin[i] = static_cast<int32_t>(window > 0 ? std::max<int64_t>(0, p + 1 - window) : 0);
+    r.key_begin[i] = first_key(0, p, window);
   }
   return r;
 }
@@ -220,7 +226,7 @@ Tensor Engine::packed_logits_local(std::span<const int32_t> tokens, std::span<co
     }
     // Only keys of the same document, and inside the sliding window.
     r.key_end[i] = static_cast<int32_t>(i + 1);
-    r.key_begin[i] = static_cast<int32_t>(window > 0 ? std::max<int64_t>(seg_start, i + 1 - window) : seg_start);
+    r.key_begin[i] = first_key(seg_start, i, window);
   }
   KvCache scratch = KvCache::make(backend_, config_.num_hidden_layers, P, plan_.num_kv_heads_local,
                                   config_.head_dim);
@@ -258,7 +264,7 @@ std::vector<float> Engine::prefill_packed(std::span<const int32_t> tokens, std::
     const int64_t base = row * L;
     r.cache_rows[i] = static_cast<int32_t>(base + p);
     r.key_end[i] = static_cast<int32_t>(base + p + 1);
-    r.key_begin[i] = static_cast<int32_t>(base + (window > 0 ? std::max<int64_t>(0, p + 1 - window) : 0));
+    r.key_begin[i] = first_key(base, base + p, window);
   }
   return gather_logits(run(tokens, r, cache_, last), static_cast<int64_t>(last.size()));
 }

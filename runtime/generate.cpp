@@ -23,11 +23,18 @@ int32_t draw(Engine& engine, Sampler& sampler, const std::vector<float>& logits)
 
 }  // namespace
 
+std::string finish_reason_after(int32_t token, std::span<const int64_t> eos_ids, int64_t new_tokens,
+                                int64_t max_new_tokens, int64_t cached, int64_t max_seq_len) {
+  if (std::find(eos_ids.begin(), eos_ids.end(), static_cast<int64_t>(token)) != eos_ids.end()) return "stop";
+  if (new_tokens >= max_new_tokens || cached + 1 >= max_seq_len) return "length";
+  return {};
+}
+
 GenerationResult generate_until(Engine& engine, std::span<const int32_t> prompt,
                                 const SamplingParams& params, int64_t max_new_tokens,
                                 std::span<const int64_t> eos_ids, const TokenCallback& on_token) {
   GenerationResult result;
-  result.finish_reason = "length";
+  result.finish_reason = "length";  // when nothing is generated
   Sampler sampler(params);
   const int64_t max_seq_len = engine.max_seq_len();
   if (static_cast<int64_t>(prompt.size()) > max_seq_len) {
@@ -45,12 +52,12 @@ GenerationResult generate_until(Engine& engine, std::span<const int32_t> prompt,
   while (true) {
     result.ids.push_back(token);
     if (on_token) on_token(token);
-    if (std::find(eos_ids.begin(), eos_ids.end(), static_cast<int64_t>(token)) != eos_ids.end()) {
-      result.finish_reason = "stop";
+    const std::string reason = finish_reason_after(token, eos_ids, static_cast<int64_t>(result.ids.size()),
+                                                   max_new_tokens, pos, max_seq_len);
+    if (!reason.empty()) {
+      result.finish_reason = reason;
       break;
     }
-    // Prompt + new tokens stay within max_seq_len (the newest token is at position pos).
-    if (static_cast<int64_t>(result.ids.size()) >= max_new_tokens || pos + 1 >= max_seq_len) break;
     logits = engine.decode(token, pos++);
     token = draw(engine, sampler, logits);
   }

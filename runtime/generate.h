@@ -25,6 +25,13 @@ struct GenerationResult {
   double decode_ms = 0.0;     // wall time of the decode steps after it
 };
 
+/// The stop rule shared by every generation loop, after `token` became new token number
+/// `new_tokens` with `cached` tokens already in the KV cache row (the token itself goes at
+/// position `cached`): "stop" when it is an EOS id, "length" when max_new_tokens is
+/// reached or prompt + new tokens fill max_seq_len, else empty (go on).
+std::string finish_reason_after(int32_t token, std::span<const int64_t> eos_ids, int64_t new_tokens,
+                                int64_t max_new_tokens, int64_t cached, int64_t max_seq_len);
+
 /// Called with each new token as it is drawn (on every rank).
 using TokenCallback = std::function<void(int32_t)>;
 
