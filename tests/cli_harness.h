@@ -26,23 +26,44 @@ namespace linnet::test {
 
 namespace fs = std::filesystem;
 
+/// What a run of linnet-tp gave: exit code, stdout, stderr, wall time.
 struct Result {
   int code = -1;
   std::string out, err;
   double seconds = 0;
 };
 
-std::string quote(const std::string& s) {
+/// `s` single-quoted for /bin/sh.
+inline std::string quote(const std::string& s) {
   std::string q = "'";
   for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
   return q + "'";
 }
 
-std::string slurp(const fs::path& p) {
+/// The whole file (empty when absent).
+inline std::string slurp(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+/// Runs the linnet-tp executable (LINNET_BIN) directly, without mpirun (an MPI
+/// singleton), with `args` already quoted: stdout captured, stderr written to `err_file`
+/// and read back.
+inline Result run_direct(const std::string& args, const fs::path& err_file) {
+  const std::string cmd = quote(env_path("LINNET_BIN").string()) + " " + args + " 2>" + quote(err_file.string());
+  Result r;
+  const auto t0 = std::chrono::steady_clock::now();
+  FILE* pipe = ::popen(cmd.c_str(), "r");
+  if (pipe == nullptr) return r;
+  char buf[4096];
+  for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, pipe)) > 0;) r.out.append(buf, n);
+  const int status = ::pclose(pipe);
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.err = slurp(err_file);
+  return r;
 }
 
 /// Runs the linnet-tp executable (LINNET_BIN) under mpirun (LINNET_MPIEXEC) in a fresh

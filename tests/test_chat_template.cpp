@@ -18,6 +18,7 @@
 #include "common/error.h"
 #include "loader/chat_template.h"
 #include "loader/tokenizer.h"
+#include "tests/cli_harness.h"
 #include "tests/test_data.h"
 
 namespace linnet {
@@ -236,16 +237,8 @@ TEST(ChatTemplate, GarbageTemplatesFailCleanly) {
 
 namespace fs = std::filesystem;
 
-struct CliResult {
-  int code = -1;
-  std::string out, err;
-};
-
-std::string shell_quote(const std::string& s) {
-  std::string q = "'";
-  for (const char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
+using test::quote;
+using CliResult = test::Result;
 
 class ChatCli : public ::testing::Test {
  protected:
@@ -262,19 +255,7 @@ class ChatCli : public ::testing::Test {
     if (!tmp_.empty()) fs::remove_all(tmp_);
   }
 
-  CliResult run(const std::string& args) const {
-    const fs::path err = tmp_ / "stderr.txt";
-    const std::string cmd = shell_quote(bin_.string()) + " " + args + " 2>" + shell_quote(err.string());
-    CliResult r;
-    FILE* pipe = ::popen(cmd.c_str(), "r");
-    if (pipe == nullptr) return r;
-    char buf[4096];
-    for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, pipe)) > 0;) r.out.append(buf, n);
-    const int status = ::pclose(pipe);
-    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    r.err = read_file(err);
-    return r;
-  }
+  CliResult run(const std::string& args) const { return test::run_direct(args, tmp_ / "stderr.txt"); }
 
   fs::path bin_, tmp_;
 };
@@ -308,8 +289,8 @@ TEST_F(ChatCli, TemplateSubcommandMatchesJinja2) {
     expected.push_back(nlohmann::json{{"text", row["text"]}}.dump() + "\n");
   }
   std::ofstream(tmp_ / "in.jsonl") << input;
-  const CliResult r = run("template --model " + shell_quote(card.string()) + " --input " +
-                          shell_quote((tmp_ / "in.jsonl").string()));
+  const CliResult r = run("template --model " + quote(card.string()) + " --input " +
+                          quote((tmp_ / "in.jsonl").string()));
   ASSERT_EQ(r.code, 0) << r.err;
   std::string all;
   for (const auto& e : expected) all += e;
@@ -318,14 +299,14 @@ TEST_F(ChatCli, TemplateSubcommandMatchesJinja2) {
 
 // Acceptance 3: a model without a chat template is refused, naming tokenizer_config.json.
 TEST_F(ChatCli, GenerateChatRefusesModelWithoutTemplate) {
-  const std::string model = shell_quote(test::stories_dir().string());
+  const std::string model = quote(test::stories_dir().string());
   const CliResult r = run("generate --model " + model + " --chat --prompt 'Once upon a time' --max-new-tokens 4");
   EXPECT_EQ(r.code, 1);
   EXPECT_EQ(r.out, "");
   EXPECT_NE(r.err.find("tokenizer_config.json"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("no chat template"), std::string::npos) << r.err;
   std::ofstream(tmp_ / "in.jsonl") << R"({"messages": [{"role": "user", "content": "Hi"}]})" << "\n";
-  const CliResult t = run("--model " + model + " --input " + shell_quote((tmp_ / "in.jsonl").string()));
+  const CliResult t = run("--model " + model + " --input " + quote((tmp_ / "in.jsonl").string()));
   EXPECT_EQ(t.code, 1);
   EXPECT_NE(t.err.find("tokenizer_config.json"), std::string::npos) << t.err;
 }
@@ -341,10 +322,10 @@ TEST_F(ChatCli, GenerateChatDoesNotAddASecondBos) {
   nlohmann::json config = test::read_json(test::stories_dir() / "tokenizer_config.json");
   config["chat_template"] = "{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}";
   std::ofstream(model / "tokenizer_config.json") << config.dump();
-  const std::string common = "--model " + shell_quote(model.string()) + " --max-new-tokens 4 --output ";
-  const CliResult chat = run(common + shell_quote((tmp_ / "chat.jsonl").string()) + " --chat --prompt 'Once upon a time'");
+  const std::string common = "--model " + quote(model.string()) + " --max-new-tokens 4 --output ";
+  const CliResult chat = run(common + quote((tmp_ / "chat.jsonl").string()) + " --chat --prompt 'Once upon a time'");
   ASSERT_EQ(chat.code, 0) << chat.err;
-  const CliResult raw = run(common + shell_quote((tmp_ / "raw.jsonl").string()) + " --prompt 'Once upon a time'");
+  const CliResult raw = run(common + quote((tmp_ / "raw.jsonl").string()) + " --prompt 'Once upon a time'");
   ASSERT_EQ(raw.code, 0) << raw.err;
   const nlohmann::json c = nlohmann::json::parse(read_file(tmp_ / "chat.jsonl"));
   const nlohmann::json w = nlohmann::json::parse(read_file(tmp_ / "raw.jsonl"));

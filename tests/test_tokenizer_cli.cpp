@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <sstream>
 
+#include "tests/cli_harness.h"
 #include "tests/test_data.h"
 
 namespace linnet {
@@ -15,30 +16,10 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-struct Result {
-  int code = -1;
-  std::string out;
-};
+using test::quote;
+using test::Result;
 
-std::string quote(const std::string& s) {
-  std::string q = "'";
-  for (const char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
-/// Runs linnet-tp with `args` (already quoted), stdout captured, stderr to `err_file`.
-Result run(const std::string& args, const fs::path& err_file) {
-  const std::string cmd = quote(test::env_path("LINNET_BIN").string()) + " " + args + " 2>" +
-                          quote(err_file.string());
-  Result r;
-  FILE* pipe = ::popen(cmd.c_str(), "r");
-  if (pipe == nullptr) return r;
-  char buf[4096];
-  for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, pipe)) > 0;) r.out.append(buf, n);
-  const int status = ::pclose(pipe);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+using test::run_direct;
 
 std::string ids_line(const std::vector<int32_t>& ids) {
   std::string s;
@@ -83,7 +64,7 @@ TEST_F(TokenizeCli, TextPrintsIdsOfEachModel) {
     for (const json& c : g.cases) {
       const std::string text = c.at("text").get<std::string>();
       if (text.empty() || text.find('\'') != std::string::npos || ++checked > 4) continue;
-      const Result r = run("tokenize --model " + quote(g.model_dir.string()) + " --text " + quote(text),
+      const Result r = run_direct("tokenize --model " + quote(g.model_dir.string()) + " --text " + quote(text),
                            tmp_ / "err");
       EXPECT_EQ(r.code, 0) << g.model_dir;
       EXPECT_EQ(r.out, ids_line(c.at("ids").get<std::vector<int32_t>>())) << g.model_dir << " " << text;
@@ -100,7 +81,7 @@ TEST_F(TokenizeCli, InputGivesOneIdsLinePerTextInOrder) {
       expected += json{{"ids", c.at("ids")}}.dump() + "\n";
     }
     in.close();
-    const Result r = run("tokenize --model " + quote(g.model_dir.string()) + " --input " +
+    const Result r = run_direct("tokenize --model " + quote(g.model_dir.string()) + " --input " +
                              quote((tmp_ / "in.jsonl").string()),
                          tmp_ / "err");
     EXPECT_EQ(r.code, 0) << g.model_dir;
@@ -110,8 +91,8 @@ TEST_F(TokenizeCli, InputGivesOneIdsLinePerTextInOrder) {
 
 TEST_F(TokenizeCli, AddSpecialAddsBos) {
   const fs::path llama = test::shared_dir() / "models" / "cards" / "llama-3.1-8b-instruct";
-  EXPECT_EQ(run("tokenize --model " + quote(llama.string()) + " --text Hello", tmp_ / "err").out, "9906\n");
-  EXPECT_EQ(run("tokenize --model " + quote(llama.string()) + " --text Hello --add-special", tmp_ / "err").out,
+  EXPECT_EQ(run_direct("tokenize --model " + quote(llama.string()) + " --text Hello", tmp_ / "err").out, "9906\n");
+  EXPECT_EQ(run_direct("tokenize --model " + quote(llama.string()) + " --text Hello --add-special", tmp_ / "err").out,
             "128000 9906\n");
 }
 
@@ -123,27 +104,27 @@ TEST_F(TokenizeCli, ErrorsExitNonZeroAndNameTheProblem) {
     ss << in.rdbuf();
     return ss.str();
   };
-  Result r = run("tokenize --model " + quote(llama.string()) + " --text \"$(printf 'ab\\377')\"", tmp_ / "err");
+  Result r = run_direct("tokenize --model " + quote(llama.string()) + " --text \"$(printf 'ab\\377')\"", tmp_ / "err");
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(err().find("invalid UTF-8 at byte offset 2"), std::string::npos) << err();
 
   std::ofstream(tmp_ / "bad.jsonl") << "{\"text\": \"ok\"}\n{\"prompt\": \"x\"}\n";
-  r = run("tokenize --model " + quote(llama.string()) + " --input " + quote((tmp_ / "bad.jsonl").string()),
+  r = run_direct("tokenize --model " + quote(llama.string()) + " --input " + quote((tmp_ / "bad.jsonl").string()),
           tmp_ / "err");
   EXPECT_EQ(r.code, 1);
   EXPECT_EQ(r.out, "");  // nothing printed before the bad line is found
   EXPECT_NE(err().find("bad.jsonl:2"), std::string::npos) << err();
 
-  r = run("tokenize --model " + quote((tmp_ / "nowhere").string()) + " --text x", tmp_ / "err");
+  r = run_direct("tokenize --model " + quote((tmp_ / "nowhere").string()) + " --text x", tmp_ / "err");
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(err().find("model directory not found"), std::string::npos) << err();
   EXPECT_NE(err().find("nowhere"), std::string::npos) << err();
 
-  r = run("tokenize --model " + quote(tmp_.string()) + " --text x", tmp_ / "err");  // a dir without one
+  r = run_direct("tokenize --model " + quote(tmp_.string()) + " --text x", tmp_ / "err");  // a dir without one
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(err().find("tokenizer.json"), std::string::npos) << err();
 
-  r = run("tokenize --text x", tmp_ / "err");
+  r = run_direct("tokenize --text x", tmp_ / "err");
   EXPECT_NE(r.code, 0);
   EXPECT_NE(err().find("--model"), std::string::npos) << err();
 }
