@@ -170,8 +170,7 @@ int run_generate(const GenerateOptions& o, Job& job) {
     const int64_t max_seq_len = resolve_max_seq_len(files->config, o.max_seq_len);
     const int64_t batch_rows = std::min<int64_t>(o.max_batch, static_cast<int64_t>(texts.size()));
     const RankMemory need = rank_memory(files->config, plan, max_seq_len, batch_rows);
-    const int64_t available = available_host_memory();
-    check_memory(need, available < 0 ? -1 : available / w.local_size, w.local_size);
+    check_memory(need, available_host_memory(), w.local_size);
     tokenizer = std::make_unique<Tokenizer>(Tokenizer::from_dir(model_dir));
     if (tokenizer->vocab_size() > files->config.vocab_size) {
       throw Error("the tokenizer knows more ids than the model has embedding rows", (model_dir / "tokenizer.json").string(),

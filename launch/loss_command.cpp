@@ -213,8 +213,7 @@ int run_loss(const LossOptions& o, Job& job) {
         pack_len = resolve_max_seq_len(files->config, o.max_seq_len);
         // No KV cache is kept between passes; the packed pass needs one of pack_len rows.
         const RankMemory need = rank_memory(files->config, plan, pack_len);
-        const int64_t available = available_host_memory();
-        check_memory(need, available < 0 ? -1 : available / w.local_size, w.local_size);
+        check_memory(need, available_host_memory(), w.local_size);
         std::unique_ptr<Tokenizer> tok;
         if (std::filesystem::exists(dir / "tokenizer.json")) {
           tok = std::make_unique<Tokenizer>(Tokenizer::from_dir(dir));

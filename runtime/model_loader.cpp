@@ -74,8 +74,10 @@ int64_t available_host_memory() {
   return -1;
 }
 
-void check_memory(const RankMemory& need, int64_t available_bytes, int ranks_on_node) {
-  if (available_bytes < 0 || need.total() <= available_bytes) return;
+void check_memory(const RankMemory& need, int64_t node_available_bytes, int ranks_on_node) {
+  if (node_available_bytes < 0) return;
+  const int64_t available_bytes = node_available_bytes / std::max(1, ranks_on_node);
+  if (need.total() <= available_bytes) return;
   throw Error("not enough memory for this rank: it needs " + format_bytes(need.total()) + " (weights " +
                   format_bytes(need.weight_bytes) + " in f32, KV cache " + format_bytes(need.kv_cache_bytes) +
                   ") but has " + format_bytes(available_bytes) + " (available memory / " +

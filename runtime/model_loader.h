@@ -45,10 +45,11 @@ struct RankMemory {
 RankMemory rank_memory(const ModelConfig& config, const ShardPlan& plan, int64_t max_seq_len,
                        int64_t batch_rows = 1);
 
-/// Memory preflight: refuses, before anything is loaded, when `need` exceeds
-/// `available_bytes` (this rank's share of the node's available memory).
+/// Memory preflight: refuses, before anything is loaded, when `need` exceeds this rank's
+/// share of `node_available_bytes` (the node's available memory, split evenly over its
+/// `ranks_on_node` ranks). A negative `node_available_bytes` (unknown) never refuses.
 /// @throws Error with both numbers and what to change (more ranks, a shorter --max-seq-len).
-void check_memory(const RankMemory& need, int64_t available_bytes, int ranks_on_node);
+void check_memory(const RankMemory& need, int64_t node_available_bytes, int ranks_on_node);
 
 /// MemAvailable of /proc/meminfo in bytes, or -1 when it cannot be read.
 int64_t available_host_memory();

@@ -239,7 +239,7 @@ TEST(MemoryPreflight, RefusesWithTheNumbersAndWhatToChange) {
   EXPECT_NO_THROW(check_memory(need, 5LL << 30, 1));
   EXPECT_NO_THROW(check_memory(need, -1, 1));  // unknown: no refusal
   try {
-    check_memory(need, 2LL << 30, 4);
+    check_memory(need, 8LL << 30, 4);  // 2 GiB for each of 4 ranks
     FAIL() << "4 GiB must not fit in 2 GiB";
   } catch (const Error& e) {
     const std::string m = e.what();
