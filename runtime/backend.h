@@ -1,40 +1,73 @@
 // Backend: the op set the decoder calls, over pointers into tensors the backend owns.
-// The decoder is written once against this interface; CpuBackend forwards to
-// kernels/cpu (the CUDA backend, in its own issue, to kernels/cuda). Shapes and math
-// of each op are documented in kernels/cpu/ops.h.
+// The decoder (runtime/engine.cpp) is written once against this interface; CpuBackend
+// forwards to kernels/cpu, CudaBackend (runtime/cuda_backend.cu, built when nvcc is
+// found) to kernels/cuda. The math of each op is documented in kernels/cpu/ops.h.
+//
+// Memory: every pointer an op takes refers to this backend's memory (host for the CPU
+// backend, the current device for CUDA). Activations and the KV cache are f32; weight
+// matrices are in the backend's weight dtype (f32 on CPU, bf16 on CUDA) and are passed
+// as Tensors so an op can see their dtype; small i32 inputs (token ids, positions, page
+// tables, key ranges) are uploaded once per pass with upload_i32.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <span>
+#include <string>
 
 #include "runtime/tensor.h"
 
 namespace linnet {
 
-/// The decoder's ops. All pointers refer to memory of this backend's device.
+/// The decoder's ops. See the file comment for where each pointer must live.
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual Device device() const = 0;
+  /// "cpu" or "cuda:N", for messages.
+  virtual std::string name() const = 0;
   /// A zero-filled tensor on this backend's device.
-  virtual Tensor zeros(std::vector<int64_t> shape) = 0;
+  virtual Tensor zeros(std::vector<int64_t> shape, ScalarType dtype = ScalarType::kF32) = 0;
 
-  virtual void matmul_nt(const float* x, const float* w, float* out, int64_t m, int64_t k, int64_t n) = 0;
-  virtual void embedding_lookup(const float* table, int64_t vocab_begin, int64_t vocab_local,
-                                int64_t hidden, const int32_t* ids, int64_t n, float* out) = 0;
+  /// A weight matrix (host f32, e.g. from load_weights) in this backend's weight dtype
+  /// and memory. The CPU backend returns `host` itself (no copy).
+  virtual Tensor upload_matrix(const Tensor& host) = 0;
+  /// A weight vector (norm weights, rotary inverse frequencies; host f32) kept f32 in
+  /// this backend's memory.
+  virtual Tensor upload_vector(const Tensor& host) = 0;
+  /// i32 values in this backend's memory, shape [values.size()].
+  virtual Tensor upload_i32(std::span<const int32_t> values) = 0;
+  /// Copies an f32 tensor of this backend into host memory `out` (t.numel() floats);
+  /// waits for the work queued before it.
+  virtual void to_host(const Tensor& t, float* out) = 0;
+
+  /// out[m, n] = x[m, k] * w[n, k]^T. x, out f32; w a matrix from upload_matrix.
+  virtual void matmul_nt(const float* x, const Tensor& w, float* out, int64_t m, int64_t k, int64_t n) = 0;
+  /// Vocab-parallel lookup of `n` ids (i32, backend memory) in `table` [vocab_local,
+  /// hidden] (a matrix from upload_matrix); rows of ids outside this slice are zero.
+  virtual void embedding_lookup(const Tensor& table, int64_t vocab_begin, int64_t vocab_local, int64_t hidden,
+                                const int32_t* ids, int64_t n, float* out) = 0;
   virtual void rmsnorm(const float* x, const float* weight, float* out, int64_t rows, int64_t dim,
                        float eps) = 0;
   virtual void rope(float* x, int64_t rows, int64_t row_stride, int64_t n_heads, int64_t head_dim,
                     const int32_t* positions, const float* inv_freq) = 0;
   virtual void swiglu(const float* gate_up, float* out, int64_t rows, int64_t inter) = 0;
-  virtual void attention(const float* q, int64_t q_stride, const float* k, const float* v, float* out,
+  /// Paged grouped-query attention (cpu::attention in kernels/cpu/ops.h): query r reads
+  /// the keys at logical positions [key_begin[r], key_end[r]) of its sequence, position
+  /// p living in cache row page_table[r * max_pages + p / page_size] * page_size +
+  /// p % page_size of k_cache / v_cache.
+  virtual void attention(const float* q, int64_t q_stride, const float* k_cache, const float* v_cache, float* out,
                          int64_t rows, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
+                         const int32_t* page_table, int64_t max_pages, int64_t page_size,
                          const int32_t* key_begin, const int32_t* key_end) = 0;
   virtual void rmsnorm_heads(float* x, int64_t rows, int64_t row_stride, int64_t n_heads, int64_t head_dim,
                              const float* weight, float eps) = 0;
   virtual void add_inplace(float* x, const float* y, int64_t n) = 0;
+  /// cache[slots[r] * row_elems + i] = src[r * src_stride + i] (slots i32, backend memory).
   virtual void store_rows(const float* src, int64_t src_stride, float* cache, int64_t row_elems,
-                          const int32_t* positions, int64_t rows) = 0;
+                          const int32_t* slots, int64_t rows) = 0;
+  /// out[r, :] = src[index[r], :] for r < n; rows of `cols` floats (index i32, backend memory).
+  virtual void gather_rows(const float* src, int64_t cols, const int32_t* index, int64_t n, float* out) = 0;
 };
 
 /// BLAS threads per rank: `requested` when > 0, else the node's cores shared by its

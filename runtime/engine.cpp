@@ -1,5 +1,6 @@
 #include "runtime/engine.h"
 
+#include <algorithm>
 #include <numeric>
 #include <string>
 
@@ -8,22 +9,61 @@
 
 namespace linnet {
 
+namespace {
+
+// Host f32 weights -> the backend's memory and weight dtype (a no-op on the CPU backend).
+// Each host tensor is released as soon as its copy exists, unless shared (a tied head).
+ModelWeights to_backend(ModelWeights w, Backend& b) {
+  const bool tied = w.lm_head.raw() == w.embed_tokens.raw();
+  ModelWeights out;
+  out.embed_tokens = b.upload_matrix(w.embed_tokens);
+  w.embed_tokens = Tensor();
+  out.lm_head = tied ? out.embed_tokens : b.upload_matrix(w.lm_head);
+  w.lm_head = Tensor();
+  out.final_norm = b.upload_vector(w.final_norm);
+  for (LayerWeights& L : w.layers) {
+    LayerWeights d;
+    d.input_norm = b.upload_vector(L.input_norm);
+    d.wqkv = b.upload_matrix(L.wqkv);
+    if (!L.q_norm.empty()) d.q_norm = b.upload_vector(L.q_norm);
+    if (!L.k_norm.empty()) d.k_norm = b.upload_vector(L.k_norm);
+    d.wo = b.upload_matrix(L.wo);
+    d.post_attn_norm = b.upload_vector(L.post_attn_norm);
+    d.w_gate_up = b.upload_matrix(L.w_gate_up);
+    d.w_down = b.upload_matrix(L.w_down);
+    L = LayerWeights();
+    out.layers.push_back(std::move(d));
+  }
+  return out;
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
 Engine::Engine(const ModelConfig& config, const ShardPlan& plan, ModelWeights weights, Backend& backend,
-               Communicator& tp_comm, int64_t max_seq_len, int64_t max_batch)
+               Communicator& tp_comm, int64_t max_seq_len, int64_t max_batch, int64_t page_size,
+               int64_t num_pages)
     : config_(config),
       plan_(plan),
-      weights_(std::move(weights)),
       backend_(backend),
       comm_(tp_comm),
-      cache_(KvCache::make(backend, config.num_hidden_layers, max_seq_len, plan.num_kv_heads_local,
-                           config.head_dim, max_batch)) {
-  LINNET_CHECK(max_seq_len >= 1 && max_batch >= 1, "max_seq_len and max_batch must be positive");
-  inv_freq_ = Tensor::zeros({config.head_dim / 2});
-  cpu::rope_inv_freq(config.rope_theta, config.head_dim, inv_freq_.data());
+      max_seq_len_(max_seq_len),
+      max_batch_(max_batch) {
+  LINNET_CHECK(max_seq_len >= 1 && max_batch >= 1 && page_size >= 0 && num_pages >= 0,
+               "max_seq_len and max_batch must be positive");
+  if (page_size == 0) page_size = max_seq_len;
+  if (num_pages == 0) num_pages = max_batch * ceil_div(max_seq_len, page_size);
+  weights_ = to_backend(std::move(weights), backend);
+  cache_ = KvCache::make(backend, config.num_hidden_layers, page_size, num_pages, plan.num_kv_heads_local,
+                         config.head_dim);
+  Tensor inv_freq = Tensor::zeros({config.head_dim / 2});
+  cpu::rope_inv_freq(config.rope_theta, config.head_dim, inv_freq.data());
   if (const auto& rs = config.rope_scaling) {
-    cpu::rope_scale_llama3(inv_freq_.data(), config.head_dim / 2, rs->factor, rs->low_freq_factor,
+    cpu::rope_scale_llama3(inv_freq.data(), config.head_dim / 2, rs->factor, rs->low_freq_factor,
                            rs->high_freq_factor, static_cast<double>(rs->original_max_position_embeddings));
   }
+  inv_freq_ = backend.upload_vector(inv_freq);
 }
 
 void Engine::check_tokens(std::span<const int32_t> tokens, int64_t pos, int64_t capacity) const {
@@ -47,22 +87,40 @@ static int32_t first_key(int64_t start, int64_t i, int64_t window) {
   return static_cast<int32_t>(window > 0 ? std::max<int64_t>(start, i + 1 - window) : start);
 }
 
-// Rows of a sequence at positions pos..pos+S-1, cached at the same rows: each attends
+// Rows of a sequence at positions pos..pos+S-1 whose pages are `table`: each attends
 // causally to the cache, or to its last sliding_window positions.
-Engine::Rows Engine::sequence_rows(int64_t S, int64_t pos) const {
+Engine::Rows Engine::sequence_rows(int64_t S, int64_t pos, std::span<const int32_t> table,
+                                   int64_t page_size) const {
   Rows r;
   const int64_t window = config_.sliding_window.value_or(0);
+  r.max_pages = static_cast<int64_t>(table.size());
   r.positions.resize(static_cast<size_t>(S));
-  std::iota(r.positions.begin(), r.positions.end(), static_cast<int32_t>(pos));
-  r.cache_rows = r.positions;
+  r.slots.resize(static_cast<size_t>(S));
   r.key_begin.resize(static_cast<size_t>(S));
   r.key_end.resize(static_cast<size_t>(S));
   for (int64_t i = 0; i < S; ++i) {
     const int64_t p = pos + i;
+    r.positions[i] = static_cast<int32_t>(p);
+    r.slots[i] = static_cast<int32_t>(table[p / page_size] * page_size + p % page_size);
     r.key_end[i] = static_cast<int32_t>(p + 1);
     r.key_begin[i] = first_key(0, p, window);
+    r.page_table.insert(r.page_table.end(), table.begin(), table.end());
   }
   return r;
+}
+
+std::vector<int32_t> Engine::row_pages(int64_t row, const char* entry) const {
+  const int64_t per_row = ceil_div(max_seq_len_, cache_.page_size);
+  if (row < 0 || row >= max_batch_) {
+    throw Error("KV cache row out of range", entry, "[0, " + std::to_string(max_batch_) + ")", std::to_string(row));
+  }
+  if ((row + 1) * per_row > cache_.num_pages) {
+    throw Error("KV cache row " + std::to_string(row) + " does not fit in the page pool", entry,
+                std::to_string((row + 1) * per_row) + " pages", std::to_string(cache_.num_pages) + " pages");
+  }
+  std::vector<int32_t> t(static_cast<size_t>(per_row));
+  std::iota(t.begin(), t.end(), static_cast<int32_t>(row * per_row));
+  return t;
 }
 
 Tensor Engine::run(std::span<const int32_t> tokens, const Rows& rows_in, KvCache& cache,
@@ -75,8 +133,15 @@ Tensor Engine::run(std::span<const int32_t> tokens, const Rows& rows_in, KvCache
   const int64_t qkv_cols = (nh + 2 * nkv) * hd;
   const int64_t inter = plan_.intermediate_local;
   const float eps = static_cast<float>(config_.rms_norm_eps);
-  const int32_t* positions = rows_in.positions.data();
-  const int32_t* cache_rows = rows_in.cache_rows.data();
+  // The pass's small inputs, in backend memory once.
+  const Tensor ids = backend_.upload_i32(tokens);
+  const Tensor positions_t = backend_.upload_i32(rows_in.positions);
+  const Tensor slots_t = backend_.upload_i32(rows_in.slots);
+  const Tensor table_t = backend_.upload_i32(rows_in.page_table);
+  const Tensor key_begin_t = backend_.upload_i32(rows_in.key_begin);
+  const Tensor key_end_t = backend_.upload_i32(rows_in.key_end);
+  const int32_t* positions = positions_t.i32();
+  const int32_t* slots = slots_t.i32();
 
   Tensor h = backend_.zeros({S, H});         // residual stream
   Tensor xn = backend_.zeros({S, H});        // normed input of a block
@@ -87,34 +152,34 @@ Tensor Engine::run(std::span<const int32_t> tokens, const Rows& rows_in, KvCache
   Tensor act = backend_.zeros({S, inter});
 
   // Vocab-parallel embedding: rows this rank does not own are zero, the sum fills them.
-  backend_.embedding_lookup(weights_.embed_tokens.data(), plan_.vocab_begin, plan_.vocab_local, H,
-                            tokens.data(), S, h.data());
+  backend_.embedding_lookup(weights_.embed_tokens, plan_.vocab_begin, plan_.vocab_local, H, ids.i32(), S,
+                            h.data());
   comm_.all_reduce_sum(h.data(), static_cast<size_t>(S * H));
 
   for (size_t l = 0; l < weights_.layers.size(); ++l) {
     const LayerWeights& L = weights_.layers[l];
     // Attention block: column-parallel q/k/v (this rank's heads), row-parallel o_proj.
     backend_.rmsnorm(h.data(), L.input_norm.data(), xn.data(), S, H, eps);
-    backend_.matmul_nt(xn.data(), L.wqkv.data(), qkv.data(), S, H, qkv_cols);
+    backend_.matmul_nt(xn.data(), L.wqkv, qkv.data(), S, H, qkv_cols);
     if (config_.qk_norm) {  // Qwen3: per-head RMSNorm of q and k, before RoPE
       backend_.rmsnorm_heads(qkv.data(), S, qkv_cols, nh, hd, L.q_norm.data(), eps);
       backend_.rmsnorm_heads(qkv.data() + nh * hd, S, qkv_cols, nkv, hd, L.k_norm.data(), eps);
     }
     backend_.rope(qkv.data(), S, qkv_cols, nh, hd, positions, inv_freq_.data());
     backend_.rope(qkv.data() + nh * hd, S, qkv_cols, nkv, hd, positions, inv_freq_.data());
-    backend_.store_rows(qkv.data() + nh * hd, qkv_cols, cache.k[l].data(), nkv * hd, cache_rows, S);
-    backend_.store_rows(qkv.data() + (nh + nkv) * hd, qkv_cols, cache.v[l].data(), nkv * hd, cache_rows, S);
+    backend_.store_rows(qkv.data() + nh * hd, qkv_cols, cache.k[l].data(), nkv * hd, slots, S);
+    backend_.store_rows(qkv.data() + (nh + nkv) * hd, qkv_cols, cache.v[l].data(), nkv * hd, slots, S);
     backend_.attention(qkv.data(), qkv_cols, cache.k[l].data(), cache.v[l].data(), attn.data(), S, nh, nkv, hd,
-                       rows_in.key_begin.data(), rows_in.key_end.data());
-    backend_.matmul_nt(attn.data(), L.wo.data(), partial.data(), S, nh * hd, H);
+                       table_t.i32(), rows_in.max_pages, cache.page_size, key_begin_t.i32(), key_end_t.i32());
+    backend_.matmul_nt(attn.data(), L.wo, partial.data(), S, nh * hd, H);
     comm_.all_reduce_sum(partial.data(), static_cast<size_t>(S * H));  // row-parallel o_proj
     backend_.add_inplace(h.data(), partial.data(), S * H);
 
     // MLP block: column-parallel gate/up, row-parallel down_proj.
     backend_.rmsnorm(h.data(), L.post_attn_norm.data(), xn.data(), S, H, eps);
-    backend_.matmul_nt(xn.data(), L.w_gate_up.data(), gate_up.data(), S, H, 2 * inter);
+    backend_.matmul_nt(xn.data(), L.w_gate_up, gate_up.data(), S, H, 2 * inter);
     backend_.swiglu(gate_up.data(), act.data(), S, inter);
-    backend_.matmul_nt(act.data(), L.w_down.data(), partial.data(), S, inter, H);
+    backend_.matmul_nt(act.data(), L.w_down, partial.data(), S, inter, H);
     comm_.all_reduce_sum(partial.data(), static_cast<size_t>(S * H));  // row-parallel down_proj
     backend_.add_inplace(h.data(), partial.data(), S * H);
   }
@@ -125,15 +190,14 @@ Tensor Engine::run(std::span<const int32_t> tokens, const Rows& rows_in, KvCache
   const float* last = h.data();
   if (!out.empty()) {
     selected = backend_.zeros({rows, H});
-    for (int64_t i = 0; i < rows; ++i) {
-      std::copy(h.data() + out[i] * H, h.data() + (out[i] + 1) * H, selected.data() + i * H);
-    }
+    const Tensor index = backend_.upload_i32(out);
+    backend_.gather_rows(h.data(), H, index.i32(), rows, selected.data());
     last = selected.data();
   }
   Tensor normed = backend_.zeros({rows, H});
   backend_.rmsnorm(last, weights_.final_norm.data(), normed.data(), rows, H, eps);
   Tensor logits = backend_.zeros({rows, plan_.vocab_local});
-  backend_.matmul_nt(normed.data(), weights_.lm_head.data(), logits.data(), rows, H, plan_.vocab_local);
+  backend_.matmul_nt(normed.data(), weights_.lm_head, logits.data(), rows, H, plan_.vocab_local);
   return logits;
 }
 
@@ -141,8 +205,10 @@ std::vector<float> Engine::gather_logits(const Tensor& local, int64_t rows) {
   const int64_t vl = plan_.vocab_local;
   const int64_t V = config_.vocab_size;
   const int tp = comm_.size();
+  Tensor gathered = backend_.zeros({tp * rows * vl});
+  comm_.all_gather(local.data(), static_cast<size_t>(rows * vl), gathered.data());
   std::vector<float> recv(static_cast<size_t>(tp * rows * vl));
-  comm_.all_gather(local.data(), static_cast<size_t>(rows * vl), recv.data());
+  backend_.to_host(gathered, recv.data());
   // Rank r's slice is vocab rows [r * vl, (r + 1) * vl); rows past vocab_size are
   // padding and are dropped here, so they can never be sampled.
   std::vector<float> out(static_cast<size_t>(rows * V));
@@ -160,26 +226,30 @@ std::vector<float> Engine::gather_logits(const Tensor& local, int64_t rows) {
 
 std::vector<float> Engine::forward(std::span<const int32_t> tokens) {
   const int64_t S = static_cast<int64_t>(tokens.size());
-  check_tokens(tokens, 0, cache_.max_seq_len);
-  KvCache scratch = KvCache::make(backend_, config_.num_hidden_layers, S, plan_.num_kv_heads_local,
+  check_tokens(tokens, 0, max_seq_len_);
+  KvCache scratch = KvCache::make(backend_, config_.num_hidden_layers, S, 1, plan_.num_kv_heads_local,
                                   config_.head_dim);
-  Tensor local = run(tokens, sequence_rows(S, 0), scratch, {});
+  const int32_t page[1] = {0};
+  Tensor local = run(tokens, sequence_rows(S, 0, page, S), scratch, {});
   return gather_logits(local, S);
 }
 
 std::vector<float> Engine::next_token(std::span<const int32_t> tokens) {
   const int64_t S = static_cast<int64_t>(tokens.size());
-  check_tokens(tokens, 0, cache_.max_seq_len);
-  KvCache scratch = KvCache::make(backend_, config_.num_hidden_layers, S, plan_.num_kv_heads_local,
+  check_tokens(tokens, 0, max_seq_len_);
+  KvCache scratch = KvCache::make(backend_, config_.num_hidden_layers, S, 1, plan_.num_kv_heads_local,
                                   config_.head_dim);
+  const int32_t page[1] = {0};
   const int32_t last[1] = {static_cast<int32_t>(S - 1)};
-  return gather_logits(run(tokens, sequence_rows(S, 0), scratch, last), 1);
+  return gather_logits(run(tokens, sequence_rows(S, 0, page, S), scratch, last), 1);
 }
 
 std::vector<float> Engine::prefill(std::span<const int32_t> tokens, int64_t pos) {
-  check_tokens(tokens, pos, cache_.max_seq_len);
+  check_tokens(tokens, pos, max_seq_len_);
   const int32_t last[1] = {static_cast<int32_t>(tokens.size() - 1)};
-  return gather_logits(run(tokens, sequence_rows(static_cast<int64_t>(tokens.size()), pos), cache_, last), 1);
+  const std::vector<int32_t> table = row_pages(0, "prefill");
+  return gather_logits(
+      run(tokens, sequence_rows(static_cast<int64_t>(tokens.size()), pos, table, cache_.page_size), cache_, last), 1);
 }
 
 std::vector<float> Engine::decode(int32_t token, int64_t pos) {
@@ -197,10 +267,13 @@ Tensor Engine::packed_logits_local(std::span<const int32_t> tokens, std::span<co
   }
   check_tokens(tokens, 0, P);
   const int64_t window = config_.sliding_window.value_or(0);
+  // One scratch page of P rows; token i is row i, and its keys are the rows of its
+  // document (as logical positions of that single page).
   Rows r;
   r.positions.assign(positions.begin(), positions.end());
-  r.cache_rows.resize(static_cast<size_t>(P));
-  std::iota(r.cache_rows.begin(), r.cache_rows.end(), 0);
+  r.slots.resize(static_cast<size_t>(P));
+  std::iota(r.slots.begin(), r.slots.end(), 0);
+  r.page_table.assign(static_cast<size_t>(P), 0);
   r.key_begin.resize(static_cast<size_t>(P));
   r.key_end.resize(static_cast<size_t>(P));
   int64_t seg_start = 0;
@@ -228,9 +301,13 @@ Tensor Engine::packed_logits_local(std::span<const int32_t> tokens, std::span<co
     r.key_end[i] = static_cast<int32_t>(i + 1);
     r.key_begin[i] = first_key(seg_start, i, window);
   }
-  KvCache scratch = KvCache::make(backend_, config_.num_hidden_layers, P, plan_.num_kv_heads_local,
+  KvCache scratch = KvCache::make(backend_, config_.num_hidden_layers, P, 1, plan_.num_kv_heads_local,
                                   config_.head_dim);
-  return run(tokens, r, scratch, {});
+  Tensor local = run(tokens, r, scratch, {});
+  if (backend_.device() == Device::kCpu) return local;
+  Tensor host = Tensor::zeros(local.shape());
+  backend_.to_host(local, host.data());
+  return host;
 }
 
 std::vector<float> Engine::prefill_packed(std::span<const int32_t> tokens, std::span<const int32_t> rows,
@@ -240,33 +317,25 @@ std::vector<float> Engine::prefill_packed(std::span<const int32_t> tokens, std::
     throw Error("tokens, rows and positions differ in length", "prefill_packed", std::to_string(P) + " each",
                 std::to_string(rows.size()) + " rows, " + std::to_string(positions.size()) + " positions");
   }
-  if (P == 0) throw Error("no tokens to run", "prefill_packed");
-  for (int32_t i : last) {
-    if (i < 0 || i >= P) throw Error("index of a wanted token out of range", "prefill_packed", "[0, " + std::to_string(P) + ")", std::to_string(i));
-  }
-  check_tokens(tokens, 0, P);
-  const int64_t L = cache_.max_seq_len;
-  const int64_t window = config_.sliding_window.value_or(0);
-  Rows r;
-  r.positions.assign(positions.begin(), positions.end());
-  r.cache_rows.resize(static_cast<size_t>(P));
-  r.key_begin.resize(static_cast<size_t>(P));
-  r.key_end.resize(static_cast<size_t>(P));
+  // Each row is a sequence whose page table is the row's fixed pages.
+  PagedBatch b;
+  b.tokens.assign(tokens.begin(), tokens.end());
+  b.positions.assign(positions.begin(), positions.end());
+  b.last.assign(last.begin(), last.end());
+  std::vector<int32_t> seq_of_row(static_cast<size_t>(max_batch_), -1);
   for (int64_t i = 0; i < P; ++i) {
-    const int64_t row = rows[i], p = positions[i];
-    if (row < 0 || row >= cache_.rows) {
-      throw Error("KV cache row out of range", "prefill_packed", "[0, " + std::to_string(cache_.rows) + ")",
+    const int64_t row = rows[i];
+    if (row < 0 || row >= max_batch_) {
+      throw Error("KV cache row out of range", "prefill_packed", "[0, " + std::to_string(max_batch_) + ")",
                   std::to_string(row));
     }
-    if (p < 0 || p >= L) {
-      throw Error("position does not fit in the KV cache", "--max-seq-len", "< " + std::to_string(L), std::to_string(p));
+    if (seq_of_row[row] < 0) {
+      seq_of_row[row] = static_cast<int32_t>(b.page_tables.size());
+      b.page_tables.push_back(row_pages(row, "prefill_packed"));
     }
-    const int64_t base = row * L;
-    r.cache_rows[i] = static_cast<int32_t>(base + p);
-    r.key_end[i] = static_cast<int32_t>(base + p + 1);
-    r.key_begin[i] = first_key(base, base + p, window);
+    b.seq.push_back(seq_of_row[row]);
   }
-  return gather_logits(run(tokens, r, cache_, last), static_cast<int64_t>(last.size()));
+  return step_paged(b);
 }
 
 std::vector<float> Engine::decode_rows(std::span<const int32_t> tokens, std::span<const int32_t> rows,
@@ -274,6 +343,104 @@ std::vector<float> Engine::decode_rows(std::span<const int32_t> tokens, std::spa
   std::vector<int32_t> all(tokens.size());
   std::iota(all.begin(), all.end(), 0);
   return prefill_packed(tokens, rows, positions, all);
+}
+
+Engine::Rows Engine::paged_rows(const PagedBatch& b, const char* entry) const {
+  const int64_t P = static_cast<int64_t>(b.tokens.size());
+  if (b.seq.size() != b.tokens.size() || b.positions.size() != b.tokens.size()) {
+    throw Error("tokens, sequence indices and positions differ in length", entry, std::to_string(P) + " each",
+                std::to_string(b.seq.size()) + " sequence indices, " + std::to_string(b.positions.size()) +
+                    " positions");
+  }
+  if (P == 0) throw Error("no tokens to run", entry);
+  for (int32_t i : b.last) {
+    if (i < 0 || i >= P) {
+      throw Error("index of a wanted token out of range", entry, "[0, " + std::to_string(P) + ")", std::to_string(i));
+    }
+  }
+  check_tokens(b.tokens, 0, P);
+  int64_t max_pages = 1;
+  for (size_t s = 0; s < b.page_tables.size(); ++s) {
+    max_pages = std::max<int64_t>(max_pages, static_cast<int64_t>(b.page_tables[s].size()));
+    for (int32_t page : b.page_tables[s]) {
+      if (page < 0 || page >= cache_.num_pages) {
+        throw Error("KV page out of range", std::string(entry) + ": page table of sequence " + std::to_string(s),
+                    "[0, " + std::to_string(cache_.num_pages) + ")", std::to_string(page));
+      }
+    }
+  }
+  const int64_t window = config_.sliding_window.value_or(0);
+  const int64_t ps = cache_.page_size;
+  Rows r;
+  r.max_pages = max_pages;
+  r.positions = b.positions;
+  r.slots.resize(static_cast<size_t>(P));
+  r.key_begin.resize(static_cast<size_t>(P));
+  r.key_end.resize(static_cast<size_t>(P));
+  r.page_table.assign(static_cast<size_t>(P * max_pages), 0);
+  std::vector<int32_t> last_pos(b.page_tables.size(), -1);  // last position of each sequence in this pass
+  for (int64_t i = 0; i < P; ++i) {
+    const int64_t s = b.seq[i], p = b.positions[i];
+    if (s < 0 || s >= static_cast<int64_t>(b.page_tables.size())) {
+      throw Error("sequence index out of range", entry, "[0, " + std::to_string(b.page_tables.size()) + ")",
+                  std::to_string(s));
+    }
+    const auto& table = b.page_tables[s];
+    const int64_t capacity = std::min<int64_t>(max_seq_len_, static_cast<int64_t>(table.size()) * ps);
+    if (p < 0 || p >= capacity) {
+      throw Error("position does not fit in the sequence's KV pages", entry,
+                  "< " + std::to_string(capacity) + " (its pages, and --max-seq-len = " +
+                      std::to_string(max_seq_len_) + ")",
+                  std::to_string(p));
+    }
+    if (last_pos[s] >= 0 && p != last_pos[s] + 1) {
+      throw Error("a sequence's tokens in one pass must be consecutive positions", entry,
+                  std::to_string(last_pos[s] + 1), std::to_string(p));
+    }
+    last_pos[s] = static_cast<int32_t>(p);
+    r.slots[i] = static_cast<int32_t>(table[p / ps] * ps + p % ps);
+    r.key_end[i] = static_cast<int32_t>(p + 1);
+    r.key_begin[i] = first_key(0, p, window);
+    std::copy(table.begin(), table.end(), r.page_table.begin() + i * max_pages);
+  }
+  return r;
+}
+
+std::vector<float> Engine::step_paged(const PagedBatch& batch) {
+  const Rows r = paged_rows(batch, "step_paged");
+  return gather_logits(run(batch.tokens, r, cache_, batch.last), static_cast<int64_t>(batch.last.size()));
+}
+
+std::vector<float> Engine::prefill_paged(PagedBatch batch) {
+  // The last token of each sequence in this pass.
+  batch.last.assign(batch.page_tables.size(), -1);
+  for (size_t i = 0; i < batch.tokens.size() && i < batch.seq.size(); ++i) {
+    if (batch.seq[i] >= 0 && static_cast<size_t>(batch.seq[i]) < batch.last.size()) {
+      batch.last[batch.seq[i]] = static_cast<int32_t>(i);
+    }
+  }
+  for (size_t s = 0; s < batch.last.size(); ++s) {
+    if (batch.last[s] < 0) throw Error("a sequence has no tokens in this pass", "prefill_paged", "", "sequence " + std::to_string(s));
+  }
+  const Rows r = paged_rows(batch, "prefill_paged");
+  return gather_logits(run(batch.tokens, r, cache_, batch.last), static_cast<int64_t>(batch.last.size()));
+}
+
+std::vector<float> Engine::decode_paged(std::span<const int32_t> tokens, std::span<const int32_t> positions,
+                                        const std::vector<std::vector<int32_t>>& page_tables) {
+  if (tokens.size() != page_tables.size()) {
+    throw Error("one token per sequence", "decode_paged", std::to_string(page_tables.size()) + " tokens",
+                std::to_string(tokens.size()));
+  }
+  PagedBatch b;
+  b.tokens.assign(tokens.begin(), tokens.end());
+  b.positions.assign(positions.begin(), positions.end());
+  b.page_tables = page_tables;
+  b.seq.resize(tokens.size());
+  std::iota(b.seq.begin(), b.seq.end(), 0);
+  b.last = b.seq;
+  const Rows r = paged_rows(b, "decode_paged");
+  return gather_logits(run(b.tokens, r, cache_, b.last), static_cast<int64_t>(b.last.size()));
 }
 
 }  // namespace linnet

@@ -24,11 +24,21 @@ namespace linnet {
 /// the same calls with the same arguments (the collectives inside pair them up).
 class Engine {
  public:
-  /// @param max_seq_len  positions each KV cache row holds (>= 1).
+  /// @param weights      this rank's slices in host f32 (load_weights); moved to the
+  ///                     backend's memory and weight dtype here.
+  /// @param max_seq_len  positions one sequence may reach (>= 1).
   /// @param max_batch    KV cache rows, i.e. sequences decoded together (>= 1); the
   ///                     batch-1 entries (prefill, decode) use row 0.
+  /// @param page_size    positions per KV page; 0: max_seq_len (one contiguous page per row).
+  /// @param num_pages    pages in the KV pool; 0: enough for max_batch full rows. Row r of
+  ///                     the row-addressed entries (prefill, decode, prefill_packed,
+  ///                     decode_rows) owns pages [r * P, (r + 1) * P) with P =
+  ///                     ceil(max_seq_len / page_size); the paged entries take page
+  ///                     tables instead (runtime/page_pool.h hands pages out).
+  /// @throws Error on non-positive sizes.
   Engine(const ModelConfig& config, const ShardPlan& plan, ModelWeights weights, Backend& backend,
-         Communicator& tp_comm, int64_t max_seq_len, int64_t max_batch = 1);
+         Communicator& tp_comm, int64_t max_seq_len, int64_t max_batch = 1, int64_t page_size = 0,
+         int64_t num_pages = 0);
 
   /// Logits for every position of `tokens` (positions 0..S-1, a fresh sequence), f32
   /// [S, vocab_size] row-major, the vocab slices gathered from all ranks. Does not touch
@@ -65,15 +75,44 @@ class Engine {
   std::vector<float> decode_rows(std::span<const int32_t> tokens, std::span<const int32_t> rows,
                                  std::span<const int32_t> positions);
 
-  /// KV cache rows (sequences that can be decoded together).
-  int64_t max_batch() const { return cache_.rows; }
+  /// One pass of the paged entries: tokens of several sequences packed end to end, each
+  /// sequence with its own page table. A sequence's tokens in a pass are consecutive
+  /// positions; each attends to its sequence's positions <= its own (earlier ones were
+  /// written by earlier passes or by another sequence sharing those pages), within the
+  /// sliding window.
+  struct PagedBatch {
+    std::vector<int32_t> tokens;                   // [P] token ids
+    std::vector<int32_t> seq;                      // [P] index into page_tables
+    std::vector<int32_t> positions;                // [P] position in its sequence
+    std::vector<std::vector<int32_t>> page_tables; // per sequence: its pages, in order
+    std::vector<int32_t> last;                     // indices into tokens whose logits are returned
+  };
+
+  /// step_paged: one mixed pass (chunks of prompts and single decode tokens together,
+  /// chunked prefill as in Sarathi / vLLM). Returns logits f32 [last.size(), vocab_size].
+  /// @throws Error on mismatched lengths, a page outside [0, num_pages), a position past
+  ///   its page table or max_seq_len, non-consecutive positions of a sequence, bad ids.
+  std::vector<float> step_paged(const PagedBatch& batch);
+  /// prefill_paged: step_paged over prompt chunks, logits of each sequence's last token
+  /// in this pass, f32 [page_tables.size(), vocab_size].
+  std::vector<float> prefill_paged(PagedBatch batch);
+  /// decode_paged: one token per sequence (tokens[i] at positions[i] of sequence i),
+  /// logits f32 [tokens.size(), vocab_size].
+  std::vector<float> decode_paged(std::span<const int32_t> tokens, std::span<const int32_t> positions,
+                                  const std::vector<std::vector<int32_t>>& page_tables);
+
+  /// KV cache rows of the row-addressed entries (sequences decoded together).
+  int64_t max_batch() const { return max_batch_; }
+  /// Positions per KV page and pages in the pool.
+  int64_t page_size() const { return cache_.page_size; }
+  int64_t num_pages() const { return cache_.num_pages; }
 
   /// The packed forward pass behind loss_packed / log_probs_packed: several documents
   /// end to end in one pass, token i at positions[i] (0 at each document's start,
   /// counting up by one), attending only inside its document (segments[i], contiguous
   /// and non-decreasing) and its sliding window. Returns this rank's vocab-parallel
   /// logits slice, f32 [P, vocab_local] (columns past vocab_size are padding): the
-  /// full rows are never gathered. Does not touch the KV cache.
+  /// full rows are never gathered. Host memory. Does not touch the KV cache.
   /// @throws Error on mismatched lengths, bad positions/segments or token ids.
   Tensor packed_logits_local(std::span<const int32_t> tokens, std::span<const int32_t> positions,
                              std::span<const int32_t> segments);
@@ -81,17 +120,24 @@ class Engine {
   const ModelConfig& config() const { return config_; }
   const ShardPlan& plan() const { return plan_; }
   Communicator& tp_comm() { return comm_; }
-  int64_t max_seq_len() const { return cache_.max_seq_len; }
+  int64_t max_seq_len() const { return max_seq_len_; }
+  Backend& backend() { return backend_; }
   /// Bytes of this rank's KV cache.
   int64_t kv_cache_bytes() const { return cache_.bytes(); }
 
  private:
-  // Where each row of a pass goes: RoPE position, KV cache row, and the cache rows
+  // Where each row of a pass goes: RoPE position, KV cache row (slot), its sequence's
+  // page table ([rows, max_pages] flattened) and the logical key positions
   // [key_begin, key_end) its query attends to.
   struct Rows {
-    std::vector<int32_t> positions, cache_rows, key_begin, key_end;
+    std::vector<int32_t> positions, slots, key_begin, key_end, page_table;
+    int64_t max_pages = 1;
   };
-  Rows sequence_rows(int64_t S, int64_t pos) const;
+  // A fresh sequence at positions pos..pos+S-1 in a cache whose pages are `table`.
+  Rows sequence_rows(int64_t S, int64_t pos, std::span<const int32_t> table, int64_t page_size) const;
+  // Row r's fixed pages in the pool.
+  std::vector<int32_t> row_pages(int64_t row, const char* entry) const;
+  Rows paged_rows(const PagedBatch& b, const char* entry) const;
   // The decoder over `tokens` placed per `rows` in `cache`. Returns this rank's logits
   // slice [n, vocab_local] of the tokens listed in `out` (all tokens when empty).
   Tensor run(std::span<const int32_t> tokens, const Rows& rows, KvCache& cache, std::span<const int32_t> out);
@@ -101,11 +147,13 @@ class Engine {
 
   ModelConfig config_;
   ShardPlan plan_;
-  ModelWeights weights_;
+  ModelWeights weights_;  // in backend memory
   Backend& backend_;
   Communicator& comm_;
+  int64_t max_seq_len_;
+  int64_t max_batch_;
   KvCache cache_;
-  Tensor inv_freq_;  // [head_dim / 2]
+  Tensor inv_freq_;  // [head_dim / 2] f32, backend memory
 };
 
 }  // namespace linnet

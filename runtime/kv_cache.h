@@ -1,6 +1,8 @@
-// KvCache: contiguous per-layer K and V for `rows` sequences (batch rows) of up to
-// max_seq_len positions each, holding this rank's KV heads. Row r's position p lives at
-// cache index r * max_seq_len + p. Sized by --max-seq-len and --max-batch.
+// KvCache: per-layer K and V in a pool of pages of page_size positions each, holding
+// this rank's KV heads. Position p of a sequence whose page table is T lives at cache
+// row T[p / page_size] * page_size + p % page_size (vLLM's PagedAttention layout).
+// A contiguous cache of `rows` sequences of max_seq_len positions is the special case
+// page_size = max_seq_len, one page per sequence.
 #pragma once
 
 #include <cstdint>
@@ -10,24 +12,28 @@
 
 namespace linnet {
 
+/// Positions per page of the paged KV pool (the model cards' prefill_paged / decode_paged).
+constexpr int64_t kKvPageSize = 64;
+
 /// K and V for every layer: k[layer], v[layer] are
-/// [rows * max_seq_len, num_kv_heads_local, head_dim].
+/// [num_pages * page_size, num_kv_heads_local, head_dim] f32 in backend memory.
 struct KvCache {
-  int64_t rows = 1;
-  int64_t max_seq_len = 0;
+  int64_t page_size = 0;
+  int64_t num_pages = 0;
   int64_t num_kv_heads_local = 0;
   int64_t head_dim = 0;
-  std::vector<Tensor> k;  // [num_hidden_layers] x [max_seq_len, num_kv_heads_local, head_dim]
+  std::vector<Tensor> k;  // [num_hidden_layers] x [num_pages * page_size, num_kv_heads_local, head_dim]
   std::vector<Tensor> v;
 
-  /// Allocates a zeroed cache on `backend`.
-  static KvCache make(Backend& backend, int64_t num_layers, int64_t max_seq_len,
-                      int64_t num_kv_heads_local, int64_t head_dim, int64_t rows = 1);
+  /// Allocates a zeroed pool on `backend`.
+  static KvCache make(Backend& backend, int64_t num_layers, int64_t page_size, int64_t num_pages,
+                      int64_t num_kv_heads_local, int64_t head_dim);
+  /// Positions the pool holds.
+  int64_t tokens() const { return page_size * num_pages; }
   /// Bytes held by this rank's cache (K and V, all layers).
   int64_t bytes() const;
-  /// Bytes a cache of these sizes will hold (f32), before allocating it.
-  static int64_t bytes_for(int64_t num_layers, int64_t max_seq_len, int64_t num_kv_heads_local, int64_t head_dim,
-                           int64_t rows = 1);
+  /// Bytes a cache of `tokens` positions will hold (f32), before allocating it.
+  static int64_t bytes_for(int64_t num_layers, int64_t tokens, int64_t num_kv_heads_local, int64_t head_dim);
 };
 
 }  // namespace linnet

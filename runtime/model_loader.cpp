@@ -48,8 +48,8 @@ int64_t resolve_max_seq_len(const ModelConfig& config, int64_t requested) {
 RankMemory rank_memory(const ModelConfig& config, const ShardPlan& plan, int64_t max_seq_len,
                        int64_t batch_rows) {
   return RankMemory{weight_bytes_local(config, plan),
-                    KvCache::bytes_for(config.num_hidden_layers, max_seq_len, plan.num_kv_heads_local,
-                                       config.head_dim, batch_rows)};
+                    KvCache::bytes_for(config.num_hidden_layers, max_seq_len * batch_rows,
+                                       plan.num_kv_heads_local, config.head_dim)};
 }
 
 std::string format_bytes(int64_t bytes) {

@@ -1,13 +1,44 @@
 #include "runtime/tensor.h"
 
+#include <cstring>
+
 namespace linnet {
 
-Tensor Tensor::zeros(std::vector<int64_t> shape) {
+int64_t element_size(ScalarType dtype) {
+  switch (dtype) {
+    case ScalarType::kF32: return 4;
+    case ScalarType::kBF16: return 2;
+    case ScalarType::kI32: return 4;
+  }
+  return 4;
+}
+
+Tensor Tensor::zeros(std::vector<int64_t> shape, ScalarType dtype) {
   Tensor t;
   t.shape_ = std::move(shape);
-  auto buf = std::make_shared<std::vector<float>>(static_cast<size_t>(t.numel()), 0.0f);
+  t.dtype_ = dtype;
+  // 4-byte words cover every element type and keep f32 / i32 data aligned.
+  const int64_t words = (t.numel() * element_size(dtype) + 3) / 4;
+  auto buf = std::make_shared<std::vector<uint32_t>>(static_cast<size_t>(words), 0u);
   t.data_ = buf->data();
   t.storage_ = std::move(buf);
+  return t;
+}
+
+Tensor Tensor::from_i32(const std::vector<int32_t>& values) {
+  Tensor t = zeros({static_cast<int64_t>(values.size())}, ScalarType::kI32);
+  if (!values.empty()) std::memcpy(t.data_, values.data(), values.size() * sizeof(int32_t));
+  return t;
+}
+
+Tensor Tensor::wrap(std::vector<int64_t> shape, ScalarType dtype, Device device, std::shared_ptr<void> storage,
+                    void* data) {
+  Tensor t;
+  t.shape_ = std::move(shape);
+  t.dtype_ = dtype;
+  t.device_ = device;
+  t.storage_ = std::move(storage);
+  t.data_ = data;
   return t;
 }
 

@@ -1,5 +1,6 @@
-// Tensor: a shaped f32 buffer owned by a backend. Handles share storage (copying a
-// Tensor copies the handle, not the data), so a tied lm_head is the embedding's buffer.
+// Tensor: a shaped buffer owned by a backend (host or device memory). Handles share
+// storage (copying a Tensor copies the handle, not the data), so a tied lm_head is the
+// embedding's buffer.
 #pragma once
 
 #include <cstdint>
@@ -11,28 +12,52 @@ namespace linnet {
 /// Where a tensor's storage lives.
 enum class Device { kCpu, kCuda };
 
-/// Row-major f32 storage with a shape. Empty (numel 0, data nullptr) when default
-/// constructed.
+/// Element type of a tensor's storage. Activations and the KV cache are f32 on every
+/// backend; weight matrices are f32 on the CPU backend and bf16 on the CUDA backend;
+/// token ids, positions and page tables are i32.
+enum class ScalarType { kF32, kBF16, kI32 };
+
+/// Bytes of one element of `dtype`.
+int64_t element_size(ScalarType dtype);
+
+/// Row-major storage with a shape and an element type. Empty (numel 0, data nullptr)
+/// when default constructed.
 class Tensor {
  public:
   Tensor() = default;
   /// Zero-filled host tensor of `shape`.
-  static Tensor zeros(std::vector<int64_t> shape);
+  static Tensor zeros(std::vector<int64_t> shape, ScalarType dtype = ScalarType::kF32);
+  /// Host i32 tensor holding `values` (shape [values.size()]).
+  static Tensor from_i32(const std::vector<int32_t>& values);
+  /// A tensor over `data`, kept alive by `storage` (a backend's allocation).
+  static Tensor wrap(std::vector<int64_t> shape, ScalarType dtype, Device device, std::shared_ptr<void> storage,
+                     void* data);
 
-  float* data() { return data_; }
-  const float* data() const { return data_; }
+  /// The storage as f32 (valid when dtype() is kF32).
+  float* data() { return static_cast<float*>(data_); }
+  const float* data() const { return static_cast<const float*>(data_); }
+  /// The storage as i32 (valid when dtype() is kI32).
+  int32_t* i32() { return static_cast<int32_t*>(data_); }
+  const int32_t* i32() const { return static_cast<const int32_t*>(data_); }
+  /// The storage, whatever its element type.
+  void* raw() { return data_; }
+  const void* raw() const { return data_; }
+
   const std::vector<int64_t>& shape() const { return shape_; }
   /// Size of dimension i (negative counts from the end).
   int64_t dim(int i) const { return shape_.at(i < 0 ? shape_.size() + i : i); }
   int64_t numel() const;
+  int64_t bytes() const { return numel() * element_size(dtype_); }
   Device device() const { return device_; }
+  ScalarType dtype() const { return dtype_; }
   bool empty() const { return data_ == nullptr; }
 
  private:
   std::vector<int64_t> shape_;
   std::shared_ptr<void> storage_;
-  float* data_ = nullptr;
+  void* data_ = nullptr;
   Device device_ = Device::kCpu;
+  ScalarType dtype_ = ScalarType::kF32;
 };
 
 }  // namespace linnet

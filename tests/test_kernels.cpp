@@ -120,7 +120,9 @@ TEST_P(AttentionTest, CausalGqaAttention) {
     end[r] = pos[r] + 1;
     begin[r] = window > 0 ? std::max<int32_t>(0, end[r] - static_cast<int32_t>(window)) : 0;
   }
-  attention(q.data(), heads * hd, k.data(), v.data(), out.data(), rows, heads, kv_heads, hd, begin.data(), end.data());
+  const std::vector<int32_t> one_page(rows, 0);  // contiguous: one page of len rows
+  attention(q.data(), heads * hd, k.data(), v.data(), out.data(), rows, heads, kv_heads, hd, one_page.data(), 1, len,
+            begin.data(), end.data());
   std::vector<double> ref(out.size());
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t h = 0; h < heads; ++h) {
@@ -139,6 +141,35 @@ TEST_P(AttentionTest, CausalGqaAttention) {
         for (int64_t i = 0; i < hd; ++i) ref[r * heads * hd + h * hd + i] += s[t] / sum * v[(t * kv_heads + g) * hd + i];
     }
   expect_close(out, ref);
+}
+
+// The same keys scattered over pages of 4 rows in a shuffled pool give the same output
+// as the contiguous layout, bit for bit (same visiting order).
+TEST_P(AttentionTest, PagedLayoutMatchesContiguous) {
+  const int64_t window = GetParam();
+  const int64_t heads = 4, kv_heads = 2, hd = 8, len = 11, rows = 4, page = 4, pages = 3;
+  const int64_t kvw = kv_heads * hd;
+  auto q = randn(rows * heads * hd, 21), k = randn(len * kvw, 22), v = randn(len * kvw, 23);
+  const std::vector<int32_t> table = {5, 0, 3};  // logical page i -> pool page table[i]
+  std::vector<float> kp(6 * page * kvw, 7.0f), vp(6 * page * kvw, 7.0f);  // 6-page pool, junk elsewhere
+  for (int64_t p = 0; p < len; ++p) {
+    const int64_t row = table[p / page] * page + p % page;
+    std::copy(k.begin() + p * kvw, k.begin() + (p + 1) * kvw, kp.begin() + row * kvw);
+    std::copy(v.begin() + p * kvw, v.begin() + (p + 1) * kvw, vp.begin() + row * kvw);
+  }
+  std::vector<int32_t> begin(rows), end(rows), paged_tables, flat(rows, 0);
+  const std::vector<int32_t> pos = {0, 5, 8, 10};
+  for (int64_t r = 0; r < rows; ++r) {
+    end[r] = pos[r] + 1;
+    begin[r] = window > 0 ? std::max<int32_t>(0, end[r] - static_cast<int32_t>(window)) : 0;
+    paged_tables.insert(paged_tables.end(), table.begin(), table.end());
+  }
+  std::vector<float> want(rows * heads * hd), got(rows * heads * hd);
+  attention(q.data(), heads * hd, k.data(), v.data(), want.data(), rows, heads, kv_heads, hd, flat.data(), 1, len,
+            begin.data(), end.data());
+  attention(q.data(), heads * hd, kp.data(), vp.data(), got.data(), rows, heads, kv_heads, hd, paged_tables.data(),
+            pages, page, begin.data(), end.data());
+  EXPECT_EQ(got, want);
 }
 
 INSTANTIATE_TEST_SUITE_P(Windows, AttentionTest, testing::Values(int64_t{0}, int64_t{4}));
@@ -180,6 +211,14 @@ TEST(Kernels, StoreRowsScattersByPosition) {
   const std::vector<int32_t> pos = {3, 1};
   store_rows(src.data(), 3, cache.data(), 2, pos.data(), 2);
   EXPECT_EQ(cache, (std::vector<float>{0, 0, 3, 4, 0, 0, 1, 2}));
+}
+
+TEST(Kernels, GatherRowsPicksRowsByIndex) {
+  const std::vector<float> src = {1, 2, 3, 4, 5, 6};  // 3 rows of 2
+  const std::vector<int32_t> index = {2, 0, 2};
+  std::vector<float> out(6);
+  gather_rows(src.data(), 2, index.data(), 3, out.data());
+  EXPECT_EQ(out, (std::vector<float>{5, 6, 1, 2, 5, 6}));
 }
 
 }  // namespace

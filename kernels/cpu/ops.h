@@ -55,16 +55,23 @@ void rope(float* x, int64_t rows, int64_t row_stride, int64_t n_heads, int64_t h
 /// gate_up [rows, 2 * inter] ([gate | up]), out [rows, inter].
 void swiglu(const float* gate_up, float* out, int64_t rows, int64_t inter);
 
-/// Grouped-query attention of `rows` queries, each over its own range of KV rows.
-/// q [rows, q_stride] with n_heads heads of head_dim from column 0; query r attends to
-/// the KV rows [key_begin[r], key_end[r]) (callers encode causality, sliding windows
-/// and packed documents in the ranges; key_begin[r] < key_end[r]).
-/// k, v [>= max key_end, n_kv_heads, head_dim]; q head h reads KV head
+/// Paged grouped-query attention of `rows` queries, each over its own range of its
+/// sequence's keys. q [rows, q_stride] with n_heads heads of head_dim from column 0;
+/// query r attends to the logical positions [key_begin[r], key_end[r]) of its sequence
+/// (callers encode causality, sliding windows and packed documents in the ranges;
+/// key_begin[r] < key_end[r]). Position p of query r's sequence is cache row
+///   page_table[r * max_pages + p / page_size] * page_size + p % page_size
+/// of k_cache / v_cache [cache rows, n_kv_heads, head_dim] (a contiguous cache is one
+/// page per sequence: page_size = its length). q head h reads KV head
 /// h / (n_heads / n_kv_heads). out [rows, n_heads * head_dim].
-/// softmax(q k^T / sqrt(head_dim)) v in f32 (eager_attention_forward in modeling_llama.py).
-void attention(const float* q, int64_t q_stride, const float* k, const float* v, float* out, int64_t rows,
-               int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, const int32_t* key_begin,
-               const int32_t* key_end);
+/// softmax(q k^T / sqrt(head_dim)) v in f32 (eager_attention_forward in modeling_llama.py;
+/// paging as vLLM's PagedAttention).
+void attention(const float* q, int64_t q_stride, const float* k_cache, const float* v_cache, float* out,
+               int64_t rows, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, const int32_t* page_table,
+               int64_t max_pages, int64_t page_size, const int32_t* key_begin, const int32_t* key_end);
+
+/// out[r, :] = src[index[r], :] for r < n, rows of `cols` floats.
+void gather_rows(const float* src, int64_t cols, const int32_t* index, int64_t n, float* out);
 
 /// x[i] += y[i] for i < n.
 void add_inplace(float* x, const float* y, int64_t n);
