@@ -1,0 +1,134 @@
+#include "runtime/paged_scheduler.h"
+
+#include <algorithm>
+
+#include "common/error.h"
+
+namespace linnet {
+
+PagedScheduler::PagedScheduler(PagePool& pool, int64_t max_batch, int64_t max_seq_len, int64_t token_budget)
+    : pool_(pool), max_batch_(max_batch), max_seq_len_(max_seq_len), token_budget_(token_budget) {
+  LINNET_CHECK(max_batch >= 1 && max_seq_len >= 1 && token_budget >= 1, "scheduler sizes must be positive");
+}
+
+int64_t PagedScheduler::pages_for(int64_t positions) const {
+  return (positions + pool_.page_size() - 1) / pool_.page_size();
+}
+
+std::optional<std::string> PagedScheduler::add(int64_t id, std::vector<int32_t> prompt, int64_t max_new_tokens) {
+  LINNET_CHECK(!prompt.empty() && max_new_tokens >= 1, "a scheduled request needs a prompt and new tokens");
+  Request r;
+  r.id = id;
+  r.length = std::min<int64_t>(static_cast<int64_t>(prompt.size()) + max_new_tokens, max_seq_len_);
+  if (static_cast<int64_t>(prompt.size()) > max_seq_len_) {
+    return "the prompt has " + std::to_string(prompt.size()) + " tokens; --max-seq-len is " +
+           std::to_string(max_seq_len_);
+  }
+  if (pages_for(r.length) > pool_.num_pages()) {
+    return "the request needs " + std::to_string(r.length) + " KV positions (" + std::to_string(pages_for(r.length)) +
+           " pages of " + std::to_string(pool_.page_size()) + "); the KV pool holds " +
+           std::to_string(pool_.num_pages() * pool_.page_size()) + " (--kv-cache-tokens)";
+  }
+  r.prompt = std::move(prompt);
+  waiting_.push_back(std::move(r));
+  return std::nullopt;
+}
+
+bool PagedScheduler::admit(Request& r) {
+  // Share whole cached pages of the prompt, but always compute its last token (its
+  // logits give the first new token).
+  const int64_t P = static_cast<int64_t>(r.prompt.size());
+  std::vector<int32_t> shared = pool_.match_prefix(r.prompt, P - 1);
+  const int64_t need = pages_for(r.length) - static_cast<int64_t>(shared.size());
+  auto fresh = pool_.allocate(need);
+  if (!fresh) {
+    pool_.release(shared);
+    return false;
+  }
+  r.cached = static_cast<int64_t>(shared.size()) * pool_.page_size();
+  r.pages = std::move(shared);
+  r.pages.insert(r.pages.end(), fresh->begin(), fresh->end());
+  return true;
+}
+
+std::optional<PagedScheduler::Step> PagedScheduler::next_step() {
+  // Admit in arrival order while a batch slot and the pages are there.
+  while (!waiting_.empty() && static_cast<int64_t>(running_.size()) < max_batch_) {
+    Request& r = waiting_.front();
+    if (!admit(r)) break;
+    const int64_t id = r.id;
+    running_.emplace(id, std::move(r));
+    waiting_.pop_front();
+  }
+  if (running_.empty()) return std::nullopt;
+
+  Step step;
+  Engine::PagedBatch& b = step.batch;
+  int64_t budget = token_budget_;
+  auto add_sequence = [&](const Request& r) {
+    b.page_tables.push_back(r.pages);
+    step.seq_ids.push_back(r.id);
+    return static_cast<int32_t>(b.page_tables.size() - 1);
+  };
+  // Decode tokens first: every running request with its prompt in the cache.
+  for (const auto& [id, r] : running_) {
+    if (!r.next_token) continue;
+    const int32_t s = add_sequence(r);
+    b.tokens.push_back(*r.next_token);
+    b.seq.push_back(s);
+    b.positions.push_back(static_cast<int32_t>(r.cached));
+    b.last.push_back(static_cast<int32_t>(b.tokens.size() - 1));
+    step.ids.push_back(id);
+    --budget;
+  }
+  // Then prompt chunks, oldest first, while the budget lasts (at least one token per
+  // step, so a step never comes out empty).
+  for (const auto& [id, r] : running_) {
+    const int64_t P = static_cast<int64_t>(r.prompt.size());
+    if (r.next_token || r.cached >= P) continue;
+    if (budget <= 0 && !b.tokens.empty()) break;
+    const int64_t n = std::min(P - r.cached, std::max<int64_t>(budget, 1));
+    const int32_t s = add_sequence(r);
+    for (int64_t i = 0; i < n; ++i) {
+      b.tokens.push_back(r.prompt[r.cached + i]);
+      b.seq.push_back(s);
+      b.positions.push_back(static_cast<int32_t>(r.cached + i));
+    }
+    budget -= n;
+    if (r.cached + n == P) {  // the prompt is complete: its last token's logits are wanted
+      b.last.push_back(static_cast<int32_t>(b.tokens.size() - 1));
+      step.ids.push_back(id);
+    }
+  }
+  return step;
+}
+
+void PagedScheduler::done_step(const Step& step) {
+  std::vector<int64_t> count(step.seq_ids.size(), 0);
+  for (int32_t s : step.batch.seq) ++count[s];
+  for (size_t s = 0; s < step.seq_ids.size(); ++s) {
+    Request& r = running_.at(step.seq_ids[s]);
+    const bool prefill = !r.next_token;
+    r.cached += count[s];
+    r.next_token.reset();
+    if (prefill) {  // newly filled prompt pages can be shared from now on
+      const int64_t P = static_cast<int64_t>(r.prompt.size());
+      pool_.register_prefix(r.pages, std::span<const int32_t>(r.prompt).first(static_cast<size_t>(std::min(r.cached, P))));
+    }
+  }
+}
+
+void PagedScheduler::append(int64_t id, int32_t token) {
+  const auto it = running_.find(id);
+  LINNET_CHECK(it != running_.end(), "append to a request that is not running");
+  it->second.next_token = token;
+}
+
+void PagedScheduler::finish(int64_t id) {
+  const auto it = running_.find(id);
+  if (it == running_.end()) return;
+  pool_.release(it->second.pages);
+  running_.erase(it);
+}
+
+}  // namespace linnet
