@@ -23,7 +23,110 @@ void invalid(const char* option, const std::string& expected, const std::string&
   throw Error("invalid value", option, expected, actual);
 }
 
+using nlohmann::ordered_json;
+
+std::string brief(const ordered_json& v) {
+  std::string text = v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  if (text.size() > 60) text = text.substr(0, 57) + "...";
+  return text;
+}
+
+[[noreturn]] void bad_key(const std::string& where, const char* key, const std::string& expected,
+                          const ordered_json& v) {
+  throw Error("invalid value", where + ": key \"" + key + "\"", expected, brief(v));
+}
+
+bool is_int64(const ordered_json& v) {
+  return v.is_number_unsigned() ? v.get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX) : v.is_number_integer();
+}
+
+// The value of `key` in `line`, or null when absent or null.
+const ordered_json* key_of(const ordered_json& line, const char* key) {
+  const auto it = line.find(key);
+  return it == line.end() || it->is_null() ? nullptr : &*it;
+}
+
+double number_key(const ordered_json& line, const char* key, const std::string& where, bool (*ok)(double),
+                  const char* expected, double fallback) {
+  const ordered_json* v = key_of(line, key);
+  if (!v) return fallback;
+  if (!v->is_number() || !ok(v->get<double>())) bad_key(where, key, expected, *v);
+  return v->get<double>();
+}
+
+int64_t count_key(const ordered_json& line, const char* key, const std::string& where, int64_t max,
+                  const std::string& expected, int64_t fallback) {
+  const ordered_json* v = key_of(line, key);
+  if (!v) return fallback;
+  if (!is_int64(*v) || v->get<int64_t>() < 0 || v->get<int64_t>() > max) bad_key(where, key, expected, *v);
+  return v->get<int64_t>();
+}
+
+// Checks shared by the flags and the per-line keys.
+bool temperature_ok(double t) { return std::isfinite(t) && t >= 0.0; }
+bool top_p_ok(double p) { return p > 0.0 && p <= 1.0; }
+bool min_p_ok(double p) { return p >= 0.0 && p <= 1.0; }
+bool penalty_ok(double p) { return std::isfinite(p) && p > 0.0; }
+
 }  // namespace
+
+RequestSettings apply_request_keys(const ordered_json& line, RequestSettings s, const std::string& where) {
+  SamplingParams& p = s.sampling;
+  p.temperature = number_key(line, "temperature", where, temperature_ok, "a finite number >= 0", p.temperature);
+  p.top_k = count_key(line, "top_k", where, INT64_MAX, "an integer >= 0 (0: off)", p.top_k);
+  p.top_p = number_key(line, "top_p", where, top_p_ok, "a number in (0, 1]", p.top_p);
+  p.min_p = number_key(line, "min_p", where, min_p_ok, "a number in [0, 1]", p.min_p);
+  p.repetition_penalty = number_key(line, "repetition_penalty", where, penalty_ok, "a finite number > 0",
+                                    p.repetition_penalty);
+  if (const ordered_json* v = key_of(line, "seed")) {
+    if (!v->is_number_unsigned() && !(v->is_number_integer() && v->get<int64_t>() >= 0)) {
+      bad_key(where, "seed", "an integer in [0, 2^64-1]", *v);
+    }
+    s.seed = v->get<uint64_t>();
+  }
+  s.max_new_tokens = count_key(line, "max_new_tokens", where, INT64_MAX, "an integer >= 0", s.max_new_tokens);
+  if (const ordered_json* v = key_of(line, "stop")) {
+    const char* expected = "a non-empty string or a list of them";
+    std::vector<std::string> stop;
+    if (v->is_string()) {
+      stop.push_back(v->get<std::string>());
+    } else if (v->is_array()) {
+      for (const auto& e : *v) {
+        if (!e.is_string()) bad_key(where, "stop", expected, *v);
+        stop.push_back(e.get<std::string>());
+      }
+    } else {
+      bad_key(where, "stop", expected, *v);
+    }
+    for (const auto& t : stop) {
+      if (t.empty()) bad_key(where, "stop", expected, *v);
+    }
+    s.stop = std::move(stop);
+  }
+  if (const ordered_json* v = key_of(line, "stop_token_ids")) {
+    const char* expected = "a list of token ids (integers >= 0)";
+    if (!v->is_array()) bad_key(where, "stop_token_ids", expected, *v);
+    std::vector<int64_t> ids;
+    for (const auto& e : *v) {
+      if (!is_int64(e) || e.get<int64_t>() < 0) bad_key(where, "stop_token_ids", expected, *v);
+      ids.push_back(e.get<int64_t>());
+    }
+    s.stop_token_ids = std::move(ids);
+  }
+  if (const ordered_json* v = key_of(line, "logprobs")) {
+    if (!v->is_boolean()) bad_key(where, "logprobs", "true or false", *v);
+    if (!v->get<bool>()) {
+      s.top_logprobs = -1;
+    } else if (s.top_logprobs < 0) {
+      s.top_logprobs = 0;
+    }
+  }
+  if (key_of(line, "top_logprobs")) {
+    s.top_logprobs = count_key(line, "top_logprobs", where, kMaxTopLogprobs,
+                               "an integer in [0, " + std::to_string(kMaxTopLogprobs) + "]", 0);
+  }
+  return s;
+}
 
 CommandLine parse_command_line(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "info") == 0) {
@@ -47,6 +150,13 @@ CommandLine parse_command_line(int argc, char** argv) {
     if (options) cl.tokenize = *options;
     return cl;
   }
+  if (argc > 1 && std::strcmp(argv[1], "bench") == 0) {
+    CommandLine cl;
+    const auto options = parse_bench_options(argc, argv, cl.help_text);
+    cl.kind = options ? CommandLine::Kind::kBench : CommandLine::Kind::kHelp;
+    if (options) cl.bench = *options;
+    return cl;
+  }
   if (argc > 1 && std::strcmp(argv[1], "template") == 0) {
     CommandLine cl;
     const auto options = parse_template_options(argc, argv, cl.help_text);
@@ -60,36 +170,62 @@ CommandLine parse_command_line(int argc, char** argv) {
                         "every rank loads its slice of the checkpoint and computes its share of\n"
                         "each layer.\n\n"
                         "  mpirun -np 4 linnet-tp --model DIR --prompt TEXT\n\n"
-                        "Subcommands: generate (the default), loss, info, tokenize, template (see SUBCOMMAND --help).\n");
+                        "Subcommands: generate (the default), loss, bench, info, tokenize, template (see SUBCOMMAND --help).\n");
   opts.custom_help("[generate] [OPTIONS]");
   // clang-format off
   opts.add_options()
     ("model", "Model directory (Hugging Face layout: config.json, *.safetensors, tokenizer.json)",
      cxxopts::value<std::string>())
     ("prompt", "Prompt text (raw, unless --chat)", cxxopts::value<std::string>())
-    ("input", "JSONL file, one {\"prompt\": ...} per line, done one after another "
-     "(instead of --prompt); a {\"messages\": [...], ...} line is rendered with the chat template",
+    ("input", "JSONL file, one {\"prompt\": ...} per line, generated with continuous batching "
+     "(instead of --prompt); a {\"messages\": [...], ...} line is rendered with the chat template. "
+     "A line may set temperature, top_k, top_p, min_p, repetition_penalty, seed, max_new_tokens, "
+     "stop, stop_token_ids, logprobs, top_logprobs (default: the flags)",
      cxxopts::value<std::string>())
     ("chat", "Treat --prompt (and each {\"prompt\"} line) as one user message and render it with the "
      "model's chat template (add_generation_prompt true)")
-    ("output", "JSONL results, one {prompt, completion, prompt_ids, completion_ids, "
-     "finish_reason} per prompt in input order; written when the run succeeds",
+    ("output", "JSONL results, one {index, prompt, completion, prompt_ids, completion_ids, "
+     "finish_reason, prompt_tokens, completion_tokens} per prompt in input order; written "
+     "atomically when the run ends (an interrupted run keeps the finished ones)",
      cxxopts::value<std::string>())
+    ("resume", "With --input and --output: keep the lines already in --output (matched by "
+     "their \"index\", the 0-based input line) and generate only the missing ones")
     ("max-new-tokens", "Most tokens to generate per prompt; prompt + new tokens never exceed "
-     "--max-seq-len", cxxopts::value<int64_t>()->default_value("256"))
+     "--max-seq-len. Default: generation_config.json, else 256", cxxopts::value<int64_t>())
     ("temperature", "Sampling temperature; 0 = greedy. Default: generation_config.json "
      "(do_sample true: its temperature or 1; else 0)", cxxopts::value<double>())
     ("top-k", "With sampling, keep the k most probable tokens; 0 = off. Default: "
      "generation_config.json, else 50", cxxopts::value<int64_t>())
     ("top-p", "With sampling, keep the smallest set of most probable tokens with mass >= p. "
      "Default: generation_config.json, else 1", cxxopts::value<double>())
+    ("min-p", "With sampling, drop tokens whose probability is below min-p times the most "
+     "probable one's; 0 = off. Default: generation_config.json, else 0", cxxopts::value<double>())
+    ("repetition-penalty", "Divide positive (multiply negative) logits of tokens already in the "
+     "prompt or completion by this; 1 = off. Default: generation_config.json, else 1",
+     cxxopts::value<double>())
+    ("stop", "Stop string (repeatable): generation ends when the completion contains it, and the "
+     "completion is cut before it", cxxopts::value<std::string>())
+    ("stop-token-ids", "Comma-separated token ids that end generation, besides the model's EOS ids",
+     cxxopts::value<std::vector<int64_t>>())
+    ("logprobs", "Record each new token's log-probability (log_softmax of the raw logits) in --output")
+    ("top-logprobs", "With --logprobs, also the N most probable alternatives per token (N <= 20; "
+     "implies --logprobs)", cxxopts::value<int64_t>())
+    ("tp", "Ranks per tensor-parallel group (default: all ranks); world = dp x tp, and the dp "
+     "groups split the --input prompts", cxxopts::value<int>())
     ("seed", "Sampling seed (default: random, printed with --verbose)", cxxopts::value<uint64_t>())
     ("max-seq-len", "KV cache length in tokens (default: min(max_position_embeddings, 8192))",
      cxxopts::value<int64_t>())
-    ("max-batch", "With --input, prompts decoded together (continuous batching; KV cache rows)",
+    ("max-batch", "With --input, prompts decoded together (continuous batching)",
      cxxopts::value<int64_t>()->default_value("16"))
+    ("kv-cache-tokens", "Positions of the paged KV pool, in pages of 64 (default: --max-batch requests of "
+     "--max-seq-len); prompts sharing a prefix share its pages", cxxopts::value<int64_t>())
+    ("kv-cache-memory-fraction", "Size the KV pool as this fraction (0, 1] of the memory left after the "
+     "weights, instead of --kv-cache-tokens", cxxopts::value<double>())
+    ("no-prefix-caching", "Compute every prompt in full instead of sharing the KV pages of a cached prefix")
     ("threads", "BLAS threads per rank (default: cores / ranks on the node)",
      cxxopts::value<int>())
+    ("backend", "cpu or cuda (default: cuda when a CUDA device is visible, else cpu)",
+     cxxopts::value<std::string>())
     ("verbose", "Print the shard plan, KV cache size, sampling settings and seed to stderr")
     ("version", "Print the version and exit")
     ("h,help", "Print this help and exit");
@@ -118,21 +254,57 @@ CommandLine parse_command_line(int argc, char** argv) {
   }
   if (!g.prompt && g.input.empty()) throw Error("give --prompt TEXT or --input FILE.jsonl", "--prompt");
   if (g.prompt && !g.input.empty()) throw Error("give only one of --prompt and --input", "--input");
-  g.max_new_tokens = r["max-new-tokens"].as<int64_t>();
-  if (g.max_new_tokens < 0) invalid("--max-new-tokens", ">= 0", std::to_string(g.max_new_tokens));
+  if (r.count("max-new-tokens")) {
+    g.max_new_tokens = r["max-new-tokens"].as<int64_t>();
+    if (*g.max_new_tokens < 0) invalid("--max-new-tokens", ">= 0", std::to_string(*g.max_new_tokens));
+  }
   if (r.count("temperature")) {
     g.temperature = r["temperature"].as<double>();
-    if (!(*g.temperature >= 0.0) || std::isinf(*g.temperature)) {
-      invalid("--temperature", "a finite number >= 0", num(*g.temperature));
+    if (!temperature_ok(*g.temperature)) invalid("--temperature", "a finite number >= 0", num(*g.temperature));
+  }
+  if (r.count("min-p")) {
+    g.min_p = r["min-p"].as<double>();
+    if (!min_p_ok(*g.min_p)) invalid("--min-p", "in [0, 1]", num(*g.min_p));
+  }
+  if (r.count("repetition-penalty")) {
+    g.repetition_penalty = r["repetition-penalty"].as<double>();
+    if (!penalty_ok(*g.repetition_penalty)) {
+      invalid("--repetition-penalty", "a finite number > 0", num(*g.repetition_penalty));
     }
   }
+  // Every --stop in order (cxxopts' vector values would split a stop string at commas).
+  for (const auto& kv : r.arguments()) {
+    if (kv.key() != "stop") continue;
+    if (kv.value().empty()) invalid("--stop", "a non-empty string", "\"\"");
+    g.stop.push_back(kv.value());
+  }
+  if (r.count("stop-token-ids")) {
+    g.stop_token_ids = r["stop-token-ids"].as<std::vector<int64_t>>();
+    for (int64_t id : g.stop_token_ids) {
+      if (id < 0) invalid("--stop-token-ids", "token ids >= 0", std::to_string(id));
+    }
+  }
+  g.logprobs = r.count("logprobs") > 0;
+  if (r.count("top-logprobs")) {
+    g.top_logprobs = r["top-logprobs"].as<int64_t>();
+    if (g.top_logprobs < 0 || g.top_logprobs > kMaxTopLogprobs) {
+      invalid("--top-logprobs", "in [0, " + std::to_string(kMaxTopLogprobs) + "]", std::to_string(g.top_logprobs));
+    }
+    g.logprobs = true;
+  }
+  if (r.count("tp")) {
+    g.tp = r["tp"].as<int>();
+    if (g.tp < 1) invalid("--tp", ">= 1", std::to_string(g.tp));
+  }
+  g.resume = r.count("resume") > 0;
+  if (g.resume && (g.input.empty() || g.output.empty())) throw Error("needs --input and --output", "--resume");
   if (r.count("top-k")) {
     g.top_k = r["top-k"].as<int64_t>();
     if (*g.top_k < 0) invalid("--top-k", ">= 0", std::to_string(*g.top_k));
   }
   if (r.count("top-p")) {
     g.top_p = r["top-p"].as<double>();
-    if (!(*g.top_p > 0.0 && *g.top_p <= 1.0)) invalid("--top-p", "in (0, 1]", num(*g.top_p));
+    if (!top_p_ok(*g.top_p)) invalid("--top-p", "in (0, 1]", num(*g.top_p));
   }
   if (r.count("seed")) g.seed = r["seed"].as<uint64_t>();
   if (r.count("max-seq-len")) {
@@ -141,9 +313,26 @@ CommandLine parse_command_line(int argc, char** argv) {
   }
   g.max_batch = r["max-batch"].as<int64_t>();
   if (g.max_batch < 1) invalid("--max-batch", ">= 1", std::to_string(g.max_batch));
+  g.prefix_caching = !r.count("no-prefix-caching");
+  if (r.count("kv-cache-tokens") && r.count("kv-cache-memory-fraction")) {
+    invalid("--kv-cache-tokens", "not together with --kv-cache-memory-fraction", "both");
+  }
+  if (r.count("kv-cache-tokens")) {
+    g.kv_cache_tokens = r["kv-cache-tokens"].as<int64_t>();
+    if (*g.kv_cache_tokens < 1) invalid("--kv-cache-tokens", ">= 1", std::to_string(*g.kv_cache_tokens));
+  }
+  if (r.count("kv-cache-memory-fraction")) {
+    g.kv_cache_memory_fraction = r["kv-cache-memory-fraction"].as<double>();
+    const double f = *g.kv_cache_memory_fraction;
+    if (!(f > 0.0 && f <= 1.0)) invalid("--kv-cache-memory-fraction", "in (0, 1]", num(f));
+  }
   if (r.count("threads")) {
     g.threads = r["threads"].as<int>();
     if (g.threads < 1) invalid("--threads", ">= 1", std::to_string(g.threads));
+  }
+  if (r.count("backend")) {
+    g.backend = r["backend"].as<std::string>();
+    if (g.backend != "cpu" && g.backend != "cuda") invalid("--backend", "cpu or cuda", g.backend);
   }
   g.verbose = r.count("verbose") > 0;
   g.chat = r.count("chat") > 0;

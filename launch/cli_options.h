@@ -4,11 +4,16 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "launch/bench_command.h"
 #include "launch/info_command.h"
 #include "launch/loss_command.h"
 #include "launch/template_command.h"
 #include "launch/tokenize_command.h"
+#include "runtime/sampler.h"
 
 namespace linnet {
 
@@ -19,26 +24,64 @@ struct GenerateOptions {
   std::string input;                 // --input: JSONL, one {"prompt": ...} or {"messages": [...]} per line
   bool chat = false;                 // --chat: a prompt is one user message, put in the chat template
   std::string output;                // --output: JSONL results (written atomically at the end)
-  int64_t max_new_tokens = 256;
+  bool resume = false;               // --resume: keep the lines already in --output, run the rest
+  std::optional<int64_t> max_new_tokens;  // default: generation_config.json, else 256
   std::optional<double> temperature;
   std::optional<int64_t> top_k;
   std::optional<double> top_p;
+  std::optional<double> min_p;
+  std::optional<double> repetition_penalty;
+  std::vector<std::string> stop;     // --stop (repeatable): stop strings
+  std::vector<int64_t> stop_token_ids;  // --stop-token-ids, on top of the model's EOS ids
+  bool logprobs = false;             // --logprobs: each new token's log-probability
+  int64_t top_logprobs = 0;          // --top-logprobs N (<= kMaxTopLogprobs; implies --logprobs)
   std::optional<uint64_t> seed;
+  int tp = 0;                        // --tp: ranks per tensor-parallel group (0: all ranks)
   int64_t max_seq_len = 0;           // 0: min(max_position_embeddings, 8192)
   int threads = 0;                   // BLAS threads per rank; 0: cores / ranks on the node
   int64_t max_batch = 16;            // --max-batch: prompts of --input decoded together
+  std::optional<int64_t> kv_cache_tokens;          // --kv-cache-tokens: positions of the paged KV pool
+  std::optional<double> kv_cache_memory_fraction;  // --kv-cache-memory-fraction: of the memory left after weights
+  bool prefix_caching = true;        // off with --no-prefix-caching
+  std::string backend;               // --backend cpu|cuda; empty: cuda when a device is visible, else cpu
   bool verbose = false;
 };
 
+/// Most alternatives per token that --top-logprobs / "top_logprobs" may ask for (vLLM's
+/// and OpenAI's cap).
+inline constexpr int64_t kMaxTopLogprobs = 20;
+
+/// One request's generation settings: what an --input line may set. Each key defaults
+/// to the command-line flag, which defaults to generation_config.json.
+struct RequestSettings {
+  SamplingParams sampling;                // temperature, top_k, top_p, min_p, repetition_penalty
+  std::optional<uint64_t> seed;           // the line's own seed; else the run's seed + line index
+  int64_t max_new_tokens = 256;
+  std::vector<std::string> stop;          // stop strings: the completion is cut before the first one
+  std::vector<int64_t> stop_token_ids;    // on top of the model's EOS ids
+  int64_t top_logprobs = -1;              // -1: no logprobs; else the alternatives per token
+};
+
+/// `defaults` with the keys of one --input line applied: temperature, top_k, top_p,
+/// min_p, repetition_penalty, seed, max_new_tokens, stop (a string or a list of
+/// strings), stop_token_ids (a list of ids), logprobs (true/false), top_logprobs (N,
+/// implies logprobs). A null value counts as absent; other keys are ignored.
+/// @throws Error naming `where` (file:line) and the key when a value has the wrong JSON
+///   type or is out of range (the ranges of Sampler, max_new_tokens >= 0, ids >= 0,
+///   non-empty stop strings, top_logprobs in [0, kMaxTopLogprobs]).
+RequestSettings apply_request_keys(const nlohmann::ordered_json& line, RequestSettings defaults,
+                                   const std::string& where);
+
 /// What the command line asked for.
 struct CommandLine {
-  enum class Kind { kGenerate, kTokenize, kInfo, kLoss, kTemplate, kHelp, kVersion } kind = Kind::kGenerate;
+  enum class Kind { kGenerate, kTokenize, kInfo, kLoss, kTemplate, kBench, kHelp, kVersion } kind = Kind::kGenerate;
   std::string help_text;  // for kHelp
   GenerateOptions generate;
   TokenizeOptions tokenize;  // for kTokenize
   InfoOptions info;          // for kInfo
   LossOptions loss;          // for kLoss
   TemplateOptions chat_template;  // for kTemplate
+  BenchOptions bench;             // for kBench
 };
 
 /// Parses argv. A first argument "generate" selects that subcommand (also the default),

@@ -1,15 +1,21 @@
+// `linnet-tp generate`: --prompt streams one completion; --input runs every line through
+// continuous batching. With world = D x T ranks (--tp T), the D data-parallel groups
+// take the lines round-robin and each runs generate_batch; tp rank 0 of each group
+// turns its finished requests into output lines, and world rank 0 gathers them and
+// writes stdout and --output in input order. Stop strings are checked on tp rank 0,
+// where the logits rows are gathered anyway, and reach the other tp ranks with the token.
 #include "launch/generate_command.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cerrno>
-#include <cstring>
+#include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
-#include <fstream>
+#include <map>
 #include <memory>
 #include <random>
-#include <sstream>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -19,72 +25,63 @@
 #include "launch/jsonl_input.h"
 #include "launch/jsonl_output.h"
 #include "launch/model_path.h"
+#include "launch/progress.h"
 #include "loader/chat_template.h"
 #include "loader/tokenizer.h"
 #include "parallel/mpi_communicator.h"
 #include "parallel/shard_plan.h"
 #include "runtime/backend.h"
+#include "runtime/backend_factory.h"
 #include "runtime/batch_generate.h"
 #include "runtime/generate.h"
+#include "runtime/kv_cache.h"
 #include "runtime/model_loader.h"
 
 namespace linnet {
 namespace {
 
-struct Prompt {
-  std::string text;
+using nlohmann::ordered_json;
+
+/// Exit code of a run stopped by SIGINT/SIGTERM (128 + SIGINT, as shells report it).
+constexpr int kInterruptedExit = 130;
+
+// One request: an --input line (or --prompt) with its rendered text, ids and settings.
+struct Request {
+  int64_t index = 0;      // 0-based input line number: the output's "index"
+  std::string where;      // "file:line" or "--prompt", for messages
+  std::string text;       // the prompt text (a chat request rendered by the template)
   std::vector<int32_t> ids;
+  RequestSettings settings;
 };
 
-// A chat prompt travels as its request JSON (key order kept) with kind "chat"; raw text
-// has kind "text".
-constexpr const char* kChat = "chat";
-
 std::string user_message_request(const std::string& prompt) {
-  nlohmann::ordered_json r;
-  r["messages"] = nlohmann::ordered_json::array({{{"role", "user"}, {"content", prompt}}});
+  ordered_json r;
+  r["messages"] = ordered_json::array({{{"role", "user"}, {"content", prompt}}});
   r["add_generation_prompt"] = true;
   return r.dump();
 }
 
-std::vector<std::string> read_prompts(const GenerateOptions& o, std::vector<std::string>& kinds) {
-  if (o.prompt) {
-    kinds = {o.chat ? kChat : "text"};
-    return {o.chat ? user_message_request(*o.prompt) : *o.prompt};
-  }
-  std::vector<std::string> prompts;
-  for (const auto& [n, text] : read_jsonl_lines(o.input)) {
-    const std::string where = o.input + ":" + std::to_string(n);
-    nlohmann::ordered_json line = parse_jsonl_line(text, where);
-    if (line.contains("messages")) {
-      if (line.contains("prompt")) throw Error("give \"prompt\" or \"messages\", not both", where);
-      if (!line.contains("add_generation_prompt")) line["add_generation_prompt"] = true;
-      kinds.push_back(kChat);
-      prompts.push_back(line.dump());
-      continue;
-    }
-    const auto it = line.find("prompt");
-    if (it == line.end() || !it->is_string()) {
-      throw Error("each line must be an object with a string \"prompt\" or a \"messages\" list", where);
-    }
-    kinds.push_back(o.chat ? kChat : "text");
-    prompts.push_back(o.chat ? user_message_request(it->get<std::string>()) : it->get<std::string>());
-  }
-  return prompts;
-}
-
 // generation_config.json gives the defaults (do_sample false or absent: greedy; with
 // sampling, transformers' defaults temperature 1, top_k 50, top_p 1), flags override.
-SamplingParams resolve_sampling(const GenerateOptions& o, const GenerationConfig& g) {
-  SamplingParams p;
+RequestSettings resolve_defaults(const GenerateOptions& o, const GenerationConfig& g) {
+  RequestSettings s;
+  SamplingParams& p = s.sampling;
   const bool do_sample = g.do_sample.value_or(false);
   p.temperature = do_sample ? g.temperature.value_or(1.0) : 0.0;
   p.top_k = g.top_k.value_or(50);
   p.top_p = g.top_p.value_or(1.0);
+  p.min_p = g.min_p.value_or(0.0);
+  p.repetition_penalty = g.repetition_penalty.value_or(1.0);
   if (o.temperature) p.temperature = *o.temperature;
   if (o.top_k) p.top_k = *o.top_k;
   if (o.top_p) p.top_p = *o.top_p;
-  return p;
+  if (o.min_p) p.min_p = *o.min_p;
+  if (o.repetition_penalty) p.repetition_penalty = *o.repetition_penalty;
+  s.max_new_tokens = o.max_new_tokens.value_or(g.max_new_tokens.value_or(256));
+  s.stop = o.stop;
+  s.stop_token_ids = o.stop_token_ids;
+  s.top_logprobs = o.logprobs ? o.top_logprobs : -1;
+  return s;
 }
 
 std::vector<int64_t> resolve_eos(const ModelFiles& files, const Tokenizer& tok) {
@@ -94,41 +91,322 @@ std::vector<int64_t> resolve_eos(const ModelFiles& files, const Tokenizer& tok) 
   return {};
 }
 
-// --input: every prompt through continuous batching; prompt i samples with seed + i.
-// Rank 0 prints each completion on its own line and fills --output, in input order.
-void run_batch(Engine& engine, const Tokenizer& tok, const std::vector<Prompt>& prompts, const SamplingParams& sampling,
-               int64_t max_new_tokens, const std::vector<int64_t>& eos, bool is_root, JsonlOutput* output) {
-  std::vector<BatchRequest> reqs(prompts.size());
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    reqs[i].prompt = prompts[i].ids;
-    reqs[i].sampling = sampling;
-    reqs[i].sampling.seed = sampling.seed + i;
-    reqs[i].max_new_tokens = max_new_tokens;
-    reqs[i].eos_ids = eos;
-  }
-  const auto t0 = std::chrono::steady_clock::now();
-  const std::vector<GenerationResult> results = generate_batch(engine, reqs);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (!is_root) return;
-  size_t new_tokens = 0, errors = 0;
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    const GenerationResult& r = results[i];
-    StreamingDetokenizer stream(tok, prompts[i].ids);
-    std::string completion;
-    for (int32_t id : r.ids) completion += stream.push(id);
-    completion += stream.flush();
-    std::fwrite(completion.data(), 1, completion.size(), stdout);
-    std::fputc('\n', stdout);
-    if (r.finish_reason == "error") {
-      ++errors;
-      warn("prompt #" + std::to_string(i + 1) + ": " + r.error);
+// The prompt text of one input line: raw text, or a chat request rendered by the
+// model's template (loaded on first use).
+std::string prompt_text(const ordered_json& line, bool chat_flag, const Tokenizer& tok,
+                        const std::filesystem::path& model_dir, std::unique_ptr<ModelChatTemplate>& chat,
+                        const std::string& where, bool& is_chat) {
+  ordered_json request;
+  if (line.contains("messages")) {
+    if (line.contains("prompt")) throw Error("give \"prompt\" or \"messages\", not both", where);
+    request = line;
+    if (!request.contains("add_generation_prompt")) request["add_generation_prompt"] = true;
+  } else {
+    const auto it = line.find("prompt");
+    if (it == line.end() || !it->is_string()) {
+      throw Error("each line must be an object with a string \"prompt\" or a \"messages\" list", where);
     }
-    new_tokens += r.ids.size();
-    if (output) output->add(prompts[i].text, completion, prompts[i].ids, r.ids, r.finish_reason, r.error);
+    if (!chat_flag) {
+      is_chat = false;
+      return it->get<std::string>();
+    }
+    request = ordered_json::parse(user_message_request(it->get<std::string>()));
   }
-  std::fprintf(stderr, "[linnet-tp] requests: %zu (%zu failed), batch rows: %lld, new tokens: %zu, %.2f s, %.1f tokens/s\n",
-               prompts.size(), errors, static_cast<long long>(engine.max_batch()), new_tokens, seconds,
-               seconds > 0 ? static_cast<double>(new_tokens) / seconds : 0.0);
+  is_chat = true;
+  if (!chat) chat = std::make_unique<ModelChatTemplate>(load_chat_template(tok, model_dir));
+  try {
+    return chat->chat_template.render(chat_variables(request, chat->special_tokens, where));
+  } catch (const Error& e) {
+    throw e.at(where);
+  }
+}
+
+// The completion text of `ids` after `prompt`, cut before the first stop string it
+// holds (vLLM's rule); `stopped` tells whether one was found.
+std::string completion_text(const Tokenizer& tok, const Request& r, const std::vector<int32_t>& ids, bool& stopped) {
+  StreamingDetokenizer stream(tok, r.ids);
+  std::string text;
+  for (int32_t id : ids) text += stream.push(id);
+  text += stream.flush();
+  size_t cut = std::string::npos;
+  for (const auto& s : r.settings.stop) cut = std::min(cut, text.find(s));
+  stopped = cut != std::string::npos;
+  if (stopped) text.resize(cut);
+  return text;
+}
+
+std::string token_text(const Tokenizer& tok, int32_t id) {
+  try {
+    return tok.decode(std::span<const int32_t>(&id, 1), /*skip_special_tokens=*/false);
+  } catch (const Error&) {
+    return {};
+  }
+}
+
+// One output line: {index, prompt, completion, prompt_ids, completion_ids,
+// finish_reason, [error], prompt_tokens, completion_tokens, [logprobs]}.
+ordered_json output_line(const Tokenizer& tok, const Request& r, const GenerationResult& g, std::string& completion) {
+  bool stopped = false;
+  completion = completion_text(tok, r, g.ids, stopped);
+  ordered_json j;
+  j["index"] = r.index;
+  j["prompt"] = r.text;
+  j["completion"] = completion;
+  j["prompt_ids"] = r.ids;
+  j["completion_ids"] = g.ids;
+  // A stop string that only showed once the detokenizer flushed still ends the text.
+  j["finish_reason"] = stopped && g.finish_reason == "length" ? std::string("stop") : g.finish_reason;
+  if (g.finish_reason == "error") j["error"] = g.error;
+  j["prompt_tokens"] = r.ids.size();
+  j["completion_tokens"] = g.ids.size();
+  if (r.settings.top_logprobs >= 0 && g.logprobs.size() == g.ids.size()) {
+    ordered_json list = ordered_json::array();
+    for (size_t k = 0; k < g.ids.size(); ++k) {
+      ordered_json t;
+      t["id"] = g.ids[k];
+      t["token"] = token_text(tok, g.ids[k]);
+      t["logprob"] = g.logprobs[k].logprob;
+      if (r.settings.top_logprobs > 0) {
+        ordered_json top = ordered_json::array();
+        for (const auto& [id, lp] : g.logprobs[k].top) {
+          top.push_back({{"id", id}, {"token", token_text(tok, id)}, {"logprob", lp}});
+        }
+        t["top_logprobs"] = std::move(top);
+      }
+      list.push_back(std::move(t));
+    }
+    j["logprobs"] = std::move(list);
+  }
+  return j;
+}
+
+std::string dump(const ordered_json& j) { return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace); }
+
+// The stop-string check of one request on tp rank 0: detokenizes the new tokens as
+// they come and tells when the text holds one of the request's stop strings.
+class StopScan {
+ public:
+  /// Appends `token`; true when a stop string now ends inside the text.
+  bool push(const Tokenizer& tok, const Request& r, int32_t token) {
+    if (r.settings.stop.empty()) return false;
+    if (!stream_) stream_ = std::make_unique<StreamingDetokenizer>(tok, r.ids);
+    const size_t before = text_.size();
+    text_ += stream_->push(token);
+    for (const auto& t : r.settings.stop) {
+      // Only a match that ends in the new text is new.
+      const size_t from = before >= t.size() ? before - t.size() + 1 : 0;
+      if (text_.find(t, from) != std::string::npos) return true;
+    }
+    return false;
+  }
+
+ private:
+  std::unique_ptr<StreamingDetokenizer> stream_;
+  std::string text_;
+};
+
+// Everything the batch path needs besides the engine.
+struct BatchRun {
+  MpiGroups& groups;
+  const Tokenizer& tok;
+  const std::vector<Request>& requests;        // every input line, input order
+  const std::map<int64_t, std::string>& kept;  // rank 0: --resume lines by index
+  const std::vector<size_t>& todo;             // positions in `requests` to run, all groups
+  bool prefix_caching = true;                  // share KV pages of common prompt prefixes
+};
+
+// --input: runs this dp group's share of `todo`, gathers every group's lines to world
+// rank 0, which writes stdout and --output. Returns the exit code (every rank alike).
+int run_batch(Engine& engine, const BatchRun& b, const std::vector<int64_t>& eos, uint64_t seed,
+              std::unique_ptr<JsonlOutput>& output) {
+  const WorldConfig& w = b.groups.world_config;
+  const bool world_root = w.world_rank == 0;
+  const bool tp_root = w.tp_rank == 0;
+  std::vector<size_t> mine;  // positions in b.requests, round-robin over the dp groups
+  for (size_t k = static_cast<size_t>(w.dp_rank); k < b.todo.size(); k += static_cast<size_t>(w.dp_size)) {
+    mine.push_back(b.todo[k]);
+  }
+  std::vector<BatchRequest> reqs(mine.size());
+  for (size_t k = 0; k < mine.size(); ++k) {
+    const Request& r = b.requests[mine[k]];
+    reqs[k].prompt = r.ids;
+    reqs[k].sampling = r.settings.sampling;
+    reqs[k].sampling.seed = r.settings.seed ? *r.settings.seed : seed + static_cast<uint64_t>(r.index);
+    reqs[k].max_new_tokens = r.settings.max_new_tokens;
+    reqs[k].eos_ids = eos;
+    reqs[k].eos_ids.insert(reqs[k].eos_ids.end(), r.settings.stop_token_ids.begin(), r.settings.stop_token_ids.end());
+    reqs[k].top_logprobs = r.settings.top_logprobs;
+  }
+
+  StopRelay relay(MPI_COMM_WORLD);
+  ProgressBar progress(mine.size(), w.dp_size > 1 ? "requests of dp group 0" : "requests", world_root);
+  std::vector<StopScan> scans(tp_root ? mine.size() : 0);
+  BatchOptions options;
+  options.on_done = [&](size_t, const GenerationResult& g) { progress.add(g.ids.size()); };
+  options.stop_check = [&](size_t k, int32_t token) { return scans[k].push(b.tok, b.requests[mine[k]], token); };
+  // Once a step the tp group agrees whether any of its ranks heard of a signal.
+  options.stop_requested = [&] {
+    float stop = relay.poll() ? 1.0f : 0.0f;
+    b.groups.tp->all_reduce_max(&stop, 1);
+    return stop > 0.0f;
+  };
+  PagePoolStats kv;
+  options.kv_stats = &kv;
+  options.prefix_caching = b.prefix_caching;
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<GenerationResult> results = generate_batch(engine, reqs, options);
+  progress.finish();
+
+  // Wait for the other groups, still passing on a signal that arrives meanwhile.
+  MPI_Request barrier;
+  LINNET_MPI_CHECK(MPI_Ibarrier(b.groups.world->comm(), &barrier));
+  for (int done = 0; !done;) {
+    relay.poll();
+    LINNET_MPI_CHECK(MPI_Test(&barrier, &done, MPI_STATUS_IGNORE));
+    if (!done) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+
+  // tp rank 0 of each group: one record per finished request.
+  std::vector<std::string> records;
+  float unfinished = 0.0f;
+  for (size_t k = 0; k < mine.size(); ++k) {
+    const GenerationResult& g = results[k];
+    if (g.finish_reason.empty()) {
+      unfinished = 1.0f;
+      continue;
+    }
+    if (!tp_root) continue;
+    std::string completion;
+    const ordered_json line = output_line(b.tok, b.requests[mine[k]], g, completion);
+    ordered_json rec;
+    rec["pos"] = mine[k];
+    rec["line"] = dump(line);
+    rec["completion"] = completion;
+    rec["failed"] = g.finish_reason == "error";
+    rec["token_ms"] = g.token_ms;
+    records.push_back(dump(rec));
+  }
+  b.groups.world->all_reduce_max(&unfinished, 1);
+  const bool interrupted = unfinished > 0.0f;
+  const std::vector<std::string> gathered = gather_strings(*b.groups.world, records);
+  if (!world_root) return interrupted ? kInterruptedExit : 0;
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  // Rank 0: every line in input order, kept ones as they were.
+  std::map<size_t, ordered_json> fresh;
+  for (const auto& text : gathered) {
+    ordered_json rec = ordered_json::parse(text);
+    const size_t pos = rec["pos"].get<size_t>();
+    fresh[pos] = std::move(rec);
+  }
+  size_t failed = 0, new_tokens = 0;
+  std::vector<double> ttft, itl;
+  for (const auto& [pos, rec] : fresh) {
+    failed += rec["failed"].get<bool>() ? 1 : 0;
+    const std::vector<double> t = rec["token_ms"].get<std::vector<double>>();
+    new_tokens += t.size();
+    if (!t.empty()) ttft.push_back(t[0]);
+    for (size_t i = 1; i < t.size(); ++i) itl.push_back(t[i] - t[i - 1]);
+  }
+  for (size_t pos = 0; pos < b.requests.size(); ++pos) {
+    const Request& r = b.requests[pos];
+    std::string line, completion;
+    if (const auto k = b.kept.find(r.index); k != b.kept.end()) {
+      line = k->second;
+      const ordered_json j = ordered_json::parse(line);
+      if (j.contains("completion") && j["completion"].is_string()) completion = j["completion"].get<std::string>();
+    } else if (const auto f = fresh.find(pos); f != fresh.end()) {
+      line = f->second["line"].get<std::string>();
+      completion = f->second["completion"].get<std::string>();
+      if (f->second["failed"].get<bool>()) {
+        warn(r.where + ": " + ordered_json::parse(line)["error"].get<std::string>());
+      }
+    } else {
+      continue;  // not done (interrupted)
+    }
+    if (!interrupted) {
+      std::fwrite(completion.data(), 1, completion.size(), stdout);
+      std::fputc('\n', stdout);
+    }
+    if (output) output->add_line(std::move(line));
+  }
+  std::string kept_note;
+  if (!b.kept.empty()) kept_note = ", " + std::to_string(b.kept.size()) + " kept from --output";
+  std::fprintf(stderr,
+               "[linnet-tp] requests: %zu (%zu failed)%s, dp groups: %d x tp %d, batch rows: %lld, new tokens: %zu, "
+               "%.2f s, %.1f tokens/s, time to first token p50/p90/p99: %s ms, inter-token latency "
+               "p50/p90/p99: %s ms, KV pages%s: peak %lld of %lld (%lld positions each), prefix cache hits: "
+               "%lld tokens\n",
+               fresh.size(), failed, kept_note.c_str(), w.dp_size, w.tp_size,
+               static_cast<long long>(engine.max_batch()), new_tokens, seconds,
+               seconds > 0 ? static_cast<double>(new_tokens) / seconds : 0.0, percentiles_ms(ttft).c_str(),
+               percentiles_ms(itl).c_str(), w.dp_size > 1 ? " (dp group 0)" : "",
+               static_cast<long long>(kv.peak_used_pages), static_cast<long long>(engine.num_pages()),
+               static_cast<long long>(engine.page_size()), static_cast<long long>(kv.prefix_hit_tokens));
+  if (interrupted) {
+    const size_t done = fresh.size() + b.kept.size();
+    if (output) output->commit();
+    print_error(-1, "interrupted: " + std::to_string(done) + " of " + std::to_string(b.requests.size()) +
+                        " requests done" +
+                        (output ? " (kept in --output); rerun with --resume"
+                                : "; give --output to keep finished requests, and --resume to rerun the rest"));
+    output.reset();
+    return kInterruptedExit;
+  }
+  return 0;
+}
+
+// --prompt: one completion, streamed on rank 0 as it is generated (dp group 0 only).
+void run_single(Engine& engine, const Tokenizer& tok, const Request& r, const std::vector<int64_t>& eos,
+                uint64_t seed, bool is_root, JsonlOutput* output) {
+  SamplingParams sampling = r.settings.sampling;
+  sampling.seed = seed;
+  std::vector<int64_t> stop_ids = eos;
+  stop_ids.insert(stop_ids.end(), r.settings.stop_token_ids.begin(), r.settings.stop_token_ids.end());
+  std::unique_ptr<StreamingDetokenizer> stream;
+  std::string shown;
+  if (is_root) stream = std::make_unique<StreamingDetokenizer>(tok, r.ids);
+  // With stop strings, text is held back until it cannot be the start of one.
+  size_t hold = 0;
+  for (const auto& s : r.settings.stop) hold = std::max(hold, s.size() - 1);
+  std::string text;
+  auto show = [&](bool final) {
+    size_t upto = final ? text.size() : (text.size() > hold ? text.size() - hold : 0);
+    size_t cut = std::string::npos;
+    for (const auto& s : r.settings.stop) cut = std::min(cut, text.find(s));
+    if (cut != std::string::npos) upto = std::min(upto, cut);
+    if (upto > shown.size()) {
+      std::fwrite(text.data() + shown.size(), 1, upto - shown.size(), stdout);
+      std::fflush(stdout);
+      shown = text.substr(0, upto);
+    }
+  };
+  StopScan scan;
+  GenerationResult g = generate_until(
+      engine, r.ids, sampling, r.settings.max_new_tokens, stop_ids,
+      [&](int32_t id) {
+        if (!stream) return;
+        text += stream->push(id);
+        show(false);
+      },
+      [&](int32_t id) { return scan.push(tok, r, id); });
+  if (!is_root) return;
+  text += stream->flush();
+  show(true);
+  std::fputc('\n', stdout);
+  std::fflush(stdout);
+  if (g.finish_reason == "error") warn("--prompt: " + g.error);
+  const double decode_tps =
+      g.decode_ms > 0 ? 1000.0 * static_cast<double>(g.ids.size() > 1 ? g.ids.size() - 1 : 0) / g.decode_ms : 0.0;
+  std::string completion;
+  const ordered_json line = output_line(tok, r, g, completion);
+  char stats[256];
+  std::snprintf(stats, sizeof stats,
+                "[linnet-tp] prompt tokens: %zu, new tokens: %zu, prefill: %.1f ms, decode: %.1f tokens/s, "
+                "finish: %s\n",
+                r.ids.size(), g.ids.size(), g.prefill_ms, decode_tps, line["finish_reason"].get<std::string>().c_str());
+  std::fputs(stats, stderr);
+  if (output) output->add_line(dump(line));
 }
 
 }  // namespace
@@ -136,102 +414,147 @@ void run_batch(Engine& engine, const Tokenizer& tok, const std::vector<Prompt>& 
 int run_generate(const GenerateOptions& o, Job& job) {
   set_verbose(o.verbose);
   MpiGroups groups;
+  // make_mpi_groups splits communicators (collective): check --tp on every rank first.
+  if (!job.load_phase([&] { WorldConfig::make(job.rank(), job.size(), o.tp, 0, 1); })) return 2;
+  groups = make_mpi_groups(o.tp);
+  const WorldConfig& w = groups.world_config;
+  set_log_rank(w.world_size > 1 ? w.world_rank : -1);
+  const bool batch = !o.prompt;
+  // From here a signal only sets a flag; the batch loop stops at its next step.
+  if (batch) install_stop_handlers();
+
+  // Rank 0 reads the prompts (stdin and local files exist only there under mpirun), the
+  // lines to keep for --resume, and checks --output; then every rank gets the lines.
+  std::vector<std::pair<int, std::string>> lines;
+  std::map<int64_t, std::string> kept;  // rank 0
+  std::vector<std::string> kept_indices;
+  if (!job.load_phase([&] {
+        if (w.world_rank != 0) return;
+        if (o.prompt) {
+          lines = {{1, *o.prompt}};  // the text itself: JSON would mask invalid UTF-8
+        } else {
+          lines = read_jsonl_lines(o.input);
+        }
+        if (!o.output.empty()) check_output_path(o.output);
+        if (o.resume) kept = read_output_lines(resolve_output_path(o.output));
+        for (const auto& [index, line] : kept) kept_indices.push_back(std::to_string(index));
+      })) {
+    return 1;
+  }
+  broadcast_lines(*groups.world, lines);
+  broadcast_strings(*groups.world, kept_indices);
+
   std::unique_ptr<ModelFiles> files;
   std::unique_ptr<Tokenizer> tokenizer;
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Engine> engine;
-  std::vector<Prompt> prompts;
-  SamplingParams sampling;
+  std::vector<Request> requests;
+  std::vector<size_t> todo;  // positions in `requests` still to generate
   std::vector<int64_t> eos;
-  ShardPlan plan;
-
-  groups = make_mpi_groups(/*tp_size=*/0);  // one tp group of all ranks
-  const WorldConfig& w = groups.world_config;
-  set_log_rank(w.world_size > 1 ? w.world_rank : -1);
-
-  // Rank 0 reads the prompts (stdin and local files exist only there under mpirun) and
-  // checks --output; then every rank gets the same texts.
-  std::vector<std::string> texts;
-  std::vector<std::string> kinds;  // "text" or "chat" per prompt
-  if (!job.load_phase([&] {
-        if (w.world_rank != 0) return;
-        texts = read_prompts(o, kinds);
-        if (!o.output.empty()) check_output_path(o.output);
-      })) {
-    return 1;
-  }
-  broadcast_strings(*groups.world, texts);
-  broadcast_strings(*groups.world, kinds);
-
+  RequestSettings defaults;
   const bool loaded = job.load_phase([&] {
     const std::filesystem::path model_dir = resolve_model_dir(o.model);
     files = std::make_unique<ModelFiles>(open_model(model_dir));
-    plan = ShardPlan::make(files->config, w.tp_rank, w.tp_size);
+    const ShardPlan plan = ShardPlan::make(files->config, w.tp_rank, w.tp_size);
     const int64_t max_seq_len = resolve_max_seq_len(files->config, o.max_seq_len);
-    const int64_t batch_rows = std::min<int64_t>(o.max_batch, static_cast<int64_t>(texts.size()));
-    const RankMemory need = rank_memory(files->config, plan, max_seq_len, batch_rows);
-    check_memory(need, available_host_memory(), w.local_size);
     tokenizer = std::make_unique<Tokenizer>(Tokenizer::from_dir(model_dir));
     if (tokenizer->vocab_size() > files->config.vocab_size) {
       throw Error("the tokenizer knows more ids than the model has embedding rows", (model_dir / "tokenizer.json").string(),
                   "ids < config.json vocab_size = " + std::to_string(files->config.vocab_size),
                   "ids up to " + std::to_string(tokenizer->vocab_size() - 1));
     }
-    std::unique_ptr<ModelChatTemplate> chat;
-    for (std::size_t k = 0; k < texts.size(); ++k) {
-      std::string& text = texts[k];
-      const std::string where =
-          o.input.empty() ? std::string("--prompt") : o.input + ": prompt #" + std::to_string(prompts.size() + 1);
-      const bool is_chat = kinds[k] == kChat;
-      if (is_chat) {
-        // The rendered text already holds the template's BOS, so no second one is added.
-        if (!chat) chat = std::make_unique<ModelChatTemplate>(load_chat_template(*tokenizer, model_dir));
-        try {
-          text = chat->chat_template.render(
-              chat_variables(nlohmann::ordered_json::parse(text), chat->special_tokens, where));
-        } catch (const Error& e) {
-          throw e.at(where);
-        }
-      }
-      std::vector<int32_t> ids;
-      try {
-        ids = tokenizer->encode(text, /*add_special_tokens=*/!is_chat);
-      } catch (const Error& e) {
-        throw e.at(where);
-      }
-      if (ids.empty()) throw Error("the prompt has no tokens (and the tokenizer adds no BOS)", where);
-      if (static_cast<int64_t>(ids.size()) > max_seq_len) {
-        throw Error("the prompt is longer than the context", where,
-                    "<= --max-seq-len = " + std::to_string(max_seq_len) + " tokens",
-                    std::to_string(ids.size()) + " tokens");
-      }
-      if (static_cast<int64_t>(ids.size()) == max_seq_len && o.max_new_tokens > 0 && w.world_rank == 0) {
-        warn(where + ": the prompt fills --max-seq-len = " + std::to_string(max_seq_len) +
-             " tokens; no room is left for new tokens");
-      }
-      prompts.push_back({std::move(text), std::move(ids)});
-    }
-    sampling = resolve_sampling(o, files->generation);
-    Sampler check(sampling);  // validates the values before any rank starts
-    eos = resolve_eos(*files, *tokenizer);
+    defaults = resolve_defaults(o, files->generation);
     // Phi-3 pads its embedding to 32064 rows while the tokenizer knows 32011 ids: never
     // draw an id the tokenizer cannot decode.
-    sampling.vocab_limit = std::min<int64_t>(files->config.vocab_size, tokenizer->vocab_size());
+    defaults.sampling.vocab_limit = std::min<int64_t>(files->config.vocab_size, tokenizer->vocab_size());
+    Sampler check(defaults.sampling);  // validates generation_config.json's values before any rank starts
+    eos = resolve_eos(*files, *tokenizer);
+
+    std::vector<int64_t> skip;
+    for (const auto& s : kept_indices) skip.push_back(std::stoll(s));
+    std::sort(skip.begin(), skip.end());
+    std::unique_ptr<ModelChatTemplate> chat;
+    for (const auto& [n, text] : lines) {
+      Request r;
+      r.index = n - 1;
+      r.where = o.prompt ? std::string("--prompt") : o.input + ":" + std::to_string(n);
+      ordered_json line;
+      if (o.prompt) {
+        line["prompt"] = text;
+      } else {
+        line = parse_jsonl_line(text, r.where);
+      }
+      r.settings = apply_request_keys(line, defaults, r.where);
+      for (int64_t id : r.settings.stop_token_ids) {
+        if (id >= files->config.vocab_size) {
+          throw Error("invalid value", r.where + ": key \"stop_token_ids\"",
+                      "ids < vocab_size = " + std::to_string(files->config.vocab_size), std::to_string(id));
+        }
+      }
+      const bool done = std::binary_search(skip.begin(), skip.end(), r.index);
+      bool is_chat = false;
+      r.text = prompt_text(line, o.chat, *tokenizer, model_dir, chat, r.where, is_chat);
+      if (!done) {
+        try {
+          // A rendered chat text already holds the template's BOS, so no second one is added.
+          r.ids = tokenizer->encode(r.text, /*add_special_tokens=*/!is_chat);
+        } catch (const Error& e) {
+          throw e.at(r.where);
+        }
+        if (o.prompt && r.ids.empty()) throw Error("the prompt has no tokens (and the tokenizer adds no BOS)", r.where);
+        // One prompt is refused now; in a batch it fails alone (its line says why).
+        if (o.prompt && static_cast<int64_t>(r.ids.size()) > max_seq_len) {
+          throw Error("the prompt is longer than the context", r.where,
+                      "<= --max-seq-len = " + std::to_string(max_seq_len) + " tokens",
+                      std::to_string(r.ids.size()) + " tokens");
+        }
+        if (static_cast<int64_t>(r.ids.size()) == max_seq_len && r.settings.max_new_tokens > 0 && w.world_rank == 0) {
+          warn(r.where + ": the prompt fills --max-seq-len = " + std::to_string(max_seq_len) +
+               " tokens; no room is left for new tokens");
+        }
+        todo.push_back(requests.size());
+      }
+      requests.push_back(std::move(r));
+    }
+    // Rank 0: a kept line must belong to this input (its index and its prompt).
+    for (const auto& [index, line] : kept) {
+      const auto it = std::find_if(requests.begin(), requests.end(), [&](const Request& r) { return r.index == index; });
+      const std::string where = o.output + ": line with index " + std::to_string(index);
+      if (it == requests.end()) throw Error("no input line has this index; is it the output of another input?", where);
+      const ordered_json j = ordered_json::parse(line);
+      if (!j.contains("prompt") || j["prompt"] != it->text) {
+        throw Error("its prompt differs from " + it->where + "; is it the output of another input?", where);
+      }
+    }
+
+    const int64_t share = static_cast<int64_t>((todo.size() + static_cast<size_t>(w.dp_size) - 1 -
+                                                static_cast<size_t>(w.dp_rank)) / static_cast<size_t>(w.dp_size));
+    const int64_t batch_rows = std::max<int64_t>(1, std::min<int64_t>(o.max_batch, share));
+    const int64_t kv_tokens =
+        resolve_kv_cache_tokens(files->config, plan, max_seq_len, batch_rows, o.kv_cache_tokens,
+                                o.kv_cache_memory_fraction, available_host_memory(), w.local_size);
+    const RankMemory need = rank_memory(files->config, plan, kv_tokens);
+    check_memory(need, available_host_memory(), w.local_size);
     const int threads = blas_threads_per_rank(o.threads, w.local_size);
-    backend = make_cpu_backend(threads);
-    engine = make_engine(*files, plan, *backend, *groups.tp, max_seq_len, batch_rows);
-    info("tp rank " + std::to_string(w.tp_rank) + "/" + std::to_string(w.tp_size) + ": " +
+    backend = make_backend(o.backend, threads, w.local_rank, w.local_size);
+    engine = make_engine(*files, plan, *backend, tp_communicator(*backend, *groups.tp, w.local_size), max_seq_len,
+                         batch_rows, kKvPageSize,
+                         kv_tokens / kKvPageSize);
+    info("dp group " + std::to_string(w.dp_rank) + "/" + std::to_string(w.dp_size) + ", tp rank " +
+         std::to_string(w.tp_rank) + "/" + std::to_string(w.tp_size) + ": " +
          std::to_string(plan.num_heads_local) + " heads, " + std::to_string(plan.num_kv_heads_local) +
          " KV heads, " + std::to_string(plan.intermediate_local) + " MLP units, vocab rows [" +
          std::to_string(plan.vocab_begin) + ", " + std::to_string(plan.vocab_begin + plan.vocab_local) +
-         "), " + std::to_string(threads) + " BLAS threads, KV cache " + std::to_string(max_seq_len) +
-         " positions = " + format_bytes(engine->kv_cache_bytes()) + ", weights " +
+         "), backend " + backend->name() + " (" + std::to_string(threads) + " BLAS threads on cpu), KV cache " + std::to_string(engine->num_pages()) +
+         " pages x " + std::to_string(engine->page_size()) + " positions = " + format_bytes(engine->kv_cache_bytes()) +
+         " (up to " + std::to_string(batch_rows) + " requests at once), weights " +
          format_bytes(need.weight_bytes) + " (f32); read " + format_bytes(static_cast<int64_t>(files->checkpoint.bytes_read())) +
          " of the checkpoint's " + format_bytes(static_cast<int64_t>(files->checkpoint.total_bytes())));
   });
   if (!loaded) return 1;
 
   std::unique_ptr<JsonlOutput> output;
+  int code = 0;
   try {
     if (w.world_rank == 0 && !files->unused_tensors.empty()) {
       std::string names;
@@ -245,51 +568,26 @@ int run_generate(const GenerateOptions& o, Job& job) {
       seed = (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
     }
     groups.world->broadcast(&seed, sizeof seed, 0);
-    sampling.seed = seed;
     if (w.world_rank == 0) {
-      char line[160];
-      std::snprintf(line, sizeof line, "sampling: temperature %g, top_k %lld, top_p %g, seed %llu",
-                    sampling.temperature, static_cast<long long>(sampling.top_k), sampling.top_p,
+      const SamplingParams& p = defaults.sampling;
+      char line[256];
+      std::snprintf(line, sizeof line,
+                    "sampling: temperature %g, top_k %lld, top_p %g, min_p %g, repetition_penalty %g, seed %llu",
+                    p.temperature, static_cast<long long>(p.top_k), p.top_p, p.min_p, p.repetition_penalty,
                     static_cast<unsigned long long>(seed));
       info(line);
-      if (sampling.temperature == 0.0 && (o.top_k || o.top_p || o.seed)) {
-        warn("decoding is greedy (temperature 0), so --top-k, --top-p and --seed have no effect; "
+      if (p.temperature == 0.0 && (o.top_k || o.top_p || o.min_p || o.seed)) {
+        warn("decoding is greedy (temperature 0), so --top-k, --top-p, --min-p and --seed have no effect; "
              "give --temperature > 0 to sample");
       }
       if (!o.output.empty()) output = std::make_unique<JsonlOutput>(o.output);
     }
 
-    if (prompts.size() > 1) {
-      run_batch(*engine, *tokenizer, prompts, sampling, o.max_new_tokens, eos, w.world_rank == 0, output.get());
-      prompts.clear();
-    }
-    for (const Prompt& p : prompts) {
-      std::unique_ptr<StreamingDetokenizer> stream;
-      std::string completion;
-      if (w.world_rank == 0) stream = std::make_unique<StreamingDetokenizer>(*tokenizer, p.ids);
-      auto on_token = [&](int32_t id) {
-        if (!stream) return;
-        const std::string piece = stream->push(id);
-        completion += piece;
-        std::fwrite(piece.data(), 1, piece.size(), stdout);
-        std::fflush(stdout);
-      };
-      GenerationResult r = generate_until(*engine, p.ids, sampling, o.max_new_tokens, eos, on_token);
-      if (w.world_rank != 0) continue;
-      const std::string tail = stream->flush();
-      completion += tail;
-      std::fwrite(tail.data(), 1, tail.size(), stdout);
-      std::fputc('\n', stdout);
-      std::fflush(stdout);
-      const double decode_tps =
-          r.decode_ms > 0 ? 1000.0 * static_cast<double>(r.ids.size() > 1 ? r.ids.size() - 1 : 0) / r.decode_ms : 0.0;
-      char stats[256];
-      std::snprintf(stats, sizeof stats,
-                    "[linnet-tp] prompt tokens: %zu, new tokens: %zu, prefill: %.1f ms, decode: %.1f tokens/s, "
-                    "finish: %s\n",
-                    p.ids.size(), r.ids.size(), r.prefill_ms, decode_tps, r.finish_reason.c_str());
-      std::fputs(stats, stderr);
-      if (output) output->add(p.text, completion, p.ids, r.ids, r.finish_reason);
+    if (batch) {
+      const BatchRun run{groups, *tokenizer, requests, kept, todo, o.prefix_caching};
+      code = run_batch(*engine, run, eos, seed, output);
+    } else if (w.dp_rank == 0) {
+      run_single(*engine, *tokenizer, requests.at(0), eos, seed, w.world_rank == 0, output.get());
     }
     if (w.world_rank == 0 && (std::fflush(stdout) != 0 || std::ferror(stdout))) {
       throw Error(std::string("cannot write the completion: ") + std::strerror(errno), "stdout");
@@ -298,7 +596,7 @@ int run_generate(const GenerateOptions& o, Job& job) {
   } catch (const std::exception& e) {
     job.abort(e.what(), [&] { output.reset(); });
   }
-  return 0;
+  return code;
 }
 
 }  // namespace linnet

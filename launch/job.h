@@ -5,10 +5,16 @@
 // every rank hit alike (a config field, a tensor shape) is printed once, by rank 0.
 // In the run phase a failing rank prints its error prefixed "[rank r]" and calls
 // MPI_Abort, so no rank is left waiting in a collective.
+//
+// Stopping on SIGINT/SIGTERM is the other half of the protocol: the handler only sets a
+// flag; StopRelay passes it to every rank by a one-int message (ranks of other dp
+// groups share no collective with the signalled one until the run ends), and the
+// generation loop agrees on it within its tp group once per step.
 #pragma once
 
 #include <functional>
 #include <string>
+#include <vector>
 
 #include <mpi.h>
 
@@ -35,6 +41,37 @@ class Job {
   MPI_Comm world_;
   int rank_ = 0;
   int size_ = 1;
+};
+
+/// Installs SIGINT and SIGTERM handlers that only record the signal (async-signal-safe);
+/// a second signal of the same kind restores the default action, so it ends the process.
+void install_stop_handlers();
+
+/// The signal a handler of install_stop_handlers caught (SIGINT or SIGTERM), else 0.
+int caught_stop_signal();
+
+/// Tells every rank of `world` when any rank caught SIGINT/SIGTERM. Each rank keeps one
+/// receive posted (tag kStopTag); the first rank to see the signal sends to all others.
+/// poll() costs one MPI_Test. Not a collective: ranks may poll at different times.
+class StopRelay {
+ public:
+  static constexpr int kStopTag = 7707;
+  explicit StopRelay(MPI_Comm world);
+  /// Drains stop messages still queued and cancels the posted receive.
+  ~StopRelay();
+  StopRelay(const StopRelay&) = delete;
+  StopRelay& operator=(const StopRelay&) = delete;
+
+  /// True once this rank caught a signal or heard of one (then it stays true); the
+  /// first local signal is forwarded to every other rank.
+  bool poll();
+
+ private:
+  MPI_Comm world_;
+  int rank_ = 0, size_ = 1;
+  int inbox_ = 0;
+  MPI_Request recv_ = MPI_REQUEST_NULL;
+  bool stopped_ = false, told_ = false;
 };
 
 /// Prints "linnet-tp: error: msg" (rank -1) or "[rank r] error: msg" to stderr.

@@ -1,11 +1,15 @@
-// JsonlOutput: the --output file of generate and loss. Results are kept in memory and written
+// JsonlOutput: the --output file of generate and loss, and the rank-0 side of it: the
+// lines of an earlier run (--resume) and the gather of results from every rank. Results are kept in memory and written
 // to a temp file beside the target, then renamed over it, so a failed run never leaves
 // a partial output file behind.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
+
+#include "parallel/mpi_communicator.h"
 
 namespace linnet {
 
@@ -44,5 +48,16 @@ class JsonlOutput {
   std::string tmp_path_;
   std::vector<std::string> lines_;
 };
+
+/// The lines of an earlier --output file for --resume, by their "index" field (the
+/// 0-based input line), each kept as its exact text. A missing file gives none.
+/// @throws Error naming "path:line" when a line is not a JSON object with a
+///   non-negative integer "index", or an index appears twice.
+std::map<int64_t, std::string> read_output_lines(const std::string& path);
+
+/// Gathers every rank's `mine` to rank 0 of `comm`, in rank order (a collective;
+/// MPI_Gatherv of the bytes). Returns the strings on rank 0, nothing elsewhere.
+/// @throws Error when MPI fails.
+std::vector<std::string> gather_strings(MpiCommunicator& comm, const std::vector<std::string>& mine);
 
 }  // namespace linnet

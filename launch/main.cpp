@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <exception>
 
+#include "launch/bench_command.h"
 #include "launch/cli_options.h"
 #include "launch/generate_command.h"
 #include "launch/info_command.h"
@@ -30,6 +31,8 @@ int main(int argc, char** argv) {
       if (job.rank() == 0) std::printf("linnet-tp %s\n", LINNET_VERSION);
     } else if (cl.kind == linnet::CommandLine::Kind::kLoss) {
       code = linnet::run_loss(cl.loss, job);
+    } else if (cl.kind == linnet::CommandLine::Kind::kBench) {
+      code = linnet::run_bench(cl.bench, job);
     } else if (cl.kind == linnet::CommandLine::Kind::kInfo) {
       code = linnet::run_info(cl.info, job);
     } else if (cl.kind == linnet::CommandLine::Kind::kTemplate) {

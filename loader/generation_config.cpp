@@ -91,6 +91,23 @@ GenerationConfig GenerationConfig::from_json(const json& j, const std::string& s
     if (!(p > 0 && p <= 1)) value_error(source, "top_p", "a number in (0, 1]", *v);
     g.top_p = p;
   }
+  if (const json* v = field_of(j, "min_p")) {
+    if (!v->is_number()) type_error(source, "min_p", "a number", *v);
+    const double p = v->get<double>();
+    if (!(p >= 0 && p <= 1)) value_error(source, "min_p", "a number in [0, 1]", *v);
+    g.min_p = p;
+  }
+  if (const json* v = field_of(j, "repetition_penalty")) {
+    if (!v->is_number()) type_error(source, "repetition_penalty", "a number", *v);
+    const double p = v->get<double>();
+    if (!std::isfinite(p) || !(p > 0)) value_error(source, "repetition_penalty", "a finite number > 0", *v);
+    g.repetition_penalty = p;
+  }
+  if (const json* v = field_of(j, "max_new_tokens")) {
+    if (!v->is_number_integer()) type_error(source, "max_new_tokens", "an integer", *v);
+    if (!is_int64(*v) || v->get<int64_t>() < 0) value_error(source, "max_new_tokens", "an integer >= 0", *v);
+    g.max_new_tokens = v->get<int64_t>();
+  }
   return g;
 }
 

@@ -19,10 +19,14 @@ struct GenerationConfig {
   std::optional<double> temperature;
   std::optional<int64_t> top_k;
   std::optional<double> top_p;
+  std::optional<double> min_p;               // transformers' MinPLogitsWarper
+  std::optional<double> repetition_penalty;  // transformers' RepetitionPenaltyLogitsProcessor
+  std::optional<int64_t> max_new_tokens;
 
   /// @throws Error naming `source` and the field when it has the wrong JSON type or an
   ///   impossible value: a token id < 0 or > 2^63-1, temperature not finite or < 0,
-  ///   top_k < 0 or > 2^63-1, top_p outside (0, 1].
+  ///   top_k < 0 or > 2^63-1, top_p outside (0, 1], min_p outside [0, 1],
+  ///   repetition_penalty not finite or <= 0, max_new_tokens < 0.
   static GenerationConfig from_json(const nlohmann::json& j, const std::string& source);
   /// Reads `path`; a missing file gives an empty GenerationConfig (it is optional).
   /// @throws Error naming the file when it exists but is not a regular file or not valid

@@ -1,35 +1,53 @@
 #include "runtime/batch_generate.h"
 
 #include <algorithm>
-#include <deque>
+#include <chrono>
+#include <map>
 #include <memory>
 #include <string>
+
+#include "common/error.h"
+#include "runtime/page_pool.h"
+#include "runtime/paged_scheduler.h"
 
 namespace linnet {
 namespace {
 
-// A request occupying a KV cache row.
-struct Slot {
-  size_t index = 0;
-  int32_t row = 0;
-  int64_t pos = 0;          // tokens in the row's cache; the newest token goes here next
-  int32_t token = 0;        // the newest token, not yet in the cache
+// A running request's sampling state (the KV side is the scheduler's).
+struct Running {
   std::unique_ptr<Sampler> sampler;
+  std::vector<int32_t> context;  // prompt + new tokens, for the repetition penalty (tp rank 0)
 };
+
+// What tp rank 0 decided for a row, broadcast with its token.
+enum Outcome : int32_t { kGoOn = 0, kStopCheck = 1, kFailed = 2 };
 
 }  // namespace
 
 std::vector<GenerationResult> generate_batch(Engine& engine, const std::vector<BatchRequest>& requests,
-                                             const RequestDone& on_done, int64_t prefill_budget) {
+                                             const RequestDone& on_done, int64_t step_token_budget) {
+  BatchOptions options;
+  options.on_done = on_done;
+  options.step_token_budget = step_token_budget;
+  return generate_batch(engine, requests, options);
+}
+
+std::vector<GenerationResult> generate_batch(Engine& engine, const std::vector<BatchRequest>& requests,
+                                             const BatchOptions& options) {
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  auto now_ms = [&] { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); };
   const int64_t L = engine.max_seq_len();
   const int64_t V = engine.config().vocab_size;
   std::vector<GenerationResult> results(requests.size());
   auto finish = [&](size_t i, const std::string& reason) {
     results[i].finish_reason = reason;
-    if (on_done) on_done(i, results[i]);
+    if (options.on_done) options.on_done(i, results[i]);
   };
 
-  std::deque<size_t> pending;
+  PagePool pool(engine.num_pages(), engine.page_size());
+  PagedScheduler scheduler(pool, engine.max_batch(), L, std::max<int64_t>(1, options.step_token_budget),
+                           options.prefix_caching);
   for (size_t i = 0; i < requests.size(); ++i) {
     const auto& p = requests[i].prompt;
     if (p.empty() || static_cast<int64_t>(p.size()) > L) {
@@ -42,89 +60,87 @@ std::vector<GenerationResult> generate_batch(Engine& engine, const std::vector<B
       finish(i, "error");
     } else if (requests[i].max_new_tokens <= 0 || static_cast<int64_t>(p.size()) == L) {
       finish(i, "length");
-    } else {
-      pending.push_back(i);
+    } else if (auto err = scheduler.add(static_cast<int64_t>(i), p, requests[i].max_new_tokens)) {
+      results[i].error = *err;  // can never fit in the KV pool
+      finish(i, "error");
     }
   }
 
-  std::vector<int32_t> free_rows;
-  for (int64_t r = engine.max_batch() - 1; r >= 0; --r) free_rows.push_back(static_cast<int32_t>(r));
-  std::vector<Slot> active;
+  std::map<size_t, Running> running;
   Communicator& comm = engine.tp_comm();
+  const bool root = comm.rank() == 0;
 
-  // Draws one token per logits row on tp rank 0, broadcasts them, and advances each
-  // slot: appends the token, checks EOS / max_new_tokens / the end of the row.
-  auto step = [&](std::vector<Slot*>& slots, const std::vector<float>& logits) {
-    std::vector<int32_t> tokens(slots.size());
-    if (comm.rank() == 0) {
-      for (size_t k = 0; k < slots.size(); ++k) {
-        tokens[k] = slots[k]->sampler->sample(std::span<const float>(logits).subspan(k * V, V));
+  // Draws one token per logits row on tp rank 0 (with its logprobs and the caller's
+  // stop check), broadcasts {token, outcome} pairs, and advances each request: appends
+  // the token, checks the outcome, EOS / stop ids, max_new_tokens and max_seq_len.
+  auto sample_step = [&](const std::vector<int64_t>& ids, const std::vector<float>& logits) {
+    std::vector<int32_t> drawn(2 * ids.size(), 0);
+    if (root) {
+      for (size_t k = 0; k < ids.size(); ++k) {
+        const size_t i = static_cast<size_t>(ids[k]);
+        const BatchRequest& req = requests[i];
+        GenerationResult& res = results[i];
+        Running& r = running[i];
+        if (!r.sampler) {
+          r.sampler = std::make_unique<Sampler>(req.sampling);
+          if (req.sampling.repetition_penalty != 1.0) r.context = req.prompt;
+        }
+        const std::span<const float> row = std::span<const float>(logits).subspan(k * V, V);
+        try {
+          const int32_t token = r.sampler->sample(row, r.context);
+          if (req.top_logprobs >= 0) {
+            res.logprobs.push_back(Sampler::logprobs(row, token, req.top_logprobs, req.sampling.vocab_limit));
+          }
+          drawn[2 * k] = token;
+          if (options.stop_check && options.stop_check(i, token)) drawn[2 * k + 1] = kStopCheck;
+        } catch (const Error& e) {
+          drawn[2 * k + 1] = kFailed;
+          res.error = std::string(e.what()) + " (at new token " + std::to_string(res.ids.size() + 1) + ")";
+        }
       }
     }
-    comm.broadcast(tokens.data(), tokens.size() * sizeof(int32_t), 0);
-    for (size_t k = 0; k < slots.size(); ++k) {
-      Slot& s = *slots[k];
-      const BatchRequest& req = requests[s.index];
-      GenerationResult& res = results[s.index];
-      s.token = tokens[k];
-      res.ids.push_back(s.token);
-      const std::string reason = finish_reason_after(s.token, req.eos_ids, static_cast<int64_t>(res.ids.size()),
-                                                     req.max_new_tokens, s.pos, L);
+    comm.broadcast(drawn.data(), drawn.size() * sizeof(int32_t), 0);
+    const double t = now_ms();
+    for (size_t k = 0; k < ids.size(); ++k) {
+      const size_t i = static_cast<size_t>(ids[k]);
+      const BatchRequest& req = requests[i];
+      GenerationResult& res = results[i];
+      std::string reason;
+      if (drawn[2 * k + 1] == kFailed) {
+        if (res.error.empty()) res.error = "the sampler on tp rank 0 refused the logits row";
+        reason = "error";
+      } else {
+        const int32_t token = drawn[2 * k];
+        res.ids.push_back(token);
+        res.token_ms.push_back(t);
+        if (root && !running[i].context.empty()) running[i].context.push_back(token);
+        // The token would go into the cache at position prompt + new tokens - 1.
+        const int64_t cached = static_cast<int64_t>(req.prompt.size() + res.ids.size()) - 1;
+        reason = drawn[2 * k + 1] == kStopCheck
+                     ? "stop"
+                     : finish_reason_after(token, req.eos_ids, static_cast<int64_t>(res.ids.size()),
+                                           req.max_new_tokens, cached, L);
+        if (reason.empty()) scheduler.append(ids[k], token);
+      }
       if (!reason.empty()) {
-        free_rows.push_back(s.row);
-        s.sampler.reset();  // marks the slot finished
-        finish(s.index, reason);
+        scheduler.finish(ids[k]);
+        running.erase(i);
+        finish(i, reason);
       }
     }
-    active.erase(std::remove_if(active.begin(), active.end(), [](const Slot& s) { return !s.sampler; }),
-                 active.end());
   };
 
-  while (!pending.empty() || !active.empty()) {
-    // Admit waiting requests into free rows, prefilled together in one packed pass.
-    std::vector<int32_t> tokens, rows, positions, last;
-    std::vector<Slot> admitted;
-    while (!pending.empty() && !free_rows.empty()) {
-      const auto& prompt = requests[pending.front()].prompt;
-      if (!admitted.empty() && static_cast<int64_t>(tokens.size() + prompt.size()) > prefill_budget) break;
-      Slot s;
-      s.index = pending.front();
-      s.row = free_rows.back();
-      s.pos = static_cast<int64_t>(prompt.size());
-      s.sampler = std::make_unique<Sampler>(requests[s.index].sampling);
-      pending.pop_front();
-      free_rows.pop_back();
-      for (size_t i = 0; i < prompt.size(); ++i) {
-        tokens.push_back(prompt[i]);
-        rows.push_back(s.row);
-        positions.push_back(static_cast<int32_t>(i));
-      }
-      last.push_back(static_cast<int32_t>(tokens.size() - 1));
-      admitted.push_back(std::move(s));
-    }
-    if (!admitted.empty()) {
-      const std::vector<float> logits = engine.prefill_packed(tokens, rows, positions, last);
-      const size_t before = active.size();
-      for (auto& s : admitted) active.push_back(std::move(s));
-      std::vector<Slot*> slots;
-      for (size_t k = before; k < active.size(); ++k) slots.push_back(&active[k]);
-      step(slots, logits);
-    }
-    if (active.empty()) continue;
-    // One token for every active row, each at its own position.
-    tokens.clear();
-    rows.clear();
-    positions.clear();
-    std::vector<Slot*> slots;
-    for (Slot& s : active) {
-      tokens.push_back(s.token);
-      rows.push_back(s.row);
-      positions.push_back(static_cast<int32_t>(s.pos));
-      ++s.pos;
-      slots.push_back(&s);
-    }
-    step(slots, engine.decode_rows(tokens, rows, positions));
+  // Each step: one decode token per running request, prompt chunks of the others (and
+  // of newly admitted ones) up to the step's token budget, in one step_paged pass.
+  while (!scheduler.idle()) {
+    if (options.stop_requested && options.stop_requested()) break;
+    const auto step = scheduler.next_step();
+    if (!step) break;
+    const std::vector<float> logits = engine.step_paged(step->batch);
+    scheduler.done_step(*step);
+    if (!step->ids.empty()) sample_step(step->ids, logits);
   }
+  if (options.kv_stats) *options.kv_stats = scheduler.pool_stats();
   return results;
 }
 

@@ -1,8 +1,15 @@
-// Batch generation with continuous batching over the Engine's KV cache rows: requests
-// join as rows free up; each step runs the newly admitted prompts through one packed
-// prefill (prefill_packed, no padding) and then one token for every active row
-// (decode_rows). Each request samples with its own Sampler (its own seed), so its
-// tokens do not depend on which other requests share the batch.
+// Batch generation with continuous batching over the Engine's KV pages: requests join
+// as others finish (PagedScheduler: up to engine.max_batch() running, each with its
+// whole length's pages reserved, prompt prefixes shared through the PagePool); each
+// step is one step_paged pass with a decode token of every running request and prompt
+// chunks of the others (chunked prefill, no padding). Each request samples with its
+// own Sampler (its own seed), so its tokens do not depend on which other requests share
+// the batch.
+//
+// Everything that needs the full logits row (sampling, logprobs, the caller's stop
+// check) happens on tp rank 0, where Engine already gathered the vocab slices; one
+// broadcast per step then gives every rank of the tp group each row's token and its
+// outcome (go on, stop, error), so all ranks agree on which rows go on.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +18,7 @@
 
 #include "runtime/engine.h"
 #include "runtime/generate.h"
+#include "runtime/page_pool.h"
 #include "runtime/sampler.h"
 
 namespace linnet {
@@ -20,19 +28,49 @@ struct BatchRequest {
   std::vector<int32_t> prompt;
   SamplingParams sampling;
   int64_t max_new_tokens = 256;
-  std::vector<int64_t> eos_ids;
+  std::vector<int64_t> eos_ids;  // EOS and stop token ids: the token ends the request, finish "stop"
+  int64_t top_logprobs = -1;     // -1: no logprobs; N >= 0: each new token's logprob and the N
+                                 // most probable ids (GenerationResult::logprobs, tp rank 0)
 };
 
 /// Called on every rank as request `index` finishes.
 using RequestDone = std::function<void(size_t index, const GenerationResult& result)>;
 
+/// Called on tp rank 0 only with each new token of request `index`, in order (before
+/// the token is appended to the result). Returning true finishes the request with finish_reason "stop" (e.g. its text now
+/// holds a stop string); the decision reaches the other ranks with the token.
+using StopCheck = std::function<bool(size_t index, int32_t token)>;
+
+/// Called once per scheduler step on every rank of the tp group; true stops the run.
+/// It must return the same value on every rank of the group (agree with a collective).
+using StopRequested = std::function<bool()>;
+
+/// Callbacks and limits of generate_batch; all optional.
+struct BatchOptions {
+  RequestDone on_done;
+  StopCheck stop_check;
+  StopRequested stop_requested;
+  int64_t step_token_budget = 4096;  // most tokens in one pass (decode tokens and prompt
+                                     // chunks; a longer prompt is prefilled over several steps)
+  bool prefix_caching = true;         // share the KV pages of common prompt prefixes
+  PagePoolStats* kv_stats = nullptr;  // when set, receives the KV pool's counters at the end
+};
+
 /// Generates every request, up to engine.max_batch() at a time, and returns the results
-/// in request order. A request whose prompt is empty or does not fit in the KV cache row
-/// finishes with finish_reason "error" and a message; the others go on. Every rank of
-/// the tp group must call it with the same requests; tokens are drawn on tp rank 0 and
-/// broadcast. `prefill_budget` caps the prompt tokens admitted in one packed pass (a
-/// longer single prompt still goes alone).
+/// in request order. A request whose prompt is empty, is longer than max_seq_len, whose
+/// length (prompt + max_new_tokens, capped at max_seq_len) can never fit in the KV pool,
+/// or which holds an id outside [0, vocab_size) finishes with finish_reason "error" and a
+/// message before any step; one whose logits row holds a NaN or inf finishes with
+/// "error" at that step. The others go on. Every rank of the tp group must call it with
+/// the same requests. When options.stop_requested returns true the run ends at once:
+/// requests not yet finished keep an empty finish_reason (and were never passed to
+/// on_done). GenerationResult::token_ms counts from this call.
+/// @throws Error from the engine (a collective or backend failure).
 std::vector<GenerationResult> generate_batch(Engine& engine, const std::vector<BatchRequest>& requests,
-                                             const RequestDone& on_done = {}, int64_t prefill_budget = 4096);
+                                             const BatchOptions& options);
+
+/// generate_batch with only an on_done callback and a step token budget.
+std::vector<GenerationResult> generate_batch(Engine& engine, const std::vector<BatchRequest>& requests,
+                                             const RequestDone& on_done = {}, int64_t step_token_budget = 4096);
 
 }  // namespace linnet

@@ -124,7 +124,7 @@ std::vector<int32_t> Engine::row_pages(int64_t row, const char* entry) const {
 }
 
 Tensor Engine::run(std::span<const int32_t> tokens, const Rows& rows_in, KvCache& cache,
-                   std::span<const int32_t> out) {
+                   std::span<const int32_t> out, bool logits_wanted) {
   const int64_t S = static_cast<int64_t>(tokens.size());
   const int64_t H = config_.hidden_size;
   const int64_t hd = config_.head_dim;
@@ -184,6 +184,7 @@ Tensor Engine::run(std::span<const int32_t> tokens, const Rows& rows_in, KvCache
     backend_.add_inplace(h.data(), partial.data(), S * H);
   }
 
+  if (!logits_wanted) return Tensor();
   // Final norm and the vocab-parallel lm_head, on the requested rows only.
   const int64_t rows = out.empty() ? S : static_cast<int64_t>(out.size());
   Tensor selected;
@@ -408,6 +409,10 @@ Engine::Rows Engine::paged_rows(const PagedBatch& b, const char* entry) const {
 
 std::vector<float> Engine::step_paged(const PagedBatch& batch) {
   const Rows r = paged_rows(batch, "step_paged");
+  if (batch.last.empty()) {  // prompt chunks only: fill the cache, no logits wanted
+    run(batch.tokens, r, cache_, {}, /*logits=*/false);
+    return {};
+  }
   return gather_logits(run(batch.tokens, r, cache_, batch.last), static_cast<int64_t>(batch.last.size()));
 }
 

@@ -89,7 +89,8 @@ class Engine {
   };
 
   /// step_paged: one mixed pass (chunks of prompts and single decode tokens together,
-  /// chunked prefill as in Sarathi / vLLM). Returns logits f32 [last.size(), vocab_size].
+  /// chunked prefill as in Sarathi / vLLM). Returns logits f32 [last.size(), vocab_size]
+  /// (nothing, and no lm_head, when last is empty).
   /// @throws Error on mismatched lengths, a page outside [0, num_pages), a position past
   ///   its page table or max_seq_len, non-consecutive positions of a sequence, bad ids.
   std::vector<float> step_paged(const PagedBatch& batch);
@@ -139,8 +140,10 @@ class Engine {
   std::vector<int32_t> row_pages(int64_t row, const char* entry) const;
   Rows paged_rows(const PagedBatch& b, const char* entry) const;
   // The decoder over `tokens` placed per `rows` in `cache`. Returns this rank's logits
-  // slice [n, vocab_local] of the tokens listed in `out` (all tokens when empty).
-  Tensor run(std::span<const int32_t> tokens, const Rows& rows, KvCache& cache, std::span<const int32_t> out);
+  // slice [n, vocab_local] of the tokens listed in `out` (all tokens when empty), or an
+  // empty tensor when !logits_wanted (the pass only fills the cache).
+  Tensor run(std::span<const int32_t> tokens, const Rows& rows, KvCache& cache, std::span<const int32_t> out,
+             bool logits_wanted = true);
   // all_gather of local logits [rows, vocab_local] into [rows, vocab_size].
   std::vector<float> gather_logits(const Tensor& local, int64_t rows);
   void check_tokens(std::span<const int32_t> tokens, int64_t pos, int64_t capacity) const;

@@ -2,7 +2,8 @@
 // sample (seeded sampling, fixed steps) and generate_until (stop at an EOS id or at
 // max_new_tokens). The prompt goes through prefill in one pass, then one decode per
 // new token. Every rank of the tp group runs the loop; the token is drawn on tp rank 0
-// and broadcast, so all ranks continue with the same token.
+// and broadcast, so all ranks continue with the same token. A logits row with a NaN or
+// inf ends the request with finish_reason "error" on every rank (never a silent token).
 #pragma once
 
 #include <cstdint>
@@ -20,9 +21,13 @@ namespace linnet {
 struct GenerationResult {
   std::vector<int32_t> ids;   // new tokens only (an EOS that stopped the loop included)
   std::string finish_reason;  // "stop" (an EOS id), "length" (max_new_tokens or cache full), "error"
-  std::string error;          // why, when finish_reason is "error"
+  std::string error;          // why, when finish_reason is "error" (the full message on tp rank 0)
   double prefill_ms = 0.0;    // wall time of the prompt's prefill, incl. its first token
   double decode_ms = 0.0;     // wall time of the decode steps after it
+  std::vector<double> token_ms;  // [ids.size()] when each new token was drawn, ms since the
+                                 // loop started (generate_batch: since its call), so
+                                 // token_ms[0] is the time to first token
+  std::vector<TokenLogprobs> logprobs;  // [ids.size()] on tp rank 0 when asked for (batch), else empty
 };
 
 /// The stop rule shared by every generation loop, after `token` became new token number
@@ -35,6 +40,11 @@ std::string finish_reason_after(int32_t token, std::span<const int64_t> eos_ids,
 /// Called with each new token as it is drawn (on every rank).
 using TokenCallback = std::function<void(int32_t)>;
 
+/// Called on tp rank 0 only with each new token as it is drawn; true ends generation
+/// with finish_reason "stop" (e.g. the text now holds a stop string). The decision is
+/// broadcast with the token, so every rank stops at the same token.
+using TokenStopCheck = std::function<bool(int32_t)>;
+
 /// Greedy decoding of `steps` tokens after `prompt` (no stop token).
 GenerationResult generate(Engine& engine, std::span<const int32_t> prompt, int64_t steps);
 
@@ -44,10 +54,13 @@ GenerationResult sample(Engine& engine, std::span<const int32_t> prompt, int64_t
 
 /// Decodes after `prompt` until a token in `eos_ids` (finish "stop"), `max_new_tokens`
 /// tokens, or prompt + new tokens reaching the KV cache length (finish "length"; a
-/// prompt that fills the cache gets no new token).
+/// prompt that fills the cache gets no new token). A logits row with a NaN or inf
+/// ends it with finish "error" and the reason in `error`. `stop_check` (tp rank 0)
+/// may end it with "stop" after any token.
 /// @throws Error when the prompt does not fit in the KV cache (from Engine::prefill).
 GenerationResult generate_until(Engine& engine, std::span<const int32_t> prompt,
                                 const SamplingParams& params, int64_t max_new_tokens,
-                                std::span<const int64_t> eos_ids, const TokenCallback& on_token = {});
+                                std::span<const int64_t> eos_ids, const TokenCallback& on_token = {},
+                                const TokenStopCheck& stop_check = {});
 
 }  // namespace linnet

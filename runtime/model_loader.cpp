@@ -52,6 +52,42 @@ RankMemory rank_memory(const ModelConfig& config, const ShardPlan& plan, int64_t
                                        plan.num_kv_heads_local, config.head_dim)};
 }
 
+int64_t resolve_kv_cache_tokens(const ModelConfig& config, const ShardPlan& plan, int64_t max_seq_len,
+                                int64_t batch_rows, std::optional<int64_t> tokens,
+                                std::optional<double> memory_fraction, int64_t node_available_bytes,
+                                int ranks_on_node) {
+  const int64_t page = kKvPageSize;
+  const int64_t row_tokens = (max_seq_len + page - 1) / page * page;
+  int64_t pool = batch_rows * row_tokens;
+  const char* option = "--max-batch";
+  if (tokens) {
+    option = "--kv-cache-tokens";
+    pool = (*tokens + page - 1) / page * page;
+  } else if (memory_fraction) {
+    option = "--kv-cache-memory-fraction";
+    if (!(*memory_fraction > 0.0 && *memory_fraction <= 1.0)) {
+      throw Error("invalid value", option, "in (0, 1]", std::to_string(*memory_fraction));
+    }
+    if (node_available_bytes < 0) throw Error("the available memory cannot be read (/proc/meminfo)", option);
+    const int64_t share = node_available_bytes / std::max(1, ranks_on_node);
+    const int64_t free_bytes = share - weight_bytes_local(config, plan);
+    const int64_t per_token = KvCache::bytes_for(config.num_hidden_layers, 1, plan.num_kv_heads_local, config.head_dim);
+    if (free_bytes <= 0) {
+      throw Error("no memory is left for the KV cache after the weights (" + format_bytes(share) +
+                      " per rank, weights " + format_bytes(weight_bytes_local(config, plan)) + ")",
+                  option);
+    }
+    pool = static_cast<int64_t>(static_cast<double>(free_bytes) * *memory_fraction) / per_token / page * page;
+  }
+  if (pool < row_tokens) {
+    throw Error("the KV pool holds fewer positions than one request of --max-seq-len; it could never run", option,
+                ">= " + std::to_string(row_tokens) + " positions (--max-seq-len " + std::to_string(max_seq_len) +
+                    " in pages of " + std::to_string(page) + ")",
+                std::to_string(pool) + " positions");
+  }
+  return pool;
+}
+
 std::string format_bytes(int64_t bytes) {
   char buf[64];
   const double b = static_cast<double>(bytes);

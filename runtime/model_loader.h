@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,22 @@ struct RankMemory {
 /// The bytes a rank under `plan` will allocate for a `max_seq_len` KV cache.
 RankMemory rank_memory(const ModelConfig& config, const ShardPlan& plan, int64_t max_seq_len,
                        int64_t batch_rows = 1);
+
+/// Positions of the paged KV pool (a multiple of kKvPageSize) for up to `batch_rows`
+/// requests of `max_seq_len` positions each:
+/// - `tokens` when given (rounded up to whole pages; --kv-cache-tokens, as
+///   TensorRT-LLM's KvCacheConfig.max_tokens),
+/// - else `memory_fraction` of what this rank's share of `node_available_bytes` keeps
+///   after its weights (--kv-cache-memory-fraction, TensorRT-LLM's
+///   free_gpu_memory_fraction), rounded down to pages,
+/// - else batch_rows full-length requests.
+/// @throws Error naming the option when the pool would hold fewer positions than one
+///   request of max_seq_len (it could never run; vLLM refuses the same), when the
+///   fraction is not in (0, 1], or when the memory is unknown or already taken by weights.
+int64_t resolve_kv_cache_tokens(const ModelConfig& config, const ShardPlan& plan, int64_t max_seq_len,
+                                int64_t batch_rows, std::optional<int64_t> tokens,
+                                std::optional<double> memory_fraction, int64_t node_available_bytes,
+                                int ranks_on_node);
 
 /// Memory preflight: refuses, before anything is loaded, when `need` exceeds this rank's
 /// share of `node_available_bytes` (the node's available memory, split evenly over its

@@ -6,8 +6,13 @@
 
 namespace linnet {
 
-PagedScheduler::PagedScheduler(PagePool& pool, int64_t max_batch, int64_t max_seq_len, int64_t token_budget)
-    : pool_(pool), max_batch_(max_batch), max_seq_len_(max_seq_len), token_budget_(token_budget) {
+PagedScheduler::PagedScheduler(PagePool& pool, int64_t max_batch, int64_t max_seq_len, int64_t token_budget,
+                               bool prefix_caching)
+    : pool_(pool),
+      max_batch_(max_batch),
+      max_seq_len_(max_seq_len),
+      token_budget_(token_budget),
+      prefix_caching_(prefix_caching) {
   LINNET_CHECK(max_batch >= 1 && max_seq_len >= 1 && token_budget >= 1, "scheduler sizes must be positive");
 }
 
@@ -38,7 +43,8 @@ bool PagedScheduler::admit(Request& r) {
   // Share whole cached pages of the prompt, but always compute its last token (its
   // logits give the first new token).
   const int64_t P = static_cast<int64_t>(r.prompt.size());
-  std::vector<int32_t> shared = pool_.match_prefix(r.prompt, P - 1);
+  std::vector<int32_t> shared;
+  if (prefix_caching_) shared = pool_.match_prefix(r.prompt, P - 1);
   const int64_t need = pages_for(r.length) - static_cast<int64_t>(shared.size());
   auto fresh = pool_.allocate(need);
   if (!fresh) {
@@ -111,7 +117,7 @@ void PagedScheduler::done_step(const Step& step) {
     const bool prefill = !r.next_token;
     r.cached += count[s];
     r.next_token.reset();
-    if (prefill) {  // newly filled prompt pages can be shared from now on
+    if (prefill && prefix_caching_) {  // newly filled prompt pages can be shared from now on
       const int64_t P = static_cast<int64_t>(r.prompt.size());
       pool_.register_prefix(r.pages, std::span<const int32_t>(r.prompt).first(static_cast<size_t>(std::min(r.cached, P))));
     }

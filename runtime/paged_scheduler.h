@@ -32,7 +32,10 @@ class PagedScheduler {
   /// @param max_batch     requests running at once (>= 1).
   /// @param max_seq_len   positions one request may reach.
   /// @param token_budget  tokens packed into one step (decode tokens included; >= 1).
-  PagedScheduler(PagePool& pool, int64_t max_batch, int64_t max_seq_len, int64_t token_budget);
+  /// @param prefix_caching  share cached prompt prefixes (off: every prompt is computed
+  ///                        in full, e.g. to compare against).
+  PagedScheduler(PagePool& pool, int64_t max_batch, int64_t max_seq_len, int64_t token_budget,
+                 bool prefix_caching = true);
 
   /// Queues request `id` (unique) with a non-empty prompt and max_new_tokens >= 1.
   /// Returns an error message, and queues nothing, when its length can never fit in the
@@ -76,6 +79,7 @@ class PagedScheduler {
 
   PagePool& pool_;
   int64_t max_batch_, max_seq_len_, token_budget_;
+  bool prefix_caching_;
   std::deque<Request> waiting_;
   std::map<int64_t, Request> running_;  // by id: steps list requests in id order
 };

@@ -2,21 +2,42 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <numeric>
 #include <string>
-#include <vector>
 
 #include "common/error.h"
 
 namespace linnet {
+namespace {
+
+std::string num(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+std::span<const float> window(std::span<const float> logits, int64_t vocab_limit) {
+  return vocab_limit > 0 && static_cast<size_t>(vocab_limit) < logits.size()
+             ? logits.first(static_cast<size_t>(vocab_limit))
+             : logits;
+}
+
+}  // namespace
 
 Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {
-  if (!(params.temperature >= 0.0)) {
-    throw Error("invalid value", "temperature", ">= 0", std::to_string(params.temperature));
+  if (!(params.temperature >= 0.0) || std::isinf(params.temperature)) {
+    throw Error("invalid value", "temperature", "a finite number >= 0", num(params.temperature));
   }
   if (params.top_k < 0) throw Error("invalid value", "top_k", ">= 0", std::to_string(params.top_k));
   if (!(params.top_p > 0.0 && params.top_p <= 1.0)) {
-    throw Error("invalid value", "top_p", "in (0, 1]", std::to_string(params.top_p));
+    throw Error("invalid value", "top_p", "in (0, 1]", num(params.top_p));
+  }
+  if (!(params.min_p >= 0.0 && params.min_p <= 1.0)) {
+    throw Error("invalid value", "min_p", "in [0, 1]", num(params.min_p));
+  }
+  if (!(params.repetition_penalty > 0.0) || std::isinf(params.repetition_penalty)) {
+    throw Error("invalid value", "repetition_penalty", "a finite number > 0", num(params.repetition_penalty));
   }
 }
 
@@ -28,11 +49,29 @@ int32_t Sampler::argmax(std::span<const float> logits) {
   return best;
 }
 
-int32_t Sampler::sample(std::span<const float> all_logits) {
-  const std::span<const float> logits =
-      params_.vocab_limit > 0 && static_cast<size_t>(params_.vocab_limit) < all_logits.size()
-          ? all_logits.first(static_cast<size_t>(params_.vocab_limit))
-          : all_logits;
+int32_t Sampler::sample(std::span<const float> all_logits, std::span<const int32_t> context) {
+  std::span<const float> logits = window(all_logits, params_.vocab_limit);
+  for (size_t i = 0; i < logits.size(); ++i) {
+    if (!std::isfinite(logits[i])) {
+      throw Error("non-finite logits (NaN or inf): no token can be drawn", "logits row",
+                  "finite values", "id " + std::to_string(i) + " = " + num(logits[i]));
+    }
+  }
+  // Repetition penalty (RepetitionPenaltyLogitsProcessor): each id of the context once,
+  // however often it occurs, in f32 as transformers does.
+  if (params_.repetition_penalty != 1.0 && !context.empty()) {
+    penalized_.assign(logits.begin(), logits.end());
+    std::vector<int32_t> seen(context.begin(), context.end());
+    std::sort(seen.begin(), seen.end());
+    seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
+    const float penalty = static_cast<float>(params_.repetition_penalty);
+    for (int32_t id : seen) {
+      if (id < 0 || static_cast<size_t>(id) >= penalized_.size()) continue;
+      float& l = penalized_[static_cast<size_t>(id)];
+      l = l < 0.0f ? l * penalty : l / penalty;
+    }
+    logits = penalized_;
+  }
   if (params_.temperature == 0.0) return argmax(logits);
 
   // Candidates ordered by logit (descending), ties by id, cut to top_k.
@@ -53,7 +92,7 @@ int32_t Sampler::sample(std::span<const float> all_logits) {
 
   // Softmax of logits / temperature over the candidates, in double. The max is
   // subtracted before dividing, so a tiny temperature gives exp(-inf) = 0 for the others
-  // (greedy in the limit) rather than inf - inf.
+  // (greedy in the limit) rather than inf - inf. p[0] = 1 is the most probable.
   const double mx = logits[static_cast<size_t>(idx[0])];
   std::vector<double> p(keep);
   double sum = 0.0;
@@ -76,6 +115,14 @@ int32_t Sampler::sample(std::span<const float> all_logits) {
     keep = cut;
     sum = std::accumulate(p.begin(), p.begin() + static_cast<long>(keep), 0.0);
   }
+  // min-p: keep prob >= min_p * max prob. The ratio does not depend on the
+  // normalization, so p[i] / p[0] = p[i] compares directly; the first always stays.
+  if (params_.min_p > 0.0) {
+    size_t cut = 1;
+    while (cut < keep && !(p[cut] < params_.min_p * p[0])) ++cut;
+    keep = cut;
+    sum = std::accumulate(p.begin(), p.begin() + static_cast<long>(keep), 0.0);
+  }
 
   // Inverse-CDF draw with a 53-bit uniform in [0, 1).
   const double u = static_cast<double>(rng_() >> 11) * 0x1.0p-53 * sum;
@@ -85,6 +132,36 @@ int32_t Sampler::sample(std::span<const float> all_logits) {
     if (u < acc) return idx[i];
   }
   return idx[keep - 1];
+}
+
+TokenLogprobs Sampler::logprobs(std::span<const float> all_logits, int32_t token, int64_t top_n,
+                                int64_t vocab_limit) {
+  const std::span<const float> logits = window(all_logits, vocab_limit);
+  if (token < 0 || static_cast<size_t>(token) >= logits.size()) {
+    throw Error("token id outside the logits row", "logprobs", "< " + std::to_string(logits.size()),
+                std::to_string(token));
+  }
+  if (top_n < 0) throw Error("invalid value", "top_logprobs", ">= 0", std::to_string(top_n));
+  double mx = -INFINITY;
+  for (float l : logits) mx = std::max(mx, static_cast<double>(l));
+  double sum = 0.0;
+  for (float l : logits) sum += std::exp(static_cast<double>(l) - mx);
+  const double log_z = mx + std::log(sum);
+  TokenLogprobs out;
+  out.logprob = static_cast<float>(static_cast<double>(logits[static_cast<size_t>(token)]) - log_z);
+  const size_t n = std::min(static_cast<size_t>(top_n), logits.size());
+  if (n > 0) {
+    std::vector<int32_t> idx(logits.size());
+    std::iota(idx.begin(), idx.end(), 0);
+    std::partial_sort(idx.begin(), idx.begin() + static_cast<long>(n), idx.end(), [&](int32_t a, int32_t b) {
+      return logits[static_cast<size_t>(a)] > logits[static_cast<size_t>(b)] ||
+             (logits[static_cast<size_t>(a)] == logits[static_cast<size_t>(b)] && a < b);
+    });
+    for (size_t i = 0; i < n; ++i) {
+      out.top.emplace_back(idx[i], static_cast<float>(static_cast<double>(logits[static_cast<size_t>(idx[i])]) - log_z));
+    }
+  }
+  return out;
 }
 
 }  // namespace linnet

@@ -1,40 +1,67 @@
-// Sampler: turns a full-vocabulary logits row into a token. temperature 0 is greedy
-// (argmax, ties to the lowest id); otherwise softmax(logits / temperature) restricted
-// by top-k then top-p (the order of transformers' logits warpers), drawn with a seeded
-// 64-bit Mersenne Twister so a seed gives the same tokens on every run.
+// Sampler: turns a full-vocabulary logits row into a token, in the order transformers'
+// generate applies its logits processors and warpers (generation/logits_process.py):
+// repetition penalty (RepetitionPenaltyLogitsProcessor), then temperature, top-k, top-p
+// and min-p (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper,
+// MinPLogitsWarper). temperature 0 is greedy (argmax of the penalized logits, ties to
+// the lowest id). Draws use a seeded 64-bit Mersenne Twister, so a seed gives the same
+// tokens on every run. A row with a NaN or infinite logit is refused (Error), never
+// turned into a token.
 #pragma once
 
 #include <cstdint>
 #include <random>
 #include <span>
+#include <vector>
 
 namespace linnet {
 
-/// Sampling settings. Defaults: greedy.
+/// Sampling settings. Defaults: greedy, no penalty.
 struct SamplingParams {
   double temperature = 0.0;  // 0 = greedy
   int64_t top_k = 0;         // 0 = off
   double top_p = 1.0;        // keep the smallest most-probable set with mass >= top_p; 1 = off
+  double min_p = 0.0;        // drop tokens with prob < min_p * (max prob), after temperature; 0 = off
+  double repetition_penalty = 1.0;  // > 0; 1 = off. Logits of ids already in the context:
+                                    // l < 0 ? l * penalty : l / penalty (greedy too)
   uint64_t seed = 0;
   int64_t vocab_limit = 0;   // only ids < vocab_limit may be drawn (0 = all); Phi-3's
                              // config has 32064 rows but its tokenizer knows 32011 ids
 };
 
+/// Log-probabilities of one generated token: log_softmax of the raw logits row (before
+/// the repetition penalty, temperature or any cut, as vLLM reports by default).
+struct TokenLogprobs {
+  float logprob = 0.0f;  // of the token that was drawn
+  std::vector<std::pair<int32_t, float>> top;  // the most probable ids, best first (ties: lower id)
+};
+
 /// Draws tokens from logits rows. Stateful: each call advances the random stream.
 class Sampler {
  public:
-  /// @throws Error when temperature < 0, top_k < 0 or top_p is not in (0, 1].
+  /// @throws Error naming the field when temperature < 0 or not finite, top_k < 0,
+  ///   top_p is not in (0, 1], min_p is not in [0, 1], or repetition_penalty is not a
+  ///   finite number > 0.
   explicit Sampler(const SamplingParams& params);
 
   /// Picks a token id from `logits` (f32 [vocab]); ids >= vocab_limit are never chosen.
-  int32_t sample(std::span<const float> logits);
+  /// `context` (prompt + tokens generated so far) is what the repetition penalty
+  /// penalizes; ids outside the row are ignored.
+  /// @throws Error when a logit of the row (below vocab_limit) is NaN or infinite.
+  int32_t sample(std::span<const float> logits, std::span<const int32_t> context = {});
 
   /// argmax over logits; ties go to the lowest id.
   static int32_t argmax(std::span<const float> logits);
 
+  /// log_softmax of `logits` (f32 [vocab], the first vocab_limit ids when > 0) at
+  /// `token`, and the `top_n` most probable ids with their log-probabilities.
+  /// Computed in double. @throws Error when token is outside the row or top_n < 0.
+  static TokenLogprobs logprobs(std::span<const float> logits, int32_t token, int64_t top_n,
+                                int64_t vocab_limit = 0);
+
  private:
   SamplingParams params_;
   std::mt19937_64 rng_;
+  std::vector<float> penalized_;  // scratch row for the repetition penalty
 };
 
 }  // namespace linnet

@@ -1,9 +1,13 @@
 // Continuous batching (prefill_packed + decode_rows over KV cache rows) against the
 // batch-1 path, at the tp size of the mpirun job (1, 2, 4): 64 varied prompts give the
 // same greedy tokens as each generated alone, and a seeded request gives the same
-// tokens whatever shares its batch.
+// tokens whatever shares its batch. Also: stop checks and stop requests agree on every
+// rank, logprobs equal a log_softmax of forward()'s logits computed here, and the
+// repetition penalty gives the same tokens batched as alone.
 #include <mpi.h>
 
+#include <algorithm>
+#include <cmath>
 #include <memory>
 #include <random>
 
@@ -113,6 +117,138 @@ TEST_F(BatchTest, RequestsThatCannotRunFailAloneAndTheRestGoOn) {
   EXPECT_EQ(r[1].ids.size(), 4u);
   EXPECT_EQ(r[1].finish_reason, "length");
   EXPECT_EQ(r[2].finish_reason, "error");
+}
+
+// Every rank's copy of `v` equals rank 0's.
+bool same_on_every_rank(const std::vector<int32_t>& v) {
+  std::vector<int32_t> root = v;
+  int n = static_cast<int>(root.size());
+  MPI_Bcast(&n, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  root.resize(static_cast<size_t>(n));
+  MPI_Bcast(root.data(), n, MPI_INT, 0, MPI_COMM_WORLD);
+  int same = root == v ? 1 : 0, all = 0;
+  MPI_Allreduce(&same, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  return all == 1;
+}
+
+TEST_F(BatchTest, AStopCheckOnRank0EndsTheRequestOnEveryRank) {
+  std::vector<BatchRequest> reqs(3);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    reqs[i].prompt = prompts()[i];
+    reqs[i].max_new_tokens = 12;
+  }
+  const auto plain = generate_batch(*batched_, reqs);
+  BatchOptions options;
+  int calls = 0;
+  std::vector<int> seen(reqs.size(), 0);
+  options.stop_check = [&](size_t index, int32_t) {
+    ++calls;
+    return index == 1 && ++seen[index] == 5;  // the 5th token of request 1
+  };
+  const auto r = generate_batch(*batched_, reqs, options);
+  EXPECT_EQ(calls == 0, world_->rank() != 0) << "the stop check runs on tp rank 0 only";
+  ASSERT_EQ(r[1].ids.size(), 5u);
+  EXPECT_EQ(r[1].finish_reason, "stop");
+  EXPECT_EQ(r[1].ids, std::vector<int32_t>(plain[1].ids.begin(), plain[1].ids.begin() + 5));
+  EXPECT_EQ(r[0].ids, plain[0].ids);
+  EXPECT_EQ(r[2].ids, plain[2].ids);
+  EXPECT_EQ(r[0].finish_reason, "length");
+  EXPECT_TRUE(same_on_every_rank(r[1].ids));
+}
+
+TEST_F(BatchTest, AStopRequestEndsTheRunAndKeepsWhatFinished) {
+  std::vector<BatchRequest> reqs(12);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    reqs[i].prompt = prompts()[i];
+    reqs[i].max_new_tokens = i < 4 ? 3 : 40;  // the first four finish within a few steps
+  }
+  const auto full = generate_batch(*batched_, reqs);
+  BatchOptions options;
+  int steps = 0;
+  std::vector<size_t> done;
+  options.on_done = [&](size_t i, const GenerationResult&) { done.push_back(i); };
+  options.stop_requested = [&] { return ++steps > 6; };  // alike on every rank
+  const auto r = generate_batch(*batched_, reqs, options);
+  EXPECT_EQ(steps, 7);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const bool finished = !r[i].finish_reason.empty();
+    EXPECT_EQ(finished, i < 4) << "request " << i;
+    EXPECT_EQ(finished, std::find(done.begin(), done.end(), i) != done.end()) << "request " << i;
+    if (finished) {
+      EXPECT_EQ(r[i].ids, full[i].ids) << "request " << i;
+      EXPECT_EQ(r[i].token_ms.size(), r[i].ids.size());
+    } else {
+      EXPECT_LT(r[i].ids.size(), full[i].ids.size()) << "request " << i;
+    }
+  }
+}
+
+TEST_F(BatchTest, LogprobsAreTheLogSoftmaxOfTheForwardLogits) {
+  BatchRequest req;
+  req.prompt = prompts()[9];
+  req.max_new_tokens = 4;
+  req.top_logprobs = 3;
+  BatchRequest other = req;  // a batchmate without logprobs
+  other.prompt = prompts()[10];
+  other.top_logprobs = -1;
+  const auto r = generate_batch(*batched_, {other, req});
+  EXPECT_TRUE(r[0].logprobs.empty());
+  if (world_->rank() != 0) {
+    EXPECT_TRUE(r[1].logprobs.empty()) << "logprobs are made on tp rank 0";
+  }
+  std::vector<int32_t> seq = req.prompt;
+  for (size_t k = 0; k < r[1].ids.size(); ++k) {
+    const std::vector<float> all = single_->forward(seq);  // collective: every rank
+    const size_t V = all.size() / seq.size();
+    const std::span<const float> row = std::span<const float>(all).subspan((seq.size() - 1) * V, V);
+    double mx = row[0];
+    for (float l : row) mx = std::max(mx, static_cast<double>(l));
+    double z = 0.0;
+    for (float l : row) z += std::exp(static_cast<double>(l) - mx);
+    const double log_z = mx + std::log(z);
+    std::vector<int32_t> order(V);
+    for (size_t i = 0; i < V; ++i) order[i] = static_cast<int32_t>(i);
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return row[a] > row[b]; });
+    if (world_->rank() == 0) {
+      ASSERT_EQ(r[1].logprobs.size(), r[1].ids.size());
+      const TokenLogprobs& lp = r[1].logprobs[k];
+      EXPECT_NEAR(lp.logprob, row[static_cast<size_t>(r[1].ids[k])] - log_z, 1e-4) << "token " << k;
+      ASSERT_EQ(lp.top.size(), 3u);
+      for (size_t j = 0; j < 3; ++j) {
+        EXPECT_EQ(lp.top[j].first, order[j]) << "token " << k;
+        EXPECT_NEAR(lp.top[j].second, row[static_cast<size_t>(order[j])] - log_z, 1e-4);
+      }
+      EXPECT_EQ(r[1].ids[k], order[0]) << "greedy takes the most probable";
+    }
+    seq.push_back(r[1].ids[k]);
+  }
+}
+
+TEST_F(BatchTest, RepetitionPenaltyAndMinPGiveTheSameTokensBatchedAsAlone) {
+  std::vector<BatchRequest> reqs;
+  for (int i = 0; i < 6; ++i) {
+    BatchRequest r;
+    r.prompt = prompts()[static_cast<size_t>(i) * 5];
+    r.max_new_tokens = 40;
+    r.sampling.repetition_penalty = 1.5;
+    if (i % 2 == 1) {
+      r.sampling.temperature = 0.9;
+      r.sampling.min_p = 0.1;
+      r.sampling.seed = 40 + static_cast<uint64_t>(i);
+    }
+    reqs.push_back(r);
+  }
+  const auto batched = generate_batch(*batched_, reqs);
+  int changed = 0;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const GenerationResult alone =
+        generate_until(*single_, reqs[i].prompt, reqs[i].sampling, reqs[i].max_new_tokens, reqs[i].eos_ids);
+    EXPECT_EQ(batched[i].ids, alone.ids) << "request " << i;
+    SamplingParams plain = reqs[i].sampling;
+    plain.repetition_penalty = 1.0;
+    changed += generate_until(*single_, reqs[i].prompt, plain, reqs[i].max_new_tokens, {}).ids != alone.ids;
+  }
+  EXPECT_GT(changed, 0) << "a penalty of 1.5 over 40 tokens should change some story";
 }
 
 }  // namespace

@@ -10,9 +10,11 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
+
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -273,6 +275,10 @@ TEST_F(Cli, BadFlagValuesAreUsageErrors) {
            {"--max-new-tokens -1", "--max-new-tokens"},
            {"--max-seq-len 0", "--max-seq-len"},
            {"--threads 0", "--threads"},
+           {"--min-p 1.5", "--min-p"},
+           {"--repetition-penalty 0", "--repetition-penalty"},
+           {"--top-logprobs 21", "--top-logprobs"},
+           {"--tp 0", "--tp"},
            {"--no-such-flag", "no-such-flag"}}) {
     const Result r = run(2, model + flags);
     EXPECT_EQ(r.code, 2) << flags << ": " << r.err;
@@ -323,6 +329,332 @@ TEST_F(Cli, ARankThatDiesEndsTheJob) {
   EXPECT_NE(r.code, 124) << "timed out";
   EXPECT_LT(r.seconds, 30.0);
   EXPECT_FALSE(fs::exists(output));
+}
+
+// The JSON lines of an --output file.
+std::vector<nlohmann::json> output_lines(const fs::path& p) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(p);
+  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+// 64 varied prompts: story openings cut after 1 to 9 words, in a varied order.
+void write_64_prompts(const fs::path& in) {
+  const std::vector<std::string> words = {"Once", "upon", "a", "time,", "there", "was", "a", "little", "dog"};
+  const std::vector<std::string> starts = {"", "Lily and Ben ", "The sun was hot. ", "Tom had a red ball. "};
+  std::ofstream f(in);
+  for (int i = 0; i < 64; ++i) {
+    std::string p = starts[static_cast<size_t>(i % 4)];
+    for (int w = 0; w < 1 + (i * 5) % 9; ++w) p += (w ? " " : "") + words[static_cast<size_t>(w)];
+    f << nlohmann::json{{"prompt", p}}.dump() << "\n";
+  }
+}
+
+// Acceptance 1 at the command line: with world = D x T, the D data-parallel groups split
+// the prompts, and every output equals the prompt generated alone (one row at a time
+// on one rank, and a --prompt run for a few).
+TEST_F(Cli, DataParallelGroupsMatchEachPromptAlone) {
+  const fs::path in = tmp_ / "prompts.jsonl";
+  write_64_prompts(in);
+  const std::string common = "--model " + quote(test::stories_dir().string()) + " --input " + quote(in.string()) +
+                             " --max-new-tokens 12 --temperature 0 --output ";
+  const fs::path alone = tmp_ / "alone.jsonl";
+  const Result a = run(1, common + quote(alone.string()) + " --max-batch 1");
+  ASSERT_EQ(a.code, 0) << a.err;
+  const auto expected = output_lines(alone);
+  ASSERT_EQ(expected.size(), 64u);
+  for (const auto& [np, tp] : std::vector<std::pair<int, int>>{{2, 1}, {4, 2}}) {
+    const fs::path out = tmp_ / ("np" + std::to_string(np) + ".jsonl");
+    const Result r = run(np, common + quote(out.string()) + " --tp " + std::to_string(tp) + " --max-batch 8");
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_NE(r.err.find("requests: 64 (0 failed), dp groups: 2 x tp " + std::to_string(tp)), std::string::npos)
+        << r.err;
+    const auto got = output_lines(out);
+    ASSERT_EQ(got.size(), 64u);
+    for (size_t i = 0; i < 64; ++i) {
+      EXPECT_EQ(got[i]["index"], i);
+      EXPECT_EQ(got[i]["completion_ids"], expected[i]["completion_ids"]) << "prompt " << i << " at -np " << np;
+      EXPECT_EQ(got[i]["completion"], expected[i]["completion"]) << "prompt " << i;
+      EXPECT_EQ(got[i]["finish_reason"], expected[i]["finish_reason"]) << "prompt " << i;
+    }
+    // stdout: the completions, in input order.
+    std::string lines;
+    for (const auto& e : expected) lines += e["completion"].get<std::string>() + "\n";
+    EXPECT_EQ(r.out, lines);
+  }
+  for (size_t i : {5u, 42u}) {
+    const Result p = run(1, "--model " + quote(test::stories_dir().string()) + " --prompt " +
+                                quote(expected[i]["prompt"].get<std::string>()) + " --max-new-tokens 12 --temperature 0");
+    ASSERT_EQ(p.code, 0) << p.err;
+    EXPECT_EQ(p.out, expected[i]["completion"].get<std::string>() + "\n") << "prompt " << i;
+  }
+}
+
+// Prompts sharing a 2-page prefix reuse its KV pages (the stats line counts the tokens
+// not recomputed), and the completions equal a run that computes every prompt in full,
+// and a run whose small pool (4 pages) holds only two requests at a time.
+TEST_F(Cli, SharedPromptPrefixesReuseKvPages) {
+  const fs::path in = tmp_ / "prompts.jsonl";
+  {
+    std::ofstream f(in);
+    const std::string base =
+        "Once upon a time, there was a little girl named Lily. She loved to play outside in the park with her "
+        "friends. One day, she saw a big red ball under a tree. She ran to get it, but a small dog got there "
+        "first. The dog wagged its tail and looked at Lily. Lily smiled and said, let us play together. They "
+        "played all day until the sun went down.";
+    const std::vector<std::string> tails = {" Then", " The dog", " Lily said", " Mom came", " One more"};
+    for (int i = 0; i < 16; ++i) f << nlohmann::json{{"prompt", base + tails[i % 5] + " " + std::to_string(i)}}.dump() << "\n";
+  }
+  const std::string common = "--model " + quote(test::stories_dir().string()) + " --input " + quote(in.string()) +
+                             " --max-new-tokens 16 --temperature 0 --max-seq-len 256 --max-batch 4 --output ";
+  const fs::path shared = tmp_ / "shared.jsonl", full = tmp_ / "full.jsonl", tight = tmp_ / "tight.jsonl";
+  const Result a = run(2, common + quote(shared.string()));
+  ASSERT_EQ(a.code, 0) << a.err;
+  const Result b = run(2, common + quote(full.string()) + " --no-prefix-caching");
+  ASSERT_EQ(b.code, 0) << b.err;
+  const Result c = run(2, common + quote(tight.string()) + " --kv-cache-tokens 512");
+  ASSERT_EQ(c.code, 0) << c.err;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(a.err, m, std::regex("prefix cache hits: (\\d+) tokens"))) << a.err;
+  EXPECT_GE(std::stoll(m[1]), 12 * 128) << "the 12 prompts after the first 4 share 2 pages each";
+  EXPECT_NE(b.err.find("prefix cache hits: 0 tokens"), std::string::npos) << b.err;
+  EXPECT_NE(c.err.find("of 8 (64 positions each)"), std::string::npos) << c.err;
+  const auto want = output_lines(full);
+  ASSERT_EQ(want.size(), 16u);
+  for (const fs::path& p : {shared, tight}) {
+    const auto got = output_lines(p);
+    ASSERT_EQ(got.size(), 16u);
+    for (size_t i = 0; i < 16; ++i) EXPECT_EQ(got[i]["completion_ids"], want[i]["completion_ids"]) << p << " " << i;
+  }
+  // A pool smaller than one request of --max-seq-len could never run.
+  expect_clean_failure(common.substr(0, common.size() - std::string(" --output ").size()) + " --kv-cache-tokens 100",
+                       "--kv-cache-tokens: the KV pool holds fewer positions than one request of --max-seq-len");
+}
+
+TEST_F(Cli, PerLineKeysOverrideTheFlags) {
+  // Greedy from "Once upon a time": ", there was a little girl named Lily. She loved to
+  // play outside in the park." (llama2.c's documented story; token 426 is ".").
+  const fs::path in = tmp_ / "in.jsonl", out = tmp_ / "out.jsonl";
+  {
+    std::ofstream f(in);
+    f << R"({"prompt": "Once upon a time"})" << "\n";
+    f << R"({"prompt": "Once upon a time", "max_new_tokens": 3})" << "\n";
+    f << R"({"prompt": "Once upon a time", "stop": ["Lily", "park"]})" << "\n";
+    f << R"({"prompt": "Once upon a time", "stop": "nowhere", "stop_token_ids": [426]})" << "\n";
+    f << R"({"prompt": "Once upon a time", "top_logprobs": 2, "max_new_tokens": 4})" << "\n";
+    f << R"({"prompt": "Once upon a time", "temperature": 1.0, "seed": 11})" << "\n";
+    f << R"({"prompt": "Once upon a time", "repetition_penalty": 1.6, "max_new_tokens": 40})" << "\n";
+    f << R"({"prompt": "Once upon a time", "max_new_tokens": 40})" << "\n";
+  }
+  const Result r = run(2, "--model " + quote(test::stories_dir().string()) + " --input " + quote(in.string()) +
+                              " --output " + quote(out.string()) + " --max-new-tokens 20 --temperature 0 --seed 5");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto l = output_lines(out);
+  ASSERT_EQ(l.size(), 8u);
+  for (size_t i = 0; i < l.size(); ++i) {
+    EXPECT_EQ(l[i]["index"], i);
+    EXPECT_EQ(l[i]["prompt_tokens"], l[i]["prompt_ids"].size());
+    EXPECT_EQ(l[i]["completion_tokens"], l[i]["completion_ids"].size());
+    EXPECT_EQ(l[i].contains("logprobs"), i == 4) << i;
+  }
+  // 20 greedy tokens: a prefix of llama2.c's documented story.
+  EXPECT_EQ(std::string(kLlama2cText).rfind("Once upon a time" + l[0]["completion"].get<std::string>(), 0), 0u)
+      << l[0]["completion"];
+  EXPECT_EQ(l[0]["completion_ids"].size(), 20u);
+  EXPECT_EQ(l[0]["finish_reason"], "length");
+  EXPECT_EQ(l[1]["completion_ids"].size(), 3u);
+  EXPECT_EQ(l[2]["completion"], ", there was a little girl named ");  // cut before the stop string
+  EXPECT_EQ(l[2]["finish_reason"], "stop");
+  EXPECT_EQ(l[3]["completion"], ", there was a little girl named Lily.");
+  EXPECT_EQ(l[3]["completion_ids"].back(), 426);
+  EXPECT_EQ(l[3]["finish_reason"], "stop");
+  const auto& lp = l[4]["logprobs"];
+  ASSERT_EQ(lp.size(), 4u);
+  for (size_t k = 0; k < 4; ++k) {
+    EXPECT_EQ(lp[k]["id"], l[4]["completion_ids"][k]);
+    ASSERT_EQ(lp[k]["top_logprobs"].size(), 2u);
+    EXPECT_EQ(lp[k]["top_logprobs"][0]["id"], lp[k]["id"]);  // greedy: the most probable
+    EXPECT_LE(lp[k]["logprob"].get<double>(), 0.0);
+    EXPECT_GE(lp[k]["top_logprobs"][0]["logprob"].get<double>(), lp[k]["top_logprobs"][1]["logprob"].get<double>());
+  }
+  EXPECT_NE(l[5]["completion_ids"], l[0]["completion_ids"]);  // sampled with its own seed
+  EXPECT_NE(l[6]["completion_ids"], l[7]["completion_ids"]) << "the penalty should change the greedy story";
+  // A --prompt run stops at a stop string too.
+  const Result p = run(2, "--model " + quote(test::stories_dir().string()) +
+                              " --prompt 'Once upon a time' --stop park --max-new-tokens 60 --temperature 0");
+  ASSERT_EQ(p.code, 0) << p.err;
+  EXPECT_EQ(p.out, ", there was a little girl named Lily. She loved to play outside in the \n");
+  EXPECT_NE(p.err.find("finish: stop"), std::string::npos) << p.err;
+  EXPECT_NE(r.err.find("time to first token p50/p90/p99: "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("inter-token latency p50/p90/p99: "), std::string::npos) << r.err;
+}
+
+TEST_F(Cli, BadPerLineValuesNameTheLineAndKey) {
+  const fs::path in = tmp_ / "in.jsonl";
+  for (const auto& [line, key] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"prompt": "hi", "top_p": 1.5})", "top_p"},
+           {R"({"prompt": "hi", "stop_token_ids": [100000]})", "stop_token_ids"},
+           {R"({"prompt": "hi", "min_p": "x"})", "min_p"}}) {
+    std::ofstream(in) << R"({"prompt": "fine"})" << "\n\n" << line << "\n";
+    expect_clean_failure("--model " + quote(test::stories_dir().string()) + " --input " + quote(in.string()),
+                         in.string() + ":3: key \"" + key + "\"");
+  }
+}
+
+TEST_F(Cli, ResumeRunsOnlyTheMissingLines) {
+  const fs::path in = tmp_ / "in.jsonl", out = tmp_ / "out.jsonl";
+  {
+    std::ofstream f(in);
+    for (const char* p : {"Once upon a time", "Lily and Ben", "The cat", "Tom had a red ball", "One day", "The sun"}) {
+      f << nlohmann::json{{"prompt", p}}.dump() << "\n";
+    }
+  }
+  const std::string args = "--model " + quote(test::stories_dir().string()) + " --input " + quote(in.string()) +
+                           " --output " + quote(out.string()) + " --max-new-tokens 10 --temperature 0.8 --seed 9";
+  const Result full = run(2, args);
+  ASSERT_EQ(full.code, 0) << full.err;
+  std::vector<std::string> lines;
+  {
+    std::ifstream f(out);
+    for (std::string l; std::getline(f, l);) lines.push_back(l);
+  }
+  ASSERT_EQ(lines.size(), 6u);
+  // Keep lines 4, 0 and 2 (out of order); mark them so a regenerated line would show.
+  auto marked = [](std::string l) {
+    nlohmann::ordered_json j = nlohmann::ordered_json::parse(l);
+    j["completion"] = "KEPT " + j["completion"].get<std::string>();
+    return j.dump();
+  };
+  const std::string kept[3] = {marked(lines[4]), marked(lines[0]), marked(lines[2])};
+  std::ofstream(out) << kept[0] << "\n" << kept[1] << "\n" << kept[2] << "\n";
+  const Result r = run(2, args + " --resume --tp 1");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("requests: 3 (0 failed), 3 kept from --output"), std::string::npos) << r.err;
+  std::vector<std::string> now;
+  {
+    std::ifstream f(out);
+    for (std::string l; std::getline(f, l);) now.push_back(l);
+  }
+  ASSERT_EQ(now.size(), 6u);
+  EXPECT_EQ(now[0], kept[1]);
+  EXPECT_EQ(now[2], kept[2]);
+  EXPECT_EQ(now[4], kept[0]);
+  for (size_t i : {1u, 3u, 5u}) EXPECT_EQ(now[i], lines[i]) << "line " << i << " (same seed: same tokens)";
+  // Nothing left to do: no generation, the file stays as it is.
+  const Result again = run(1, args + " --resume");
+  ASSERT_EQ(again.code, 0) << again.err;
+  EXPECT_NE(again.err.find("requests: 0 (0 failed), 6 kept from --output"), std::string::npos) << again.err;
+  EXPECT_EQ(slurp(out), kept[1] + "\n" + lines[1] + "\n" + kept[2] + "\n" + lines[3] + "\n" + kept[0] + "\n" +
+                            lines[5] + "\n");
+  // An output of another input is refused, naming the line, and left as it is.
+  const std::string other = R"({"index":1,"prompt":"something else","completion":""})" "\n";
+  std::ofstream(out) << other;
+  const Result bad = run(2, args + " --resume");
+  EXPECT_EQ(bad.code, 1) << bad.err;
+  EXPECT_NE(bad.err.find("its prompt differs from " + in.string() + ":2"), std::string::npos) << bad.err;
+  EXPECT_EQ(slurp(out), other);
+}
+
+TEST_F(Cli, SigtermOnOneRankStopsEveryRankAndKeepsFinishedRequests) {
+  // Rank 1 (dp group 1 of 2) gets SIGTERM two seconds into a batch of ~10 minutes'
+  // work: every rank stops at its next step, rank 0 writes the finished requests and
+  // every rank exits non-zero.
+  const fs::path in = tmp_ / "many.jsonl", output = tmp_ / "out.jsonl";
+  {
+    std::ofstream f(in);
+    for (int i = 0; i < 20000; ++i) f << "{\"prompt\": \"Once upon a time\"}\n";
+  }
+  const std::string wrapper =
+      "sh -c 'if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then \"$0\" \"$@\" & p=$!; sleep 2; kill -TERM $p; wait $p; "
+      "exit $?; else exec \"$0\" \"$@\"; fi'";
+  const Result r = run(2, "--model " + quote(test::stories_dir().string()) + " --input " + quote(in.string()) +
+                              " --tp 1 --max-new-tokens 200 --output " + quote(output.string()),
+                       wrapper);
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.code, 124) << "timed out";
+  EXPECT_LT(r.seconds, 30.0);
+  const size_t at = r.err.find("interrupted: ");
+  ASSERT_NE(at, std::string::npos) << r.err;
+  const size_t done = std::stoul(r.err.substr(at + 13));
+  EXPECT_NE(r.err.find(" of 20000 requests done (kept in --output); rerun with --resume"), std::string::npos) << r.err;
+  EXPECT_EQ(r.out, "");
+  ASSERT_TRUE(fs::exists(output));
+  const auto lines = output_lines(output);
+  EXPECT_EQ(lines.size(), done);
+  for (size_t i = 0; i < lines.size(); ++i) {
+    if (i > 0) {
+      EXPECT_LT(lines[i - 1]["index"].get<int64_t>(), lines[i]["index"].get<int64_t>());
+    }
+    EXPECT_TRUE(lines[i]["finish_reason"] == "stop" || lines[i]["finish_reason"] == "length");
+  }
+  for (const auto& e : fs::directory_iterator(tmp_)) {
+    EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos) << e.path();
+  }
+}
+
+TEST_F(Cli, NonFiniteLogitsFailOnlyThatRequest) {
+  const fs::path in = tmp_ / "in.jsonl";
+  std::ofstream(in) << R"({"prompt": "Lily and Ben"})" << "\n"
+                    << R"({"prompt": "Once upon a time"})" << "\n"
+                    << R"({"prompt": "The cat"})" << "\n";
+  const std::string args = " --input " + quote(in.string()) + " --max-new-tokens 12 --temperature 0 --output ";
+  const Result clean = run(1, "--model " + quote(test::stories_dir().string()) + args + quote((tmp_ / "a.jsonl").string()));
+  ASSERT_EQ(clean.code, 0) << clean.err;
+  const auto expected = output_lines(tmp_ / "a.jsonl");
+  // NaN in the embedding row of "upon" (id 407): only the prompt holding it sees NaN
+  // logits. stories260k ties lm_head to the embedding, so the copy gets an untied
+  // lm_head.weight (the clean embedding, in a third shard): the other prompts' logits
+  // stay exactly as before.
+  constexpr int kPoisoned = 407;
+  ASSERT_NE(std::find(expected[1]["prompt_ids"].begin(), expected[1]["prompt_ids"].end(), kPoisoned),
+            expected[1]["prompt_ids"].end());
+  for (size_t i : {0u, 2u}) {
+    for (const auto& id : expected[i]["completion_ids"]) ASSERT_NE(id, kPoisoned) << "precondition";
+    for (const auto& id : expected[i]["prompt_ids"]) ASSERT_NE(id, kPoisoned) << "precondition";
+  }
+  const fs::path model = copy_model();
+  const auto index = test::read_json(model / "model.safetensors.index.json");
+  const fs::path file = model / index["weight_map"]["model.embed_tokens.weight"].get<std::string>();
+  std::string bytes = slurp(file);
+  uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);
+  const nlohmann::json h = nlohmann::json::parse(bytes.substr(8, n));
+  const auto& t = h.at("model.embed_tokens.weight");
+  ASSERT_EQ(t["dtype"], "F32");
+  const int64_t hidden = t["shape"][1];
+  const size_t row = 8 + n + t["data_offsets"][0].get<size_t>() + static_cast<size_t>(kPoisoned * hidden) * 4;
+  {
+    const size_t begin = 8 + n + t["data_offsets"][0].get<size_t>(), end = 8 + n + t["data_offsets"][1].get<size_t>();
+    std::string header = nlohmann::json{{"lm_head.weight", {{"dtype", "F32"}, {"shape", t["shape"]},
+                                                            {"data_offsets", {0, end - begin}}}}}.dump();
+    header.resize((header.size() + 7) / 8 * 8, ' ');
+    const uint64_t m = header.size();
+    std::ofstream(model / "lm_head.safetensors", std::ios::binary)
+        << std::string(reinterpret_cast<const char*>(&m), 8) << header << bytes.substr(begin, end - begin);
+    auto idx = index;
+    idx["weight_map"]["lm_head.weight"] = "lm_head.safetensors";
+    std::ofstream(model / "model.safetensors.index.json") << idx.dump();
+    auto config = test::read_json(model / "config.json");
+    config["tie_word_embeddings"] = false;
+    std::ofstream(model / "config.json") << config.dump();
+  }
+  const float nan = std::nanf("");
+  for (int64_t k = 0; k < hidden; ++k) std::memcpy(bytes.data() + row + static_cast<size_t>(k) * 4, &nan, 4);
+  std::ofstream(file, std::ios::binary | std::ios::trunc) << bytes;
+  for (int np : {1, 2}) {
+    const fs::path out = tmp_ / ("nan" + std::to_string(np) + ".jsonl");
+    const Result r = run(np, "--model " + quote(model.string()) + args + quote(out.string()));
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_NE(r.err.find("requests: 3 (1 failed)"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(in.string() + ":2: "), std::string::npos) << r.err;
+    const auto got = output_lines(out);
+    ASSERT_EQ(got.size(), 3u);
+    EXPECT_EQ(got[1]["finish_reason"], "error");
+    EXPECT_NE(got[1]["error"].get<std::string>().find("non-finite logits"), std::string::npos) << got[1];
+    EXPECT_TRUE(got[1]["completion_ids"].empty()) << "never a silent token";
+    for (size_t i : {0u, 2u}) EXPECT_EQ(got[i], expected[i]) << "prompt " << i;
+  }
 }
 
 }  // namespace

@@ -1,0 +1,167 @@
+// The pieces of `linnet-tp generate` that need no model: per-line request keys over
+// the command-line defaults, the --resume reader of an earlier --output file, and the
+// latency percentiles of the stats line (numpy.percentile's linear rule, by hand).
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "launch/cli_options.h"
+#include "launch/jsonl_output.h"
+#include "launch/progress.h"
+
+namespace linnet {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::ordered_json;
+
+RequestSettings defaults() {
+  RequestSettings d;
+  d.sampling.temperature = 0.7;
+  d.sampling.top_k = 40;
+  d.sampling.top_p = 0.9;
+  d.max_new_tokens = 64;
+  d.stop = {"END"};
+  d.stop_token_ids = {7};
+  return d;
+}
+
+// The message of the Error that apply_request_keys throws for `line`, or "".
+std::string error_of(const std::string& line) {
+  try {
+    apply_request_keys(ordered_json::parse(line), defaults(), "in.jsonl:3");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(RequestKeys, AbsentOrNullKeysKeepTheDefaults) {
+  const RequestSettings s = apply_request_keys(ordered_json::parse(R"({"prompt": "x", "top_k": null, "id": 5})"),
+                                               defaults(), "in.jsonl:1");
+  EXPECT_EQ(s.sampling.temperature, 0.7);
+  EXPECT_EQ(s.sampling.top_k, 40);
+  EXPECT_EQ(s.sampling.top_p, 0.9);
+  EXPECT_EQ(s.sampling.min_p, 0.0);
+  EXPECT_EQ(s.sampling.repetition_penalty, 1.0);
+  EXPECT_FALSE(s.seed);
+  EXPECT_EQ(s.max_new_tokens, 64);
+  EXPECT_EQ(s.stop, std::vector<std::string>{"END"});
+  EXPECT_EQ(s.stop_token_ids, std::vector<int64_t>{7});
+  EXPECT_EQ(s.top_logprobs, -1);
+}
+
+TEST(RequestKeys, EveryKeyOverridesItsDefault) {
+  const RequestSettings s = apply_request_keys(
+      ordered_json::parse(R"({"prompt": "x", "temperature": 0, "top_k": 3, "top_p": 0.5, "min_p": 0.05,
+        "repetition_penalty": 1.3, "seed": 18446744073709551615, "max_new_tokens": 2,
+        "stop": ["a", "b,c"], "stop_token_ids": [], "top_logprobs": 4})"),
+      defaults(), "in.jsonl:1");
+  EXPECT_EQ(s.sampling.temperature, 0.0);
+  EXPECT_EQ(s.sampling.top_k, 3);
+  EXPECT_EQ(s.sampling.top_p, 0.5);
+  EXPECT_EQ(s.sampling.min_p, 0.05);
+  EXPECT_EQ(s.sampling.repetition_penalty, 1.3);
+  EXPECT_EQ(*s.seed, 18446744073709551615ull);
+  EXPECT_EQ(s.max_new_tokens, 2);
+  EXPECT_EQ(s.stop, (std::vector<std::string>{"a", "b,c"}));
+  EXPECT_TRUE(s.stop_token_ids.empty());
+  EXPECT_EQ(s.top_logprobs, 4);
+  // A single stop string; logprobs true alone asks for no alternatives; false turns off.
+  const RequestSettings t = apply_request_keys(ordered_json::parse(R"({"stop": "x", "logprobs": true})"),
+                                               defaults(), "in.jsonl:1");
+  EXPECT_EQ(t.stop, std::vector<std::string>{"x"});
+  EXPECT_EQ(t.top_logprobs, 0);
+  RequestSettings on = defaults();
+  on.top_logprobs = 5;
+  EXPECT_EQ(apply_request_keys(ordered_json::parse(R"({"logprobs": false})"), on, "x").top_logprobs, -1);
+}
+
+TEST(RequestKeys, BadValuesNameTheLineAndTheKey) {
+  for (const auto& [line, key] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"temperature": -1})", "temperature"},
+           {R"({"temperature": "hot"})", "temperature"},
+           {R"({"top_k": -2})", "top_k"},
+           {R"({"top_k": 1.5})", "top_k"},
+           {R"({"top_p": 0})", "top_p"},
+           {R"({"top_p": 1.01})", "top_p"},
+           {R"({"min_p": 1.5})", "min_p"},
+           {R"({"min_p": -0.1})", "min_p"},
+           {R"({"repetition_penalty": 0})", "repetition_penalty"},
+           {R"({"repetition_penalty": -1.2})", "repetition_penalty"},
+           {R"({"seed": -1})", "seed"},
+           {R"({"seed": "7"})", "seed"},
+           {R"({"max_new_tokens": -1})", "max_new_tokens"},
+           {R"({"stop": 5})", "stop"},
+           {R"({"stop": ["ok", 5]})", "stop"},
+           {R"({"stop": ""})", "stop"},
+           {R"({"stop_token_ids": 2})", "stop_token_ids"},
+           {R"({"stop_token_ids": [2, -1]})", "stop_token_ids"},
+           {R"({"logprobs": 1})", "logprobs"},
+           {R"({"top_logprobs": 21})", "top_logprobs"},
+           {R"({"top_logprobs": -1})", "top_logprobs"}}) {
+    const std::string e = error_of(line);
+    EXPECT_NE(e.find("in.jsonl:3"), std::string::npos) << line << ": " << e;
+    EXPECT_NE(e.find("\"" + key + "\""), std::string::npos) << line << ": " << e;
+  }
+}
+
+class ResumeFile : public testing::Test {
+ protected:
+  void SetUp() override {
+    path_ = fs::temp_directory_path() / ("linnet_resume_" + std::to_string(::getpid()) + ".jsonl");
+  }
+  void TearDown() override { fs::remove(path_); }
+  void write(const std::string& text) { std::ofstream(path_, std::ios::binary) << text; }
+  fs::path path_;
+};
+
+TEST_F(ResumeFile, LinesAreKeptByIndexAndVerbatim) {
+  const std::string a = R"({"index":3,"prompt":"x","completion":"caf\u00e9 "})";
+  const std::string b = R"({"prompt":"y","index":0})";
+  write(a + "\n\n" + b + "\n");
+  const auto lines = read_output_lines(path_.string());
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_EQ(lines.at(3), a);
+  EXPECT_EQ(lines.at(0), b);
+  fs::remove(path_);
+  EXPECT_TRUE(read_output_lines(path_.string()).empty());  // no file yet: nothing to keep
+}
+
+TEST_F(ResumeFile, MalformedLinesNameTheFileAndLine) {
+  for (const std::string& text : {std::string(R"({"index":0})" "\n" R"({"index":0})" "\n"),
+                                  std::string(R"({"index":0})" "\n" R"({"prompt":"no index"})" "\n"),
+                                  std::string(R"({"index":0})" "\n" R"({"index":-4})" "\n"),
+                                  std::string(R"({"index":0})" "\n" R"({"index":0)" "\n")}) {
+    write(text);
+    try {
+      read_output_lines(path_.string());
+      ADD_FAILURE() << "accepted: " << text;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(path_.string() + ":2"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(Percentile, InterpolatesBetweenRanksLikeNumpy) {
+  // numpy.percentile([1, 2, 3, 4], q): q50 -> 2.5, q90 -> 3.7, q99 -> 3.97, q0 -> 1.
+  const std::vector<double> v = {4, 1, 3, 2};
+  EXPECT_DOUBLE_EQ(percentile(v, 50), 2.5);
+  EXPECT_NEAR(percentile(v, 90), 3.7, 1e-12);
+  EXPECT_NEAR(percentile(v, 99), 3.97, 1e-12);
+  EXPECT_DOUBLE_EQ(percentile(v, 0), 1.0);
+  EXPECT_DOUBLE_EQ(percentile(v, 100), 4.0);
+  EXPECT_DOUBLE_EQ(percentile({7}, 90), 7.0);
+  EXPECT_DOUBLE_EQ(percentile({}, 50), 0.0);
+  EXPECT_EQ(percentiles_ms({10, 20, 30}), "20.0/28.0/29.8");
+}
+
+}  // namespace
+}  // namespace linnet
