@@ -19,6 +19,7 @@
 #include "launch/model_path.h"
 #include "loader/tokenizer.h"
 #include "parallel/mpi_communicator.h"
+#include "runtime/backend_factory.h"
 #include "runtime/loss.h"
 #include "runtime/model_loader.h"
 
@@ -150,6 +151,8 @@ std::optional<LossOptions> parse_loss_options(int argc, char** argv, std::string
      "(default: min(max_position_embeddings, 8192))", cxxopts::value<int64_t>())
     ("tp", "Ranks per tensor-parallel group (default: all ranks)", cxxopts::value<int>())
     ("threads", "BLAS threads per rank (default: cores / ranks on the node)", cxxopts::value<int>())
+    ("backend", "cpu or cuda (default: cuda when a CUDA device is visible, else cpu)",
+     cxxopts::value<std::string>())
     ("verbose", "Print the plan and per-rank details to stderr")
     ("h,help", "Print this help and exit");
   // clang-format on
@@ -176,6 +179,10 @@ std::optional<LossOptions> parse_loss_options(int argc, char** argv, std::string
   if (r.count("threads")) {
     o.threads = r["threads"].as<int>();
     if (o.threads < 1) throw Error("invalid value", "--threads", ">= 1", std::to_string(o.threads));
+  }
+  if (r.count("backend")) {
+    o.backend = r["backend"].as<std::string>();
+    if (o.backend != "cpu" && o.backend != "cuda") throw Error("invalid value", "--backend", "cpu or cuda", o.backend);
   }
   o.verbose = r.count("verbose") > 0;
   return o;
@@ -222,8 +229,9 @@ int run_loss(const LossOptions& o, Job& job) {
           docs.push_back(parse_document(l, o.input + ":" + std::to_string(l.line), tok.get(), files->config.vocab_size));
         }
         packs = pack(docs, pack_len);
-        backend = make_cpu_backend(blas_threads_per_rank(o.threads, w.local_size));
-        engine = make_engine(*files, plan, *backend, *groups.tp, /*max_seq_len=*/1);
+        backend = make_backend(o.backend, o.threads, w.local_rank, w.local_size);
+        engine = make_engine(*files, plan, *backend, tp_communicator(*backend, *groups.tp, w.local_size),
+                             /*max_seq_len=*/1);
         info("dp group " + std::to_string(w.dp_rank) + "/" + std::to_string(w.dp_size) + ", tp rank " +
              std::to_string(w.tp_rank) + "/" + std::to_string(w.tp_size) + ": " + std::to_string(docs.size()) +
              " documents in " + std::to_string(packs.size()) + " packs of <= " + std::to_string(pack_len) + " tokens");

@@ -21,6 +21,7 @@ struct LossOptions {
   int64_t max_seq_len = 0;  // --max-seq-len: tokens per packed sequence (0: min(max_position_embeddings, 8192))
   int tp = 0;               // --tp: ranks per tensor-parallel group (0: all ranks); dp = world / tp
   int threads = 0;          // --threads: BLAS threads per rank (0: cores / ranks on the node)
+  std::string backend;      // --backend cpu|cuda; empty: cuda when a device is visible, else cpu
   bool verbose = false;
 };
 

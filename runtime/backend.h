@@ -68,6 +68,16 @@ class Backend {
                           const int32_t* slots, int64_t rows) = 0;
   /// out[r, :] = src[index[r], :] for r < n; rows of `cols` floats (index i32, backend memory).
   virtual void gather_rows(const float* src, int64_t cols, const int32_t* index, int64_t n, float* out) = 0;
+
+  /// Waits until the work queued on this backend has finished (for timing; a no-op on
+  /// the CPU backend, whose ops return when done).
+  /// @throws Error when queued work failed (a CUDA error, an aborted NCCL communicator).
+  virtual void synchronize() {}
+  /// A weight matrix of `shape` in this backend's weight dtype and memory, element i =
+  /// stddev * random_normal(seed, i) (common/random_normal.h), made where it lives: the
+  /// CUDA backend fills it on the device, so an 8B-shaped model needs no host copy.
+  /// Default (runtime/random_weights.cpp): filled on the host, then upload_matrix.
+  virtual Tensor random_matrix(std::vector<int64_t> shape, float stddev, uint64_t seed);
 };
 
 /// BLAS threads per rank: `requested` when > 0, else the node's cores shared by its

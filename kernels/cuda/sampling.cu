@@ -1,0 +1,94 @@
+// Sampling pieces over a rank's logits slice: argmax (greedy), top-k candidates (k
+// rounds of a block argmax, each striking out its winner in a scratch copy: O(k * V),
+// meant for the small k of sampling), and the top-p mask over sorted candidates.
+#include <cfloat>
+
+#include "common/cuda_check.h"
+#include "kernels/cuda/ops.h"
+#include "kernels/cuda/reduce.cuh"
+
+namespace linnet::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+__device__ ArgMax row_argmax(const float* row, int64_t n_valid) {
+  ArgMax best{-FLT_MAX, INT32_MAX};
+  for (int64_t i = threadIdx.x; i < n_valid; i += blockDim.x) best = better(best, ArgMax{row[i], static_cast<int32_t>(i)});
+  return block_argmax(best);
+}
+
+__global__ void argmax_kernel(const float* logits, int64_t ld, int64_t n_valid, float* out_value, int32_t* out_index) {
+  const ArgMax a = row_argmax(logits + blockIdx.x * ld, n_valid);
+  if (threadIdx.x == 0) {
+    out_value[blockIdx.x] = a.value;
+    out_index[blockIdx.x] = a.index;
+  }
+}
+
+__global__ void topk_kernel(const float* logits, int64_t ld, int64_t n_valid, int64_t k, float* workspace,
+                            float* out_value, int32_t* out_index) {
+  const int64_t r = blockIdx.x;
+  float* row = workspace + r * n_valid;
+  for (int64_t i = threadIdx.x; i < n_valid; i += blockDim.x) row[i] = logits[r * ld + i];
+  __syncthreads();
+  for (int64_t j = 0; j < k; ++j) {
+    const ArgMax a = row_argmax(row, n_valid);
+    if (threadIdx.x == 0) {
+      out_value[r * k + j] = a.value;
+      out_index[r * k + j] = a.index;
+      row[a.index] = -INFINITY;  // below -FLT_MAX: never chosen again
+    }
+    __syncthreads();
+  }
+}
+
+// One thread per row (k is small).
+__global__ void top_p_kernel(const float* values, int64_t rows, int64_t k, float temperature, float top_p,
+                             float* probs) {
+  const int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (r >= rows) return;
+  const float* v = values + r * k;
+  float* p = probs + r * k;
+  const float m = v[0];
+  float total = 0.0f;
+  for (int64_t j = 0; j < k; ++j) total += expf((v[j] - m) / temperature);
+  float kept = 0.0f;
+  int64_t n = 0;
+  while (n < k) {
+    kept += expf((v[n] - m) / temperature) / total;
+    ++n;
+    if (kept >= top_p) break;
+  }
+  float z = 0.0f;
+  for (int64_t j = 0; j < n; ++j) z += expf((v[j] - m) / temperature);
+  for (int64_t j = 0; j < k; ++j) p[j] = j < n ? expf((v[j] - m) / temperature) / z : 0.0f;
+}
+
+}  // namespace
+
+void launch_argmax(const float* logits, int64_t rows, int64_t ld, int64_t n_valid, float* out_value,
+                   int32_t* out_index, cudaStream_t stream) {
+  if (rows <= 0) return;
+  argmax_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(logits, ld, n_valid, out_value, out_index);
+  LINNET_CUDA_CHECK_LAUNCH();
+}
+
+void launch_topk(const float* logits, int64_t rows, int64_t ld, int64_t n_valid, int64_t k, float* workspace,
+                 float* out_value, int32_t* out_index, cudaStream_t stream) {
+  if (rows <= 0 || k <= 0) return;
+  if (k > n_valid) throw Error("top-k larger than the vocabulary slice", "launch_topk", "k <= " + std::to_string(n_valid),
+                               std::to_string(k));
+  topk_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(logits, ld, n_valid, k, workspace, out_value,
+                                                                      out_index);
+  LINNET_CUDA_CHECK_LAUNCH();
+}
+
+void launch_top_p(const float* values, int64_t rows, int64_t k, float temperature, float top_p, float* probs,
+                  cudaStream_t stream) {
+  if (rows <= 0 || k <= 0) return;
+  top_p_kernel<<<grid_for(rows, 128), 128, 0, stream>>>(values, rows, k, temperature, top_p, probs);
+  LINNET_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace linnet::cuda

@@ -1,0 +1,206 @@
+#include "launch/bench_command.h"
+
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include <cxxopts.hpp>
+
+#include "common/error.h"
+#include "launch/cli_parse.h"
+#include "launch/job.h"
+#include "launch/model_path.h"
+#include "loader/model_config.h"
+#include "parallel/mpi_communicator.h"
+#include "parallel/shard_plan.h"
+#include "runtime/backend_factory.h"
+#include "runtime/engine.h"
+#include "runtime/model_loader.h"
+#include "runtime/random_weights.h"
+#include "runtime/weights.h"
+
+namespace linnet {
+namespace {
+
+void positive(const cxxopts::ParseResult& r, const char* name, int64_t& out, int64_t min) {
+  if (!r.count(name)) return;
+  out = r[name].as<int64_t>();
+  if (out < min) throw Error("invalid value", std::string("--") + name, ">= " + std::to_string(min), std::to_string(out));
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+std::optional<BenchOptions> parse_bench_options(int argc, char** argv, std::string& help_text) {
+  cxxopts::Options opts("linnet-tp bench",
+                        "Prefill and decode throughput of the decoder: B prompts of P random tokens in one\n"
+                        "packed prefill pass, then N decode steps of one token per sequence.\n\n"
+                        "  linnet-tp bench --config config.json --random-weights --batch 16\n"
+                        "  mpirun -np 2 linnet-tp bench --model DIR --backend cpu\n");
+  opts.custom_help("[OPTIONS]");
+  // clang-format off
+  opts.add_options()
+    ("model", "Model directory or name (its weights; its shapes only with --random-weights)",
+     cxxopts::value<std::string>())
+    ("config", "A config.json to build a random-weight model of (with --random-weights)",
+     cxxopts::value<std::string>())
+    ("random-weights", "N(0, 0.02) weight matrices and unit norm weights, made directly in the "
+     "backend's memory (no checkpoint needed)")
+    ("backend", "cpu or cuda (default: cuda when a CUDA device is visible, else cpu)",
+     cxxopts::value<std::string>())
+    ("batch", "Sequences decoded together", cxxopts::value<int64_t>())
+    ("prompt-len", "Tokens per prompt (default 128)", cxxopts::value<int64_t>())
+    ("new-tokens", "Decode steps (default 32)", cxxopts::value<int64_t>())
+    ("max-seq-len", "KV cache length per sequence (default: prompt-len + new-tokens)",
+     cxxopts::value<int64_t>())
+    ("tp", "Ranks per tensor-parallel group (default: all ranks)", cxxopts::value<int>())
+    ("threads", "BLAS threads per rank, CPU backend (default: cores / ranks on the node)",
+     cxxopts::value<int>())
+    ("seed", "Seed of the random weights and prompt tokens (default 1)", cxxopts::value<uint64_t>())
+    ("h,help", "Print this help and exit");
+  // clang-format on
+  const auto parsed = parse_options(opts, argc, argv, "bench", help_text);
+  if (!parsed) return std::nullopt;
+  const cxxopts::ParseResult& r = *parsed;
+  BenchOptions o;
+  if (r.count("model")) o.model = r["model"].as<std::string>();
+  if (r.count("config")) o.config = r["config"].as<std::string>();
+  o.random_weights = r.count("random-weights") > 0;
+  if (o.model.empty() == o.config.empty()) throw Error("give exactly one of --model and --config", "--model");
+  if (!o.config.empty() && !o.random_weights) throw Error("needs --random-weights (a config has no weights)", "--config");
+  if (r.count("backend")) {
+    o.backend = r["backend"].as<std::string>();
+    if (o.backend != "cpu" && o.backend != "cuda") throw Error("invalid value", "--backend", "cpu or cuda", o.backend);
+  }
+  positive(r, "batch", o.batch, 1);
+  positive(r, "prompt-len", o.prompt_len, 1);
+  positive(r, "new-tokens", o.new_tokens, 0);
+  positive(r, "max-seq-len", o.max_seq_len, 1);
+  if (r.count("tp")) {
+    o.tp = r["tp"].as<int>();
+    if (o.tp < 1) throw Error("invalid value", "--tp", ">= 1", std::to_string(o.tp));
+  }
+  if (r.count("threads")) {
+    o.threads = r["threads"].as<int>();
+    if (o.threads < 1) throw Error("invalid value", "--threads", ">= 1", std::to_string(o.threads));
+  }
+  if (r.count("seed")) o.seed = r["seed"].as<uint64_t>();
+  return o;
+}
+
+int run_bench(const BenchOptions& o, Job& job) {
+  if (!job.load_phase([&] { WorldConfig::make(job.rank(), job.size(), o.tp, 0, 1); })) return 2;
+  MpiGroups groups = make_mpi_groups(o.tp);
+  const WorldConfig& w = groups.world_config;
+
+  std::unique_ptr<ModelFiles> files;
+  ModelConfig config;
+  ShardPlan plan;
+  std::unique_ptr<Backend> backend;
+  int64_t max_seq_len = 0;
+  if (!job.load_phase([&] {
+        if (!o.model.empty()) {
+          files = std::make_unique<ModelFiles>(open_model(resolve_model_dir(o.model)));
+          config = files->config;
+        } else {
+          config = ModelConfig::load(o.config);
+        }
+        plan = ShardPlan::make(config, w.tp_rank, w.tp_size);
+        max_seq_len = resolve_max_seq_len(config, o.max_seq_len > 0 ? o.max_seq_len : o.prompt_len + o.new_tokens);
+        if (o.prompt_len + o.new_tokens > max_seq_len) {
+          throw Error("prompt and new tokens do not fit in the KV cache", "--max-seq-len",
+                      ">= " + std::to_string(o.prompt_len + o.new_tokens), std::to_string(max_seq_len));
+        }
+        backend = make_backend(o.backend, o.threads, w.local_rank, w.local_size);
+        if (backend->device() == Device::kCpu) {
+          check_memory(rank_memory(config, plan, max_seq_len, o.batch), available_host_memory(), w.local_size);
+        }
+      })) {
+    return 1;
+  }
+
+  try {
+    Communicator& comm = tp_communicator(*backend, *groups.tp, w.local_size);
+    const auto t_load = std::chrono::steady_clock::now();
+    ModelWeights weights = o.random_weights ? random_weights(*backend, config, plan, o.seed)
+                                            : load_weights(files->checkpoint, config, plan);
+    Engine engine(config, plan, std::move(weights), *backend, comm, max_seq_len, o.batch);
+    backend->synchronize();
+    const double load_s = seconds_since(t_load);
+    const int64_t elem = backend->device() == Device::kCpu ? 4 : 2;
+    const int64_t step_bytes = decode_weight_bytes(config, plan, elem);
+    if (w.world_rank == 0) {
+      std::printf("bench: %s, tp %d, batch %lld, prompt %lld tokens, %lld new tokens\n", backend->name().c_str(),
+                  w.tp_size, static_cast<long long>(o.batch), static_cast<long long>(o.prompt_len),
+                  static_cast<long long>(o.new_tokens));
+      std::printf("weights: %s (%s, %s per rank, %s in %.1f s)\n", o.random_weights ? "random" : "checkpoint",
+                  elem == 2 ? "bf16" : "f32", format_bytes(weight_bytes_local(config, plan) / 4 * elem).c_str(),
+                  o.random_weights ? "made" : "loaded", load_s);
+      std::printf("kv cache: %s per rank (%lld rows x %lld positions, f32)\n",
+                  format_bytes(engine.kv_cache_bytes()).c_str(), static_cast<long long>(o.batch),
+                  static_cast<long long>(max_seq_len));
+      std::fflush(stdout);
+    }
+
+    // B prompts packed end to end: row b holds positions 0..P-1.
+    std::mt19937_64 rng(o.seed);
+    std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(config.vocab_size - 1));
+    const int64_t B = o.batch, P = o.prompt_len;
+    std::vector<int32_t> tokens, rows, positions, last;
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t p = 0; p < P; ++p) {
+        tokens.push_back(token(rng));
+        rows.push_back(static_cast<int32_t>(b));
+        positions.push_back(static_cast<int32_t>(p));
+      }
+      last.push_back(static_cast<int32_t>((b + 1) * P - 1));
+    }
+    std::vector<int32_t> step_rows(static_cast<size_t>(B));
+    std::iota(step_rows.begin(), step_rows.end(), 0);
+    auto decode_step = [&](int64_t pos) {
+      std::vector<int32_t> step_tokens(static_cast<size_t>(B)), step_pos(static_cast<size_t>(B),
+                                                                           static_cast<int32_t>(pos));
+      for (auto& t : step_tokens) t = token(rng);
+      engine.decode_rows(step_tokens, step_rows, step_pos);
+    };
+
+    // Warm-up: one prefill and two decode steps (GEMM plans, pools, caches), then sync.
+    engine.prefill_packed(tokens, rows, positions, last);
+    for (int64_t i = 0; i < std::min<int64_t>(2, o.new_tokens); ++i) decode_step(P + i);
+    backend->synchronize();
+    comm.barrier();
+
+    auto t0 = std::chrono::steady_clock::now();
+    engine.prefill_packed(tokens, rows, positions, last);
+    backend->synchronize();
+    const double prefill_s = seconds_since(t0);
+    t0 = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < o.new_tokens; ++i) decode_step(P + i);
+    backend->synchronize();
+    const double decode_s = seconds_since(t0);
+
+    if (w.world_rank == 0) {
+      const double step_ms = o.new_tokens > 0 ? 1e3 * decode_s / static_cast<double>(o.new_tokens) : 0.0;
+      std::printf("prefill tokens/s: %.1f (%lld tokens in %.2f ms)\n", static_cast<double>(B * P) / prefill_s,
+                  static_cast<long long>(B * P), 1e3 * prefill_s);
+      std::printf("decode tokens/s: %.1f\n",
+                  decode_s > 0 ? static_cast<double>(B * o.new_tokens) / decode_s : 0.0);
+      std::printf("decode ms/step: %.3f\n", step_ms);
+      std::printf("weight bytes per decode step: %lld per rank (%s)\n", static_cast<long long>(step_bytes),
+                  format_bytes(step_bytes).c_str());
+      std::printf("achieved GB/s: %.1f per rank\n", step_ms > 0 ? static_cast<double>(step_bytes) / step_ms / 1e6 : 0.0);
+      if (std::fflush(stdout) != 0) throw Error("cannot write the results", "stdout");
+    }
+  } catch (const std::exception& e) {
+    job.abort(e.what());
+  }
+  return 0;
+}
+
+}  // namespace linnet

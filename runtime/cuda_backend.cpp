@@ -1,0 +1,303 @@
+// CudaBackend: the Backend ops on one CUDA device, forwarding to kernels/cuda.
+// Design choice: everything runs on one non-blocking stream with memory from the
+// device's stream-ordered pool (cudaMallocAsync / cudaFreeAsync, release threshold
+// raised so freed blocks stay cached): the Engine allocates its activations every pass,
+// and this keeps that a pool lookup instead of a cudaMalloc. Small i32 inputs go
+// through a pinned staging arena, so their copies are truly asynchronous; the arena is
+// recycled whenever the stream is known idle. Waiting on the stream polls the
+// communicator's asynchronous error state (NCCL), so a failed peer ends the wait.
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+#include "common/error.h"
+#include "common/cuda_check.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/ops.h"
+#include "parallel/staged_communicator.h"
+#include "runtime/cuda_backend.h"
+#ifdef LINNET_HAVE_NCCL
+#include "parallel/nccl_communicator.h"
+#endif
+
+namespace linnet {
+namespace {
+
+// Owns the stream; shared by every tensor's deleter, so tensors that outlive the
+// backend still free into a live stream.
+struct StreamOwner {
+  int device = 0;
+  cudaStream_t stream = nullptr;
+  ~StreamOwner() {
+    if (stream) {
+      cudaSetDevice(device);
+      cudaStreamSynchronize(stream);
+      cudaStreamDestroy(stream);
+    }
+  }
+};
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device) : owner_(std::make_shared<StreamOwner>()) {
+    owner_->device = device;
+    LINNET_CUDA_CHECK(cudaSetDevice(device));
+    LINNET_CUDA_CHECK(cudaStreamCreateWithFlags(&owner_->stream, cudaStreamNonBlocking));
+    stream_ = owner_->stream;
+    LINNET_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device));
+    cudaMemPool_t pool = nullptr;
+    LINNET_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device));
+    uint64_t keep = UINT64_MAX;
+    LINNET_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+    LINNET_CUDA_CHECK(cudaHostAlloc(&pinned_, kPinnedBytes, cudaHostAllocDefault));
+    gemm_ = std::make_unique<cuda::CublasLtGemm>(stream_);
+    device_ = device;
+  }
+
+  ~CudaBackend() override {
+    comm_.reset();
+    gemm_.reset();
+    if (owner_->stream) cudaStreamSynchronize(owner_->stream);
+    if (pinned_) cudaFreeHost(pinned_);
+  }
+
+  Device device() const override { return Device::kCuda; }
+  std::string name() const override { return "cuda:" + std::to_string(device_); }
+
+  Tensor zeros(std::vector<int64_t> shape, ScalarType dtype) override {
+    Tensor t = alloc(std::move(shape), dtype);
+    LINNET_CUDA_CHECK(cudaMemsetAsync(t.raw(), 0, static_cast<size_t>(t.bytes()), stream_));
+    return t;
+  }
+
+  Tensor upload_matrix(const Tensor& host) override {
+    if (host.device() == Device::kCuda && host.dtype() == ScalarType::kBF16) return host;
+    if (host.dtype() != ScalarType::kF32) {
+      throw Error("a weight matrix must be f32 (or bf16 already on the device)", "CudaBackend::upload_matrix");
+    }
+    Tensor out = alloc(host.shape(), ScalarType::kBF16);
+    auto* dst = static_cast<__nv_bfloat16*>(out.raw());
+    if (host.device() == Device::kCuda) {
+      cuda::launch_f32_to_bf16(host.data(), dst, host.numel(), stream_);
+      return out;
+    }
+    // Host f32 in chunks through one device f32 buffer, converted on the device.
+    constexpr int64_t kChunk = int64_t{16} << 20;  // elements
+    const int64_t n = host.numel();
+    Tensor staging = alloc({std::min(n, kChunk)}, ScalarType::kF32);
+    for (int64_t i = 0; i < n; i += kChunk) {
+      const int64_t m = std::min(kChunk, n - i);
+      LINNET_CUDA_CHECK(cudaMemcpyAsync(staging.data(), host.data() + i, static_cast<size_t>(m) * sizeof(float),
+                                        cudaMemcpyHostToDevice, stream_));
+      cuda::launch_f32_to_bf16(staging.data(), dst + i, m, stream_);
+    }
+    return out;
+  }
+
+  Tensor upload_vector(const Tensor& host) override {
+    if (host.device() == Device::kCuda) return host;
+    if (host.dtype() != ScalarType::kF32) throw Error("a weight vector must be f32", "CudaBackend::upload_vector");
+    Tensor out = alloc(host.shape(), ScalarType::kF32);
+    LINNET_CUDA_CHECK(cudaMemcpyAsync(out.raw(), host.raw(), static_cast<size_t>(host.bytes()),
+                                      cudaMemcpyHostToDevice, stream_));
+    return out;
+  }
+
+  Tensor upload_i32(std::span<const int32_t> values) override {
+    Tensor out = alloc({static_cast<int64_t>(values.size())}, ScalarType::kI32);
+    const size_t bytes = values.size() * sizeof(int32_t);
+    if (bytes == 0) return out;
+    if (bytes > kPinnedBytes) {  // rare: straight from pageable memory (the copy stages it)
+      LINNET_CUDA_CHECK(cudaMemcpyAsync(out.raw(), values.data(), bytes, cudaMemcpyHostToDevice, stream_));
+      return out;
+    }
+    if (pinned_used_ + bytes > kPinnedBytes) synchronize();  // every earlier copy has read the arena
+    char* src = static_cast<char*>(pinned_) + pinned_used_;
+    std::memcpy(src, values.data(), bytes);
+    LINNET_CUDA_CHECK(cudaMemcpyAsync(out.raw(), src, bytes, cudaMemcpyHostToDevice, stream_));
+    pinned_used_ += (bytes + 255) / 256 * 256;
+    return out;
+  }
+
+  void to_host(const Tensor& t, float* out) override {
+    if (t.numel() == 0) return;
+    if (t.device() == Device::kCpu) {
+      std::memcpy(out, t.raw(), static_cast<size_t>(t.numel()) * sizeof(float));
+      return;
+    }
+    const float* src = t.data();
+    Tensor converted;
+    if (t.dtype() == ScalarType::kBF16) {
+      converted = alloc(t.shape(), ScalarType::kF32);
+      cuda::launch_bf16_to_f32(static_cast<const __nv_bfloat16*>(t.raw()), converted.data(), t.numel(), stream_);
+      src = converted.data();
+    } else if (t.dtype() != ScalarType::kF32) {
+      throw Error("to_host copies f32 (or bf16) tensors", "CudaBackend::to_host");
+    }
+    // Wait first (polling the communicator), so a copy into pageable memory, which blocks
+    // the host until done, never waits on a collective whose peer has failed.
+    synchronize();
+    LINNET_CUDA_CHECK(cudaMemcpyAsync(out, src, static_cast<size_t>(t.numel()) * sizeof(float),
+                                      cudaMemcpyDeviceToHost, stream_));
+    LINNET_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+  void synchronize() override {
+    if (watchers_.empty()) {
+      LINNET_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    } else {
+      // Poll so that an aborted peer (NCCL async error) ends the wait with an error.
+      for (;;) {
+        const cudaError_t rc = cudaStreamQuery(stream_);
+        if (rc == cudaSuccess) break;
+        if (rc != cudaErrorNotReady) LINNET_CUDA_CHECK(rc);
+        for (auto& w : watchers_) w();
+        std::this_thread::yield();
+      }
+    }
+    pinned_used_ = 0;
+  }
+
+  void matmul_nt(const float* x, const Tensor& w, float* out, int64_t m, int64_t k, int64_t n) override {
+    gemm_->matmul_nt(x, bf16(w, "matmul_nt"), out, m, k, n);
+  }
+  void embedding_lookup(const Tensor& table, int64_t vocab_begin, int64_t vocab_local, int64_t hidden,
+                        const int32_t* ids, int64_t n, float* out) override {
+    cuda::launch_embedding_lookup(bf16(table, "embedding_lookup"), vocab_begin, vocab_local, hidden, ids, n, out,
+                                  stream_);
+  }
+  void rmsnorm(const float* x, const float* weight, float* out, int64_t rows, int64_t dim, float eps) override {
+    cuda::launch_rmsnorm(x, weight, out, rows, dim, eps, stream_);
+  }
+  void rope(float* x, int64_t rows, int64_t row_stride, int64_t n_heads, int64_t head_dim, const int32_t* positions,
+            const float* inv_freq) override {
+    cuda::launch_rope(x, rows, row_stride, n_heads, head_dim, positions, inv_freq, stream_);
+  }
+  void swiglu(const float* gate_up, float* out, int64_t rows, int64_t inter) override {
+    cuda::launch_swiglu(gate_up, out, rows, inter, stream_);
+  }
+  void attention(const float* q, int64_t q_stride, const float* k_cache, const float* v_cache, float* out,
+                 int64_t rows, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, const int32_t* page_table,
+                 int64_t max_pages, int64_t page_size, const int32_t* key_begin, const int32_t* key_end) override {
+    const int splits = cuda::attention_num_splits(rows, n_kv_heads, max_pages * page_size, num_sms_);
+    const size_t ws = cuda::attention_workspace_floats(rows, n_heads, head_dim, splits);
+    Tensor workspace;
+    if (ws > 0) workspace = alloc({static_cast<int64_t>(ws)}, ScalarType::kF32);
+    cuda::launch_attention(q, q_stride, k_cache, v_cache, out, rows, n_heads, n_kv_heads, head_dim, page_table,
+                           max_pages, page_size, key_begin, key_end, splits, ws > 0 ? workspace.data() : nullptr,
+                           stream_);
+  }
+  void rmsnorm_heads(float* x, int64_t rows, int64_t row_stride, int64_t n_heads, int64_t head_dim,
+                     const float* weight, float eps) override {
+    cuda::launch_rmsnorm_heads(x, rows, row_stride, n_heads, head_dim, weight, eps, stream_);
+  }
+  void add_inplace(float* x, const float* y, int64_t n) override { cuda::launch_add_inplace(x, y, n, stream_); }
+  void store_rows(const float* src, int64_t src_stride, float* cache, int64_t row_elems, const int32_t* slots,
+                  int64_t rows) override {
+    cuda::launch_store_rows(src, src_stride, cache, row_elems, slots, rows, stream_);
+  }
+  void gather_rows(const float* src, int64_t cols, const int32_t* index, int64_t n, float* out) override {
+    cuda::launch_gather_rows(src, cols, index, n, out, stream_);
+  }
+
+  Tensor random_matrix(std::vector<int64_t> shape, float stddev, uint64_t seed) override {
+    Tensor t = alloc(std::move(shape), ScalarType::kBF16);
+    cuda::launch_fill_normal_bf16(static_cast<__nv_bfloat16*>(t.raw()), t.numel(), seed, stddev, stream_);
+    return t;
+  }
+
+  Communicator& communicator(MpiCommunicator& group, int local_size) {
+    if (comm_) {
+      if (comm_group_ != group.comm()) {
+        throw Error("a CUDA backend serves one tp group", "cuda_communicator");
+      }
+      return *comm_;
+    }
+    const char* env = std::getenv("LINNET_COMM");
+    const std::string want = env ? env : "";
+    if (!want.empty() && want != "nccl" && want != "mpi") throw Error("unknown value", "LINNET_COMM", "nccl or mpi", want);
+    int devices = 0;
+    LINNET_CUDA_CHECK(cudaGetDeviceCount(&devices));
+#ifdef LINNET_HAVE_NCCL
+    const bool nccl = want.empty() ? local_size <= devices : want == "nccl";
+    if (nccl) {
+      auto c = std::make_unique<NcclCommunicator>(group.comm(), stream_);
+      NcclCommunicator* raw = c.get();
+      watchers_.push_back([raw] { raw->poll(); });
+      comm_ = std::move(c);
+    }
+#else
+    if (want == "nccl") throw Error("this build has no NCCL", "LINNET_COMM=nccl", "", "use LINNET_COMM=mpi");
+    (void)devices;
+    (void)local_size;
+#endif
+    if (!comm_) comm_ = std::make_unique<HostStagedCommunicator>(group.comm(), stream_);
+    comm_group_ = group.comm();
+    return *comm_;
+  }
+
+ private:
+  static constexpr size_t kPinnedBytes = size_t{1} << 20;
+
+  Tensor alloc(std::vector<int64_t> shape, ScalarType dtype) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    const size_t bytes = static_cast<size_t>(std::max<int64_t>(n * element_size(dtype), 4));
+    void* p = nullptr;
+    LINNET_CUDA_CHECK(cudaMallocAsync(&p, bytes, stream_));
+    std::shared_ptr<StreamOwner> owner = owner_;
+    std::shared_ptr<void> storage(p, [owner](void* q) { cudaFreeAsync(q, owner->stream); });
+    return Tensor::wrap(std::move(shape), dtype, Device::kCuda, std::move(storage), p);
+  }
+
+  static const __nv_bfloat16* bf16(const Tensor& w, const char* op) {
+    if (w.device() != Device::kCuda || w.dtype() != ScalarType::kBF16) {
+      throw Error("weight matrix is not a bf16 device tensor (use upload_matrix)", std::string("CudaBackend::") + op);
+    }
+    return static_cast<const __nv_bfloat16*>(w.raw());
+  }
+
+  std::shared_ptr<StreamOwner> owner_;
+  cudaStream_t stream_ = nullptr;
+  int device_ = 0;
+  int num_sms_ = 1;
+  void* pinned_ = nullptr;
+  size_t pinned_used_ = 0;
+  std::unique_ptr<cuda::CublasLtGemm> gemm_;
+  std::unique_ptr<Communicator> comm_;
+  MPI_Comm comm_group_ = MPI_COMM_NULL;
+  std::vector<std::function<void()>> watchers_;
+};
+
+}  // namespace
+
+int cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();  // clear the sticky-free error so later queries start clean
+    return 0;
+  }
+  return n;
+}
+
+std::unique_ptr<Backend> make_cuda_backend(int device) {
+  const int n = cuda_device_count();
+  if (device < 0 || device >= n) {
+    throw Error("no such CUDA device", "--backend cuda", "a device in [0, " + std::to_string(n) + ")",
+                std::to_string(device));
+  }
+  return std::make_unique<CudaBackend>(device);
+}
+
+Communicator& cuda_communicator(Backend& backend, MpiCommunicator& group, int local_size) {
+  auto* cuda = dynamic_cast<CudaBackend*>(&backend);
+  if (cuda == nullptr) throw Error("not a CUDA backend", "cuda_communicator", "cuda", backend.name());
+  return cuda->communicator(group, local_size);
+}
+
+}  // namespace linnet

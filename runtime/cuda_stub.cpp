@@ -1,0 +1,17 @@
+// The CUDA entry points of a build without CUDA (LINNET_CUDA=OFF or no nvcc).
+#include "common/error.h"
+#include "runtime/cuda_backend.h"
+
+namespace linnet {
+
+int cuda_device_count() { return 0; }
+
+std::unique_ptr<Backend> make_cuda_backend(int) {
+  throw Error("linnet-tp was built without CUDA", "--backend cuda", "a build with LINNET_CUDA=ON", "no CUDA");
+}
+
+Communicator& cuda_communicator(Backend&, MpiCommunicator&, int) {
+  throw Error("linnet-tp was built without CUDA", "cuda_communicator");
+}
+
+}  // namespace linnet

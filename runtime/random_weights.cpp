@@ -1,0 +1,56 @@
+#include "runtime/random_weights.h"
+
+#include <algorithm>
+
+#include "common/random_normal.h"
+
+namespace linnet {
+
+Tensor Backend::random_matrix(std::vector<int64_t> shape, float stddev, uint64_t seed) {
+  Tensor host = Tensor::zeros(std::move(shape));
+  float* d = host.data();
+  for (int64_t i = 0; i < host.numel(); ++i) d[i] = stddev * random_normal(seed, static_cast<uint64_t>(i));
+  return upload_matrix(host);
+}
+
+namespace {
+Tensor ones(int64_t n) {
+  Tensor t = Tensor::zeros({n});
+  std::fill(t.data(), t.data() + n, 1.0f);
+  return t;
+}
+}  // namespace
+
+ModelWeights random_weights(Backend& backend, const ModelConfig& c, const ShardPlan& p, uint64_t seed, float stddev) {
+  const int64_t h = c.hidden_size, hd = c.head_dim;
+  uint64_t stream = splitmix64(seed) ^ (static_cast<uint64_t>(p.tp_rank) << 48);
+  auto matrix = [&](std::vector<int64_t> shape) { return backend.random_matrix(std::move(shape), stddev, stream++); };
+  ModelWeights w;
+  w.embed_tokens = matrix({p.vocab_local, h});
+  w.lm_head = c.tie_word_embeddings ? w.embed_tokens : matrix({p.vocab_local, h});
+  w.final_norm = ones(h);
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    LayerWeights L;
+    L.input_norm = ones(h);
+    L.wqkv = matrix({(p.num_heads_local + 2 * p.num_kv_heads_local) * hd, h});
+    if (c.qk_norm) {
+      L.q_norm = ones(hd);
+      L.k_norm = ones(hd);
+    }
+    L.wo = matrix({h, p.num_heads_local * hd});
+    L.post_attn_norm = ones(h);
+    L.w_gate_up = matrix({2 * p.intermediate_local, h});
+    L.w_down = matrix({h, p.intermediate_local});
+    w.layers.push_back(std::move(L));
+  }
+  return w;
+}
+
+int64_t decode_weight_bytes(const ModelConfig& c, const ShardPlan& p, int64_t bytes_per_element) {
+  const int64_t h = c.hidden_size, hd = c.head_dim;
+  const int64_t per_layer = (p.num_heads_local + 2 * p.num_kv_heads_local) * hd * h + h * p.num_heads_local * hd +
+                            3 * p.intermediate_local * h;
+  return bytes_per_element * (per_layer * c.num_hidden_layers + p.vocab_local * h);
+}
+
+}  // namespace linnet

@@ -1,0 +1,68 @@
+// `linnet-tp bench` end to end on the CPU backend: a small random-weight config at tp 1
+// and 2, and a real checkpoint (stories260k); every result line is printed with a
+// positive number, and bad option combinations are refused.
+#include <regex>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "tests/cli_harness.h"
+#include "tests/test_data.h"
+
+namespace linnet {
+namespace {
+
+using test::CliTest;
+using test::quote;
+using test::Result;
+
+// The number after `label` on its line, or -1 when the line is missing.
+double value_of(const std::string& out, const std::string& label) {
+  const std::regex re("(^|\\n)" + label + ": ([0-9.]+)");
+  std::smatch m;
+  return std::regex_search(out, m, re) ? std::stod(m[2]) : -1.0;
+}
+
+void expect_results(const Result& r) {
+  ASSERT_EQ(r.code, 0) << r.err;
+  for (const char* label : {"prefill tokens/s", "decode tokens/s", "decode ms/step", "weight bytes per decode step",
+                            "achieved GB/s"}) {
+    EXPECT_GT(value_of(r.out, label), 0.0) << label << " in:\n" << r.out;
+  }
+  EXPECT_NE(r.out.find("bench: cpu"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("kv cache: "), std::string::npos) << r.out;
+}
+
+class BenchCli : public CliTest {};
+
+TEST_F(BenchCli, RandomWeightsFromAConfigAtTp1And2) {
+  const auto config = test::test_data_dir() / "fixtures" / "llama31" / "f32" / "config.json";
+  const std::string args = "bench --config " + quote(config.string()) +
+                           " --random-weights --backend cpu --batch 2 --prompt-len 8 --new-tokens 4";
+  const Result one = run(1, args);
+  expect_results(one);
+  EXPECT_NE(one.out.find("batch 2, prompt 8 tokens, 4 new tokens"), std::string::npos) << one.out;
+  // llama31 fixture: 2 layers of 64 hidden, 8 q / 2 kv heads of 8, 112 inter, 301 vocab,
+  // f32: (96*64 + 64*64 + 3*112*64) * 2 + 301*64 = 82752 floats.
+  EXPECT_EQ(value_of(one.out, "weight bytes per decode step"), 4.0 * 82752) << one.out;
+  expect_results(run(2, args + " --tp 2"));
+}
+
+TEST_F(BenchCli, CheckpointWeights) {
+  expect_results(run(1, "bench --model " + quote(test::stories_dir().string()) +
+                            " --backend cpu --batch 1 --prompt-len 16 --new-tokens 4"));
+}
+
+TEST_F(BenchCli, RefusesAConfigWithoutRandomWeightsAndTooLongRuns) {
+  const auto config = test::test_data_dir() / "fixtures" / "llama31" / "f32" / "config.json";
+  Result r = run(1, "bench --config " + quote(config.string()) + " --backend cpu");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("--random-weights"), std::string::npos) << r.err;
+  r = run(1, "bench --config " + quote(config.string()) +
+                 " --random-weights --backend cpu --prompt-len 200 --new-tokens 100");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("--max-seq-len"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace linnet
