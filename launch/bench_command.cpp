@@ -17,6 +17,8 @@
 #include "parallel/mpi_communicator.h"
 #include "parallel/shard_plan.h"
 #include "runtime/backend_factory.h"
+#include "runtime/batch_generate.h"
+#include "runtime/kv_cache.h"
 #include "runtime/engine.h"
 #include "runtime/model_loader.h"
 #include "runtime/random_weights.h"
@@ -130,7 +132,9 @@ int run_bench(const BenchOptions& o, Job& job) {
     const auto t_load = std::chrono::steady_clock::now();
     ModelWeights weights = o.random_weights ? random_weights(*backend, config, plan, o.seed)
                                             : load_weights(files->checkpoint, config, plan);
-    Engine engine(config, plan, std::move(weights), *backend, comm, max_seq_len, o.batch);
+    // Paged KV (pages of 64): the raw entries use row b's fixed pages, generate_batch
+    // hands pages out itself.
+    Engine engine(config, plan, std::move(weights), *backend, comm, max_seq_len, o.batch, kKvPageSize);
     backend->synchronize();
     const double load_s = seconds_since(t_load);
     const int64_t elem = backend->device() == Device::kCpu ? 4 : 2;
@@ -195,8 +199,30 @@ int run_bench(const BenchOptions& o, Job& job) {
       std::printf("weight bytes per decode step: %lld per rank (%s)\n", static_cast<long long>(step_bytes),
                   format_bytes(step_bytes).c_str());
       std::printf("achieved GB/s: %.1f per rank\n", step_ms > 0 ? static_cast<double>(step_bytes) / step_ms / 1e6 : 0.0);
-      if (std::fflush(stdout) != 0) throw Error("cannot write the results", "stdout");
+      std::fflush(stdout);
     }
+
+    // The same B prompts as requests through generate_batch, the continuous-batching
+    // scheduler `generate --input` uses (greedy, no EOS, N new tokens each).
+    if (o.new_tokens > 0) {
+      std::vector<BatchRequest> reqs(static_cast<size_t>(B));
+      for (int64_t b = 0; b < B; ++b) {
+        reqs[b].prompt.assign(tokens.begin() + b * P, tokens.begin() + (b + 1) * P);
+        reqs[b].max_new_tokens = o.new_tokens;
+      }
+      t0 = std::chrono::steady_clock::now();
+      const std::vector<GenerationResult> results = generate_batch(engine, reqs);
+      backend->synchronize();
+      const double gen_s = seconds_since(t0);
+      int64_t made = 0;
+      for (const auto& r : results) made += static_cast<int64_t>(r.ids.size());
+      if (w.world_rank == 0) {
+        std::printf("generate_batch tokens/s: %.1f (%lld requests, %lld new tokens in %.2f s, prefill included)\n",
+                    gen_s > 0 ? static_cast<double>(made) / gen_s : 0.0, static_cast<long long>(B),
+                    static_cast<long long>(made), gen_s);
+      }
+    }
+    if (w.world_rank == 0 && std::fflush(stdout) != 0) throw Error("cannot write the results", "stdout");
   } catch (const std::exception& e) {
     job.abort(e.what());
   }
