@@ -7,6 +7,7 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include <cuda_runtime_api.h>
@@ -160,27 +161,31 @@ TEST_F(CudaKernels, RmsNormRowsAndHeads) {
     cpu::rmsnorm(x.data(), w.data(), ref.data(), rows, dim, 1e-5f);
     expect_close(out.host(), ref, 1e-5f, 1e-4f, "rmsnorm");
   }
-  const int64_t rows = 3, n_heads = 6, head_dim = 128, stride = n_heads * head_dim + 64;
-  auto x = randn(rows * stride, 5), w = randn(head_dim, 6);
-  Dev<float> dx(x), dw(w);
-  cuda::launch_rmsnorm_heads(dx.get(), rows, stride, n_heads, head_dim, dw.get(), 1e-6f, stream_);
-  cpu::rmsnorm_heads(x.data(), rows, stride, n_heads, head_dim, w.data(), 1e-6f);
-  expect_close(dx.host(), x, 1e-5f, 1e-4f, "rmsnorm_heads");
+  for (int64_t head_dim : {16, 128}) {  // the Qwen3 fixture's and Qwen3's
+    const int64_t rows = 3, n_heads = 6, stride = n_heads * head_dim + 64;
+    auto x = randn(rows * stride, 5), w = randn(head_dim, 6);
+    Dev<float> dx(x), dw(w);
+    cuda::launch_rmsnorm_heads(dx.get(), rows, stride, n_heads, head_dim, dw.get(), 1e-6f, stream_);
+    cpu::rmsnorm_heads(x.data(), rows, stride, n_heads, head_dim, w.data(), 1e-6f);
+    expect_close(dx.host(), x, 1e-5f, 1e-4f, "rmsnorm_heads");
+  }
 }
 
 TEST_F(CudaKernels, RopePlainAndLlama3Scaled) {
-  for (bool scaled : {false, true}) {
-    const int64_t rows = 6, n_heads = 4, head_dim = 128, stride = 8 * head_dim;
-    std::vector<float> inv(head_dim / 2);
-    cpu::rope_inv_freq(500000.0, head_dim, inv.data());
-    if (scaled) cpu::rope_scale_llama3(inv.data(), head_dim / 2, 8.0, 1.0, 4.0, 8192.0);
-    const std::vector<int32_t> pos = {0, 1, 17, 1000, 65000, 131000};
-    auto x = randn(rows * stride, 7);
-    Dev<float> dx(x), dinv(inv);
-    Dev<int32_t> dpos(pos);
-    cuda::launch_rope(dx.get(), rows, stride, n_heads, head_dim, dpos.get(), dinv.get(), stream_);
-    cpu::rope(x.data(), rows, stride, n_heads, head_dim, pos.data(), inv.data());
-    expect_close(dx.host(), x, 1e-5f, 1e-5f, scaled ? "rope llama3" : "rope");
+  for (int64_t head_dim : {8, 96, 128}) {  // the fixtures', Phi-3's, Llama's
+    for (bool scaled : {false, true}) {
+      const int64_t rows = 6, n_heads = 4, stride = 8 * head_dim;
+      std::vector<float> inv(head_dim / 2);
+      cpu::rope_inv_freq(500000.0, head_dim, inv.data());
+      if (scaled) cpu::rope_scale_llama3(inv.data(), head_dim / 2, 8.0, 1.0, 4.0, 8192.0);
+      const std::vector<int32_t> pos = {0, 1, 17, 1000, 65000, 131000};
+      auto x = randn(rows * stride, 7);
+      Dev<float> dx(x), dinv(inv);
+      Dev<int32_t> dpos(pos);
+      cuda::launch_rope(dx.get(), rows, stride, n_heads, head_dim, dpos.get(), dinv.get(), stream_);
+      cpu::rope(x.data(), rows, stride, n_heads, head_dim, pos.data(), inv.data());
+      expect_close(dx.host(), x, 1e-5f, 1e-5f, scaled ? "rope llama3" : "rope");
+    }
   }
 }
 
@@ -264,7 +269,10 @@ INSTANTIATE_TEST_SUITE_P(
     Shapes, CudaAttention,
     testing::Values(AttnCase{40, 8, 2, 64, 16, 4, 1, false}, AttnCase{40, 8, 2, 64, 16, 4, 1, true},
                     AttnCase{3, 32, 8, 128, 64, 20, 1, false}, AttnCase{3, 32, 8, 128, 64, 20, 7, false},
-                    AttnCase{2, 16, 1, 128, 16, 30, 5, true}, AttnCase{5, 4, 4, 256, 8, 9, 3, false}));
+                    AttnCase{2, 16, 1, 128, 16, 30, 5, true}, AttnCase{5, 4, 4, 256, 8, 9, 3, false},
+                    // the fixtures' head_dim 8 and 16, Phi-3's 96 (no power of two)
+                    AttnCase{9, 8, 2, 8, 16, 3, 1, false}, AttnCase{9, 4, 2, 16, 64, 2, 2, true},
+                    AttnCase{4, 32, 32, 96, 64, 6, 4, false}, AttnCase{7, 12, 4, 96, 16, 9, 1, true}));
 
 TEST_F(CudaKernels, AttentionSplitsFillTheMachineOnlyWhenRowsAreFew) {
   EXPECT_EQ(cuda::attention_num_splits(4096, 8, 8192, 132), 1);
@@ -275,8 +283,10 @@ TEST_F(CudaKernels, AttentionSplitsFillTheMachineOnlyWhenRowsAreFew) {
 
 TEST_F(CudaKernels, CublasLtGemmMatchesCpuOnBf16Inputs) {
   cuda::CublasLtGemm gemm(stream_);
-  for (int64_t m : {1, 7, 64}) {
-    const int64_t k = 96, n = 200;
+  // n = 301: an odd vocabulary slice (the fixtures' lm_head), so out's rows are only
+  // 4-byte aligned; k = 112: the fixtures' intermediate size.
+  for (auto [m, k, n] : {std::tuple<int64_t, int64_t, int64_t>{1, 96, 200}, {7, 96, 200}, {64, 96, 200},
+                         {1, 112, 301}, {40, 64, 301}}) {
     const auto x = randn(m * k, 30), w = randn(n * k, 31);
     std::vector<float> xr(x.size()), wr(w.size());
     std::transform(x.begin(), x.end(), xr.begin(), bf16_round);
@@ -289,6 +299,21 @@ TEST_F(CudaKernels, CublasLtGemmMatchesCpuOnBf16Inputs) {
     cpu::matmul_nt(xr.data(), wr.data(), ref.data(), m, k, n);
     expect_close(out.host(), ref, 1e-3f, 1e-3f, "gemm");
   }
+  // Buffers inside bigger ones (16-byte aligned, as a row of a tensor can be): the plan
+  // must be chosen for that alignment, not cuBLASLt's default assumption of 256 bytes.
+  const int64_t m = 3, k = 64, n = 40;
+  const auto x = randn(m * k, 32), w = randn(n * k + 8, 33);
+  std::vector<float> xr(x.size()), wr(w.size());
+  std::transform(x.begin(), x.end(), xr.begin(), bf16_round);
+  std::transform(w.begin(), w.end(), wr.begin(), bf16_round);
+  Dev<float> dx(x), out(m * n + 4);
+  Dev<__nv_bfloat16> dw(to_bf16(w));
+  gemm.matmul_nt(dx.get(), dw.get() + 8, out.get() + 4, m, k, n);
+  std::vector<float> ref(m * n);
+  cpu::matmul_nt(xr.data(), wr.data() + 8, ref.data(), m, k, n);
+  auto got = out.host();
+  got.erase(got.begin(), got.begin() + 4);  // never written
+  expect_close(got, ref, 1e-3f, 1e-3f, "gemm, offset buffers");
 }
 
 TEST_F(CudaKernels, ArgmaxTopKAndTopP) {

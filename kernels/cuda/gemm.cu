@@ -5,6 +5,7 @@
 #include "kernels/cuda/gemm.h"
 
 #include <string>
+#include <utility>
 
 #include <cublasLt.h>
 
@@ -24,6 +25,15 @@ void cublas_check(cublasStatus_t rc, const char* expr, const char* file, int lin
 #define LINNET_CUBLAS_CHECK(call) cublas_check((call), #call, __FILE__, __LINE__)
 
 cublasLtHandle_t as_handle(void* h) { return static_cast<cublasLtHandle_t>(h); }
+
+// The largest power of two up to 256 dividing the address (cuBLASLt's preference
+// attributes take the alignment each buffer is known to have; the default is 256).
+uint32_t alignment_of(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  uint32_t align = 256;
+  while (align > 1 && a % align != 0) align /= 2;
+  return align;
+}
 
 }  // namespace
 
@@ -61,8 +71,9 @@ CublasLtGemm::~CublasLtGemm() {
   if (handle_) cublasLtDestroy(as_handle(handle_));
 }
 
-const CublasLtGemm::Plan& CublasLtGemm::plan(int64_t m, int64_t n, int64_t k) {
-  const auto key = std::make_tuple(m, n, k);
+const CublasLtGemm::Plan& CublasLtGemm::plan(int64_t m, int64_t n, int64_t k, uint32_t align_w, uint32_t align_x,
+                                              uint32_t align_out) {
+  const auto key = std::make_tuple(m, n, k, align_w, align_x, align_out);
   if (auto it = plans_.find(key); it != plans_.end()) return *it->second;
   auto p = std::make_unique<Plan>();
   LINNET_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -80,6 +91,14 @@ const CublasLtGemm::Plan& CublasLtGemm::plan(int64_t m, int64_t n, int64_t k) {
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   cublasStatus_t rc = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+  const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_w},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_x},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_out},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_out}};
+  for (const auto& [attr, value] : aligns) {
+    if (rc == CUBLAS_STATUS_SUCCESS) rc = cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof value);
+  }
   if (rc == CUBLAS_STATUS_SUCCESS) {
     rc = cublasLtMatmulAlgoGetHeuristic(as_handle(handle_), p->op, p->a, p->b, p->c, p->c, pref, 1, &result, &found);
   }
@@ -112,7 +131,7 @@ void CublasLtGemm::matmul_nt(const float* x, const __nv_bfloat16* w, float* out,
 void CublasLtGemm::matmul_nt_bf16(const __nv_bfloat16* x, const __nv_bfloat16* w, float* out, int64_t m, int64_t k,
                                   int64_t n) {
   if (m <= 0 || n <= 0) return;
-  const Plan& p = plan(m, n, k);
+  const Plan& p = plan(m, n, k, alignment_of(w), alignment_of(x), alignment_of(out));
   const float alpha = 1.0f, beta = 0.0f;
   LINNET_CUBLAS_CHECK(cublasLtMatmul(as_handle(handle_), p.op, &alpha, w, p.a, x, p.b, &beta, out, p.c, out, p.c,
                                      &p.algo, workspace_, kWorkspaceBytes, stream_));

@@ -3,7 +3,9 @@
 // copy, w bf16, f32 accumulation (CUBLAS_COMPUTE_32F; A/B CUDA_R_16BF, C/D CUDA_R_32F).
 // Design choice: one object per stream, owning that stream's 32 MiB workspace and bf16
 // scratch; matmul descriptors, layouts and the heuristic's algorithm are built once per
-// (m, n, k) and cached, so a decode step does no descriptor work.
+// (m, n, k, alignment of the three buffers) and cached, so a decode step does no
+// descriptor work. The alignments are part of the key because cuBLASLt's heuristic
+// otherwise assumes 256-byte aligned buffers and may pick a kernel that needs them.
 #pragma once
 
 #include <cstdint>
@@ -38,14 +40,14 @@ class CublasLtGemm {
 
  private:
   struct Plan;
-  const Plan& plan(int64_t m, int64_t n, int64_t k);
+  const Plan& plan(int64_t m, int64_t n, int64_t k, uint32_t align_w, uint32_t align_x, uint32_t align_out);
 
   cudaStream_t stream_;
   void* handle_ = nullptr;     // cublasLtHandle_t
   void* workspace_ = nullptr;  // kWorkspaceBytes
   __nv_bfloat16* scratch_ = nullptr;
   int64_t scratch_elems_ = 0;
-  std::map<std::tuple<int64_t, int64_t, int64_t>, std::unique_ptr<Plan>> plans_;
+  std::map<std::tuple<int64_t, int64_t, int64_t, uint32_t, uint32_t, uint32_t>, std::unique_ptr<Plan>> plans_;
 };
 
 }  // namespace linnet::cuda

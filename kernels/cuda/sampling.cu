@@ -37,7 +37,9 @@ __global__ void topk_kernel(const float* logits, int64_t ld, int64_t n_valid, in
     if (threadIdx.x == 0) {
       out_value[r * k + j] = a.value;
       out_index[r * k + j] = a.index;
-      row[a.index] = -INFINITY;  // below -FLT_MAX: never chosen again
+      // Below -FLT_MAX: never chosen again. No winner (every value left is -inf or NaN)
+      // comes back as INT32_MAX, which must not be written through.
+      if (a.index < n_valid) row[a.index] = -INFINITY;
     }
     __syncthreads();
   }
