@@ -65,6 +65,8 @@ std::optional<BenchOptions> parse_bench_options(int argc, char** argv, std::stri
     ("threads", "BLAS threads per rank, CPU backend (default: cores / ranks on the node)",
      cxxopts::value<int>())
     ("seed", "Seed of the random weights and prompt tokens (default 1)", cxxopts::value<uint64_t>())
+    ("cuda-graphs", "Record decode steps as CUDA graphs (one per batch-size bucket) and replay them "
+     "(also LINNET_CUDA_GRAPHS=1; CUDA backend with NCCL or one rank)")
     ("h,help", "Print this help and exit");
   // clang-format on
   const auto parsed = parse_options(opts, argc, argv, "bench", help_text);
@@ -93,6 +95,7 @@ std::optional<BenchOptions> parse_bench_options(int argc, char** argv, std::stri
     if (o.threads < 1) throw Error("invalid value", "--threads", ">= 1", std::to_string(o.threads));
   }
   if (r.count("seed")) o.seed = r["seed"].as<uint64_t>();
+  o.cuda_graphs = r.count("cuda-graphs") > 0;
   return o;
 }
 
@@ -134,7 +137,8 @@ int run_bench(const BenchOptions& o, Job& job) {
                                             : load_weights(files->checkpoint, config, plan);
     // Paged KV (pages of 64): the raw entries use row b's fixed pages, generate_batch
     // hands pages out itself.
-    Engine engine(config, plan, std::move(weights), *backend, comm, max_seq_len, o.batch, kKvPageSize);
+    Engine engine(config, plan, std::move(weights), *backend, comm, max_seq_len, o.batch, kKvPageSize, 0,
+                  o.cuda_graphs);
     backend->synchronize();
     const double load_s = seconds_since(t_load);
     const int64_t elem = backend->device() == Device::kCpu ? 4 : 2;
@@ -149,6 +153,7 @@ int run_bench(const BenchOptions& o, Job& job) {
       std::printf("kv cache: %s per rank (%lld rows x %lld positions, f32)\n",
                   format_bytes(engine.kv_cache_bytes()).c_str(), static_cast<long long>(o.batch),
                   static_cast<long long>(max_seq_len));
+      std::printf("cuda graphs: %s\n", engine.cuda_graphs() ? "on" : "off");
       std::fflush(stdout);
     }
 
@@ -199,6 +204,11 @@ int run_bench(const BenchOptions& o, Job& job) {
       std::printf("weight bytes per decode step: %lld per rank (%s)\n", static_cast<long long>(step_bytes),
                   format_bytes(step_bytes).c_str());
       std::printf("achieved GB/s: %.1f per rank\n", step_ms > 0 ? static_cast<double>(step_bytes) / step_ms / 1e6 : 0.0);
+      if (engine.cuda_graphs()) {
+        std::printf("cuda graphs recorded: %lld, replays: %lld\n",
+                    static_cast<long long>(engine.cuda_graphs_recorded()),
+                    static_cast<long long>(engine.cuda_graph_replays()));
+      }
       std::fflush(stdout);
     }
 

@@ -29,6 +29,7 @@ struct BenchOptions {
   int tp = 0;                 // --tp: ranks per tensor-parallel group (0: all ranks)
   int threads = 0;            // --threads: BLAS threads per rank (CPU backend)
   uint64_t seed = 1;          // --seed: random weights and prompt tokens
+  bool cuda_graphs = false;   // --cuda-graphs: decode steps replay CUDA graphs (Engine::cuda_graphs)
 };
 
 /// Parses `argv` after the word "bench". Sets `help_text` and returns nullopt for --help.

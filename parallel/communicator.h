@@ -33,6 +33,10 @@ class Communicator {
   virtual void broadcast(void* data, std::size_t bytes, int root) = 0;
   /// Returns when every rank of the group has called it.
   virtual void barrier() = 0;
+
+  /// True when the collectives on device buffers only queue work on the compute stream
+  /// (never wait on the host), so a CUDA graph can record them: NCCL. Default false.
+  virtual bool capturable() const { return false; }
 };
 
 }  // namespace linnet

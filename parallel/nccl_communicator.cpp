@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "common/cuda_check.h"
 #include "common/error.h"
 #include "parallel/staged_communicator.h"
 
@@ -70,6 +71,9 @@ void NcclCommunicator::poll() {
 void NcclCommunicator::agree_on_count(std::size_t count, const char* op) {
   check_usable();
   if (!check_counts_ || size() == 1) return;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  LINNET_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capture));
+  if (capture != cudaStreamCaptureStatusNone) return;
   int64_t v[2] = {static_cast<int64_t>(count), -static_cast<int64_t>(count)};
   LINNET_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, v, 2, MPI_INT64_T, MPI_MAX, mpi().comm()));
   if (v[0] != -v[1]) {

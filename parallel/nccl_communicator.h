@@ -50,6 +50,8 @@ class NcclCommunicator final : public Communicator {
   void all_gather(const float* send, std::size_t count, float* recv) override;
   void broadcast(void* data, std::size_t bytes, int root) override;
   void barrier() override;
+  /// NCCL collectives can be recorded into a CUDA graph.
+  bool capturable() const override { return true; }
 
   /// Checks NCCL's asynchronous error state; on an error aborts the communicator and
   /// throws Error (every later collective throws too).
@@ -57,7 +59,9 @@ class NcclCommunicator final : public Communicator {
 
  private:
   // Agrees on the element count across the group over MPI (LINNET_SKIP_COUNT_CHECK=1
-  // skips it), so mismatched shapes fail instead of hanging inside NCCL.
+  // skips it), so mismatched shapes fail instead of hanging inside NCCL. Skipped while
+  // the stream is being recorded into a CUDA graph: the Engine runs every recorded pass
+  // eagerly first, with the same counts, so they were agreed on just before.
   void agree_on_count(std::size_t count, const char* op);
   void check_usable() const;
   // The MPI duplicate and the NCCL communicator, made at the first use.

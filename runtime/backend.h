@@ -10,11 +10,13 @@
 // tables, key ranges) are uploaded once per pass with upload_i32.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
 
+#include "common/error.h"
 #include "runtime/tensor.h"
 
 namespace linnet {
@@ -78,6 +80,40 @@ class Backend {
   /// CUDA backend fills it on the device, so an 8B-shaped model needs no host copy.
   /// Default (runtime/random_weights.cpp): filled on the host, then upload_matrix.
   virtual Tensor random_matrix(std::vector<int64_t> shape, float stddev, uint64_t seed);
+
+  // --- Recording and replaying queued work (CUDA graphs; optional) ---------------------
+  // The Engine records a decode pass once per batch-size bucket and replays it (see
+  // Engine's cuda_graphs). The CPU backend records nothing: supports_graphs() is false.
+
+  /// Work recorded between begin_capture and end_capture; destroying it frees its arena.
+  class Graph {
+   public:
+    virtual ~Graph() = default;
+  };
+  /// True when begin_capture / end_capture / replay work on this backend.
+  virtual bool supports_graphs() const { return false; }
+  /// Running total of the bytes this backend's ops have allocated (zeros, op
+  /// workspaces; rounded as the capture arena rounds them): the difference across an
+  /// eager pass is the arena its capture needs.
+  virtual size_t allocated_bytes() const { return 0; }
+  /// Starts recording: the work queued until end_capture is recorded, not run, and the
+  /// memory allocated meanwhile (zeros, op workspaces) is carved from an arena of
+  /// `arena_bytes` owned by the graph, so every address it records stays valid for the
+  /// graph's lifetime (freeing a tensor from the arena frees nothing). Nothing may wait
+  /// on the backend (synchronize, to_host) until end_capture.
+  /// @throws Error when unsupported, or when already recording.
+  virtual void begin_capture(size_t /*arena_bytes*/) { throw Error("this backend cannot record graphs", name()); }
+  /// Ends the recording (also after an error inside it) and returns the graph.
+  /// @throws Error naming the failed CUDA call when the recording is unusable.
+  virtual std::unique_ptr<Graph> end_capture() { throw Error("this backend cannot record graphs", name()); }
+  /// Queues the recorded work again, after the work queued before it.
+  virtual void replay(Graph& /*graph*/) { throw Error("this backend cannot record graphs", name()); }
+  /// Copies `values` into `dst` (i32, backend memory, at least values.size() elements),
+  /// ordered after the work queued before it (the CUDA backend stages them in pinned
+  /// memory, so the copy is truly asynchronous).
+  virtual void copy_i32(std::span<const int32_t> values, Tensor& dst) {
+    std::copy(values.begin(), values.end(), dst.i32());
+  }
 };
 
 /// BLAS threads per rank: `requested` when > 0, else the node's cores shared by its

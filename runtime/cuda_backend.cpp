@@ -6,6 +6,9 @@
 // through a pinned staging arena, so their copies are truly asynchronous; the arena is
 // recycled whenever the stream is known idle. Waiting on the stream polls the
 // communicator's asynchronous error state (NCCL), so a failed peer ends the wait.
+// CUDA graphs (Backend::begin_capture): stream capture in thread-local mode; while
+// recording, alloc() carves tensors from the graph's own arena (one device block), so
+// no allocation is recorded and every recorded address lives as long as the graph.
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -42,6 +45,23 @@ struct StreamOwner {
   }
 };
 
+// A recorded graph: its executable and the arena its recorded ops use.
+struct CudaGraph final : Backend::Graph {
+  std::shared_ptr<StreamOwner> owner;
+  std::shared_ptr<void> arena;
+  cudaGraphExec_t exec = nullptr;
+  ~CudaGraph() override {
+    if (exec) {
+      cudaSetDevice(owner->device);
+      cudaStreamSynchronize(owner->stream);  // no launch of it still queued
+      cudaGraphExecDestroy(exec);
+    }
+  }
+};
+
+constexpr size_t kAllocAlign = 256;
+size_t aligned(size_t bytes) { return (bytes + kAllocAlign - 1) / kAllocAlign * kAllocAlign; }
+
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(int device) : owner_(std::make_shared<StreamOwner>()) {
@@ -60,6 +80,11 @@ class CudaBackend final : public Backend {
   }
 
   ~CudaBackend() override {
+    if (capture_) {  // a recording left open by an error: end it, drop the graph
+      cudaGraph_t g = nullptr;
+      if (cudaStreamEndCapture(stream_, &g) == cudaSuccess && g) cudaGraphDestroy(g);
+      (void)cudaGetLastError();
+    }
     comm_.reset();
     gemm_.reset();
     if (owner_->stream) cudaStreamSynchronize(owner_->stream);
@@ -116,11 +141,7 @@ class CudaBackend final : public Backend {
       LINNET_CUDA_CHECK(cudaMemcpyAsync(out.raw(), values.data(), bytes, cudaMemcpyHostToDevice, stream_));
       return out;
     }
-    if (pinned_used_ + bytes > kPinnedBytes) synchronize();  // every earlier copy has read the arena
-    char* src = static_cast<char*>(pinned_) + pinned_used_;
-    std::memcpy(src, values.data(), bytes);
-    LINNET_CUDA_CHECK(cudaMemcpyAsync(out.raw(), src, bytes, cudaMemcpyHostToDevice, stream_));
-    pinned_used_ += (bytes + 255) / 256 * 256;
+    LINNET_CUDA_CHECK(cudaMemcpyAsync(out.raw(), stage(values), bytes, cudaMemcpyHostToDevice, stream_));
     return out;
   }
 
@@ -211,6 +232,59 @@ class CudaBackend final : public Backend {
     return t;
   }
 
+  bool supports_graphs() const override { return true; }
+  size_t allocated_bytes() const override { return allocated_; }
+
+  void begin_capture(size_t arena_bytes) override {
+    if (capture_) throw Error("already recording a graph", "CudaBackend::begin_capture");
+    auto g = std::make_unique<CudaGraph>();
+    g->owner = owner_;
+    void* p = nullptr;
+    LINNET_CUDA_CHECK(cudaMallocAsync(&p, std::max<size_t>(arena_bytes, kAllocAlign), stream_));
+    std::shared_ptr<StreamOwner> owner = owner_;
+    g->arena = std::shared_ptr<void>(p, [owner](void* q) { cudaFreeAsync(q, owner->stream); });
+    arena_bytes_ = arena_bytes;
+    arena_used_ = 0;
+    gemm_->keep_outgrown_scratch();  // the graph records the GEMM scratch's address
+    LINNET_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    capture_ = std::move(g);
+  }
+
+  std::unique_ptr<Graph> end_capture() override {
+    if (!capture_) throw Error("not recording a graph", "CudaBackend::end_capture");
+    std::unique_ptr<CudaGraph> g = std::move(capture_);
+    cudaGraph_t graph = nullptr;
+    const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
+    if (ended != cudaSuccess) {
+      if (graph) cudaGraphDestroy(graph);
+      LINNET_CUDA_CHECK(ended);
+    }
+    const cudaError_t made = cudaGraphInstantiate(&g->exec, graph, 0);
+    cudaGraphDestroy(graph);
+    LINNET_CUDA_CHECK(made);
+    return g;
+  }
+
+  void replay(Graph& graph) override {
+    auto* g = dynamic_cast<CudaGraph*>(&graph);
+    if (g == nullptr || g->owner != owner_) throw Error("not a graph of this backend", "CudaBackend::replay");
+    LINNET_CUDA_CHECK(cudaGraphLaunch(g->exec, stream_));
+  }
+
+  void copy_i32(std::span<const int32_t> values, Tensor& dst) override {
+    if (dst.device() != Device::kCuda || dst.dtype() != ScalarType::kI32 ||
+        dst.numel() < static_cast<int64_t>(values.size())) {
+      throw Error("the destination is not a large enough i32 device tensor", "CudaBackend::copy_i32");
+    }
+    const size_t bytes = values.size() * sizeof(int32_t);
+    if (bytes == 0) return;
+    if (bytes > kPinnedBytes) {
+      LINNET_CUDA_CHECK(cudaMemcpyAsync(dst.raw(), values.data(), bytes, cudaMemcpyHostToDevice, stream_));
+      return;
+    }
+    LINNET_CUDA_CHECK(cudaMemcpyAsync(dst.raw(), stage(values), bytes, cudaMemcpyHostToDevice, stream_));
+  }
+
   Communicator& communicator(MpiCommunicator& group, int local_size) {
     if (comm_) {
       if (comm_group_ != group.comm()) {
@@ -244,10 +318,33 @@ class CudaBackend final : public Backend {
  private:
   static constexpr size_t kPinnedBytes = size_t{1} << 20;
 
+  // `values` copied into the pinned arena (at most kPinnedBytes); returns where.
+  const void* stage(std::span<const int32_t> values) {
+    const size_t bytes = values.size() * sizeof(int32_t);
+    if (pinned_used_ + bytes > kPinnedBytes) synchronize();  // every earlier copy has read the arena
+    char* src = static_cast<char*>(pinned_) + pinned_used_;
+    std::memcpy(src, values.data(), bytes);
+    pinned_used_ += (bytes + 255) / 256 * 256;
+    return src;
+  }
+
   Tensor alloc(std::vector<int64_t> shape, ScalarType dtype) {
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
     const size_t bytes = static_cast<size_t>(std::max<int64_t>(n * element_size(dtype), 4));
+    if (capture_) {  // recording: from the graph's arena, never freed before the graph
+      if (arena_used_ + aligned(bytes) > arena_bytes_) {
+        throw Error("the graph's arena is too small (the recorded pass allocates more than its eager run)",
+                    "CudaBackend::alloc", std::to_string(arena_bytes_) + " bytes",
+                    std::to_string(arena_used_ + aligned(bytes)) + " bytes");
+      }
+      void* p = static_cast<char*>(capture_->arena.get()) + arena_used_;
+      arena_used_ += aligned(bytes);
+      std::shared_ptr<void> arena = capture_->arena;
+      std::shared_ptr<void> storage(p, [arena](void*) {});
+      return Tensor::wrap(std::move(shape), dtype, Device::kCuda, std::move(storage), p);
+    }
+    allocated_ += aligned(bytes);
     void* p = nullptr;
     LINNET_CUDA_CHECK(cudaMallocAsync(&p, bytes, stream_));
     std::shared_ptr<StreamOwner> owner = owner_;
@@ -272,6 +369,9 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Communicator> comm_;
   MPI_Comm comm_group_ = MPI_COMM_NULL;
   std::vector<std::function<void()>> watchers_;
+  size_t allocated_ = 0;                 // allocated_bytes()
+  std::unique_ptr<CudaGraph> capture_;   // the graph being recorded
+  size_t arena_bytes_ = 0, arena_used_ = 0;
 };
 
 }  // namespace

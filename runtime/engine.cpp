@@ -1,6 +1,7 @@
 #include "runtime/engine.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <numeric>
 #include <string>
 
@@ -41,9 +42,19 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 }  // namespace
 
+// One bucket of the CUDA graphs (Engine::cuda_graphs): a pass of `rows` tokens.
+struct Engine::DecodeGraph {
+  int64_t rows = 0;
+  // i32 [rows * (5 + max_pages)]: ids, positions, slots, key_begin, key_end [rows each],
+  // then the page table [rows, max_pages]; copied in before each replay.
+  Tensor inputs;
+  Tensor gathered;                        // f32 [tp, rows, vocab_local]: all_gather's output
+  std::unique_ptr<Backend::Graph> graph;  // null until recorded
+};
+
 Engine::Engine(const ModelConfig& config, const ShardPlan& plan, ModelWeights weights, Backend& backend,
                Communicator& tp_comm, int64_t max_seq_len, int64_t max_batch, int64_t page_size,
-               int64_t num_pages)
+               int64_t num_pages, bool cuda_graphs)
     : config_(config),
       plan_(plan),
       backend_(backend),
@@ -54,9 +65,24 @@ Engine::Engine(const ModelConfig& config, const ShardPlan& plan, ModelWeights we
                "max_seq_len and max_batch must be positive");
   if (page_size == 0) page_size = max_seq_len;
   if (num_pages == 0) num_pages = max_batch * ceil_div(max_seq_len, page_size);
+  const char* env = std::getenv("LINNET_CUDA_GRAPHS");
+  const bool graphs_wanted = cuda_graphs || (env != nullptr && std::string(env) == "1");
+  graphs_on_ = graphs_wanted && backend.supports_graphs() && tp_comm.capturable();
+  if (graphs_wanted && tp_comm.size() > 1) {  // every rank pads alike, or none does
+    float off = graphs_on_ ? 0.0f : 1.0f;
+    tp_comm.all_reduce_max(&off, 1);
+    graphs_on_ = off == 0.0f;
+  }
   weights_ = to_backend(std::move(weights), backend);
+  // With graphs, one row past the pages: the padding rows' (Engine::cuda_graphs).
   cache_ = KvCache::make(backend, config.num_hidden_layers, page_size, num_pages, plan.num_kv_heads_local,
-                         config.head_dim);
+                         config.head_dim, graphs_on_ ? 1 : 0);
+  if (graphs_on_) {
+    graph_max_pages_ = ceil_div(max_seq_len, page_size);
+    size_t buckets = 1;
+    while ((int64_t{1} << (buckets - 1)) < max_batch) ++buckets;
+    graphs_.resize(buckets);
+  }
   Tensor inv_freq = Tensor::zeros({config.head_dim / 2});
   cpu::rope_inv_freq(config.rope_theta, config.head_dim, inv_freq.data());
   if (const auto& rs = config.rope_scaling) {
@@ -64,6 +90,14 @@ Engine::Engine(const ModelConfig& config, const ShardPlan& plan, ModelWeights we
                            rs->high_freq_factor, static_cast<double>(rs->original_max_position_embeddings));
   }
   inv_freq_ = backend.upload_vector(inv_freq);
+}
+
+Engine::~Engine() = default;
+
+int64_t Engine::cuda_graphs_recorded() const {
+  int64_t n = 0;
+  for (const auto& g : graphs_) n += g && g->graph ? 1 : 0;
+  return n;
 }
 
 void Engine::check_tokens(std::span<const int32_t> tokens, int64_t pos, int64_t capacity) const {
@@ -125,14 +159,6 @@ std::vector<int32_t> Engine::row_pages(int64_t row, const char* entry) const {
 
 Tensor Engine::run(std::span<const int32_t> tokens, const Rows& rows_in, KvCache& cache,
                    std::span<const int32_t> out, bool logits_wanted) {
-  const int64_t S = static_cast<int64_t>(tokens.size());
-  const int64_t H = config_.hidden_size;
-  const int64_t hd = config_.head_dim;
-  const int64_t nh = plan_.num_heads_local;
-  const int64_t nkv = plan_.num_kv_heads_local;
-  const int64_t qkv_cols = (nh + 2 * nkv) * hd;
-  const int64_t inter = plan_.intermediate_local;
-  const float eps = static_cast<float>(config_.rms_norm_eps);
   // The pass's small inputs, in backend memory once.
   const Tensor ids = backend_.upload_i32(tokens);
   const Tensor positions_t = backend_.upload_i32(rows_in.positions);
@@ -140,8 +166,28 @@ Tensor Engine::run(std::span<const int32_t> tokens, const Rows& rows_in, KvCache
   const Tensor table_t = backend_.upload_i32(rows_in.page_table);
   const Tensor key_begin_t = backend_.upload_i32(rows_in.key_begin);
   const Tensor key_end_t = backend_.upload_i32(rows_in.key_end);
-  const int32_t* positions = positions_t.i32();
-  const int32_t* slots = slots_t.i32();
+  const PassInputs in{.ids = ids.i32(),
+                      .positions = positions_t.i32(),
+                      .slots = slots_t.i32(),
+                      .page_table = table_t.i32(),
+                      .key_begin = key_begin_t.i32(),
+                      .key_end = key_end_t.i32(),
+                      .rows = static_cast<int64_t>(tokens.size()),
+                      .max_pages = rows_in.max_pages};
+  return run_pass(in, cache, out, logits_wanted);
+}
+
+Tensor Engine::run_pass(const PassInputs& in, KvCache& cache, std::span<const int32_t> out, bool logits_wanted) {
+  const int64_t S = in.rows;
+  const int64_t H = config_.hidden_size;
+  const int64_t hd = config_.head_dim;
+  const int64_t nh = plan_.num_heads_local;
+  const int64_t nkv = plan_.num_kv_heads_local;
+  const int64_t qkv_cols = (nh + 2 * nkv) * hd;
+  const int64_t inter = plan_.intermediate_local;
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  const int32_t* positions = in.positions;
+  const int32_t* slots = in.slots;
 
   Tensor h = backend_.zeros({S, H});         // residual stream
   Tensor xn = backend_.zeros({S, H});        // normed input of a block
@@ -152,7 +198,7 @@ Tensor Engine::run(std::span<const int32_t> tokens, const Rows& rows_in, KvCache
   Tensor act = backend_.zeros({S, inter});
 
   // Vocab-parallel embedding: rows this rank does not own are zero, the sum fills them.
-  backend_.embedding_lookup(weights_.embed_tokens, plan_.vocab_begin, plan_.vocab_local, H, ids.i32(), S,
+  backend_.embedding_lookup(weights_.embed_tokens, plan_.vocab_begin, plan_.vocab_local, H, in.ids, S,
                             h.data());
   comm_.all_reduce_sum(h.data(), static_cast<size_t>(S * H));
 
@@ -170,7 +216,7 @@ Tensor Engine::run(std::span<const int32_t> tokens, const Rows& rows_in, KvCache
     backend_.store_rows(qkv.data() + nh * hd, qkv_cols, cache.k[l].data(), nkv * hd, slots, S);
     backend_.store_rows(qkv.data() + (nh + nkv) * hd, qkv_cols, cache.v[l].data(), nkv * hd, slots, S);
     backend_.attention(qkv.data(), qkv_cols, cache.k[l].data(), cache.v[l].data(), attn.data(), S, nh, nkv, hd,
-                       table_t.i32(), rows_in.max_pages, cache.page_size, key_begin_t.i32(), key_end_t.i32());
+                       in.page_table, in.max_pages, cache.page_size, in.key_begin, in.key_end);
     backend_.matmul_nt(attn.data(), L.wo, partial.data(), S, nh * hd, H);
     comm_.all_reduce_sum(partial.data(), static_cast<size_t>(S * H));  // row-parallel o_proj
     backend_.add_inplace(h.data(), partial.data(), S * H);
@@ -204,25 +250,114 @@ Tensor Engine::run(std::span<const int32_t> tokens, const Rows& rows_in, KvCache
 
 std::vector<float> Engine::gather_logits(const Tensor& local, int64_t rows) {
   const int64_t vl = plan_.vocab_local;
-  const int64_t V = config_.vocab_size;
   const int tp = comm_.size();
   Tensor gathered = backend_.zeros({tp * rows * vl});
   comm_.all_gather(local.data(), static_cast<size_t>(rows * vl), gathered.data());
   std::vector<float> recv(static_cast<size_t>(tp * rows * vl));
   backend_.to_host(gathered, recv.data());
+  return unpack_logits(recv, rows, rows);
+}
+
+std::vector<float> Engine::unpack_logits(const std::vector<float>& recv, int64_t rows, int64_t keep) const {
+  const int64_t vl = plan_.vocab_local;
+  const int64_t V = config_.vocab_size;
+  const int tp = comm_.size();
   // Rank r's slice is vocab rows [r * vl, (r + 1) * vl); rows past vocab_size are
   // padding and are dropped here, so they can never be sampled.
-  std::vector<float> out(static_cast<size_t>(rows * V));
+  std::vector<float> out(static_cast<size_t>(keep * V));
   for (int r = 0; r < tp; ++r) {
     const int64_t begin = r * vl;
     const int64_t n = std::min(vl, V - begin);
     if (n <= 0) continue;
-    for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t i = 0; i < keep; ++i) {
       const float* src = recv.data() + (r * rows + i) * vl;
       std::copy(src, src + n, out.begin() + i * V + begin);
     }
   }
   return out;
+}
+
+Engine::DecodeGraph* Engine::graph_for(int64_t tokens, std::span<const int32_t> last) {
+  if (!graphs_on_ || static_cast<int64_t>(last.size()) != tokens) return nullptr;
+  for (int64_t i = 0; i < tokens; ++i) {
+    if (last[i] != i) return nullptr;
+  }
+  size_t b = 0;
+  while ((int64_t{1} << b) < tokens) ++b;
+  if (b >= graphs_.size()) return nullptr;
+  if (!graphs_[b]) {
+    auto g = std::make_unique<DecodeGraph>();
+    g->rows = int64_t{1} << b;
+    g->inputs = backend_.zeros({g->rows * (5 + graph_max_pages_)}, ScalarType::kI32);
+    g->gathered = backend_.zeros({comm_.size() * g->rows * plan_.vocab_local});
+    graphs_[b] = std::move(g);
+  }
+  return graphs_[b].get();
+}
+
+void Engine::decode_graph_pass(DecodeGraph& g) {
+  const int64_t B = g.rows;
+  const int32_t* p = g.inputs.i32();
+  const PassInputs in{.ids = p,
+                      .positions = p + B,
+                      .slots = p + 2 * B,
+                      .page_table = p + 5 * B,
+                      .key_begin = p + 3 * B,
+                      .key_end = p + 4 * B,
+                      .rows = B,
+                      .max_pages = graph_max_pages_};
+  const Tensor local = run_pass(in, cache_, {}, /*logits_wanted=*/true);
+  comm_.all_gather(local.data(), static_cast<size_t>(B * plan_.vocab_local), g.gathered.data());
+}
+
+std::vector<float> Engine::replay_decode(std::span<const int32_t> tokens, const Rows& r, DecodeGraph& g) {
+  const int64_t P = static_cast<int64_t>(tokens.size()), B = g.rows, M = graph_max_pages_;
+  const int64_t ps = cache_.page_size;
+  const int64_t pad_page = cache_.num_pages;  // its position 0 is the row past the pages
+  // The inputs as DecodeGraph::inputs lays them out. A table wider than M holds pages
+  // no key reaches (positions < max_seq_len <= M * page_size).
+  std::vector<int32_t> in(static_cast<size_t>(B * (5 + M)), 0);
+  int32_t* ids = in.data();
+  int32_t *positions = ids + B, *slots = ids + 2 * B, *key_begin = ids + 3 * B, *key_end = ids + 4 * B;
+  int32_t* table = ids + 5 * B;
+  for (int64_t i = 0; i < B; ++i) {
+    if (i < P) {
+      ids[i] = tokens[i];
+      positions[i] = r.positions[i];
+      slots[i] = r.slots[i];
+      key_begin[i] = r.key_begin[i];
+      key_end[i] = r.key_end[i];
+      std::copy_n(r.page_table.begin() + i * r.max_pages, std::min(r.max_pages, M), table + i * M);
+    } else {  // padding: token 0 at position 0 of the reserved page, attending to itself
+      slots[i] = static_cast<int32_t>(pad_page * ps);
+      key_end[i] = 1;
+      table[i * M] = static_cast<int32_t>(pad_page);
+    }
+  }
+  backend_.copy_i32(in, g.inputs);
+  if (!g.graph) {
+    // One eager run of the same pass first: it sizes the arena, makes the GEMM plans and
+    // scratch, sets NCCL up and agrees the collectives' counts; the recording reruns
+    // nothing (the replay below writes the same K/V again).
+    const size_t before = backend_.allocated_bytes();
+    decode_graph_pass(g);
+    backend_.begin_capture(backend_.allocated_bytes() - before);
+    try {
+      decode_graph_pass(g);
+    } catch (...) {
+      try {
+        backend_.end_capture();
+      } catch (...) {  // the first error is the one to report
+      }
+      throw;
+    }
+    g.graph = backend_.end_capture();
+  }
+  backend_.replay(*g.graph);
+  ++graph_replays_;
+  std::vector<float> recv(static_cast<size_t>(g.gathered.numel()));
+  backend_.to_host(g.gathered, recv.data());
+  return unpack_logits(recv, B, P);
 }
 
 std::vector<float> Engine::forward(std::span<const int32_t> tokens) {
@@ -249,8 +384,9 @@ std::vector<float> Engine::prefill(std::span<const int32_t> tokens, int64_t pos)
   check_tokens(tokens, pos, max_seq_len_);
   const int32_t last[1] = {static_cast<int32_t>(tokens.size() - 1)};
   const std::vector<int32_t> table = row_pages(0, "prefill");
-  return gather_logits(
-      run(tokens, sequence_rows(static_cast<int64_t>(tokens.size()), pos, table, cache_.page_size), cache_, last), 1);
+  const Rows r = sequence_rows(static_cast<int64_t>(tokens.size()), pos, table, cache_.page_size);
+  if (DecodeGraph* g = graph_for(static_cast<int64_t>(tokens.size()), last)) return replay_decode(tokens, r, *g);
+  return gather_logits(run(tokens, r, cache_, last), 1);
 }
 
 std::vector<float> Engine::decode(int32_t token, int64_t pos) {
@@ -413,6 +549,9 @@ std::vector<float> Engine::step_paged(const PagedBatch& batch) {
     run(batch.tokens, r, cache_, {}, /*logits=*/false);
     return {};
   }
+  if (DecodeGraph* g = graph_for(static_cast<int64_t>(batch.tokens.size()), batch.last)) {
+    return replay_decode(batch.tokens, r, *g);
+  }
   return gather_logits(run(batch.tokens, r, cache_, batch.last), static_cast<int64_t>(batch.last.size()));
 }
 
@@ -445,6 +584,7 @@ std::vector<float> Engine::decode_paged(std::span<const int32_t> tokens, std::sp
   std::iota(b.seq.begin(), b.seq.end(), 0);
   b.last = b.seq;
   const Rows r = paged_rows(b, "decode_paged");
+  if (DecodeGraph* g = graph_for(static_cast<int64_t>(b.tokens.size()), b.last)) return replay_decode(b.tokens, r, *g);
   return gather_logits(run(b.tokens, r, cache_, b.last), static_cast<int64_t>(b.last.size()));
 }
 

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -35,10 +36,16 @@ class Engine {
   ///                     decode_rows) owns pages [r * P, (r + 1) * P) with P =
   ///                     ceil(max_seq_len / page_size); the paged entries take page
   ///                     tables instead (runtime/page_pool.h hands pages out).
+  /// @param cuda_graphs  record decode passes as CUDA graphs and replay them (also on
+  ///                     with the environment variable LINNET_CUDA_GRAPHS=1); see
+  ///                     cuda_graphs(). Off: the eager path, unchanged.
   /// @throws Error on non-positive sizes.
   Engine(const ModelConfig& config, const ShardPlan& plan, ModelWeights weights, Backend& backend,
          Communicator& tp_comm, int64_t max_seq_len, int64_t max_batch = 1, int64_t page_size = 0,
-         int64_t num_pages = 0);
+         int64_t num_pages = 0, bool cuda_graphs = false);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
 
   /// Logits for every position of `tokens` (positions 0..S-1, a fresh sequence), f32
   /// [S, vocab_size] row-major, the vocab slices gathered from all ranks. Does not touch
@@ -126,6 +133,22 @@ class Engine {
   /// Bytes of this rank's KV cache.
   int64_t kv_cache_bytes() const { return cache_.bytes(); }
 
+  /// CUDA graphs of decode passes: true when asked for (constructor, LINNET_CUDA_GRAPHS=1)
+  /// and possible (a backend that records graphs, a communicator whose collectives can
+  /// be recorded: NCCL; never the CPU backend or host-staged MPI). Then every pass whose
+  /// logits are wanted for each of its P tokens (decode, decode_rows, decode_paged, a
+  /// step_paged of decode tokens only) with P <= the largest bucket runs as a replay of
+  /// the graph of its bucket, the smallest power of two >= P (up to max_batch rounded
+  /// up): P real rows plus padding rows (token 0 at position 0, keys [0, 1), their K/V
+  /// in one cache row reserved for them past the pages, so never in a real page). Each
+  /// bucket's graph is recorded after one eager run of the same pass on the same stable
+  /// buffers (GEMM plans, NCCL set-up and the count checks happen there); its page tables
+  /// are ceil(max_seq_len / page_size) wide.
+  bool cuda_graphs() const { return graphs_on_; }
+  /// Graphs recorded so far, and passes run by replaying one.
+  int64_t cuda_graphs_recorded() const;
+  int64_t cuda_graph_replays() const { return graph_replays_; }
+
  private:
   // Where each row of a pass goes: RoPE position, KV cache row (slot), its sequence's
   // page table ([rows, max_pages] flattened) and the logical key positions
@@ -139,13 +162,32 @@ class Engine {
   // Row r's fixed pages in the pool.
   std::vector<int32_t> row_pages(int64_t row, const char* entry) const;
   Rows paged_rows(const PagedBatch& b, const char* entry) const;
+  // A pass's i32 inputs in backend memory (what Rows holds, uploaded).
+  struct PassInputs {
+    const int32_t *ids, *positions, *slots, *page_table, *key_begin, *key_end;
+    int64_t rows, max_pages;
+  };
   // The decoder over `tokens` placed per `rows` in `cache`. Returns this rank's logits
   // slice [n, vocab_local] of the tokens listed in `out` (all tokens when empty), or an
   // empty tensor when !logits_wanted (the pass only fills the cache).
   Tensor run(std::span<const int32_t> tokens, const Rows& rows, KvCache& cache, std::span<const int32_t> out,
              bool logits_wanted = true);
+  // run() on inputs already in backend memory.
+  Tensor run_pass(const PassInputs& in, KvCache& cache, std::span<const int32_t> out, bool logits_wanted);
   // all_gather of local logits [rows, vocab_local] into [rows, vocab_size].
   std::vector<float> gather_logits(const Tensor& local, int64_t rows);
+  // The host copy of all_gather's output [tp, rows, vocab_local] -> [keep, vocab_size]
+  // (the first `keep` rows).
+  std::vector<float> unpack_logits(const std::vector<float>& recv, int64_t rows, int64_t keep) const;
+  struct DecodeGraph;  // one bucket's graph and stable buffers (engine.cpp)
+  // The bucket whose graph runs a pass of `tokens` tokens that wants the logits of
+  // `last`: nullptr (run it eagerly) unless cuda_graphs(), last is every token in order,
+  // and a bucket holds them.
+  DecodeGraph* graph_for(int64_t tokens, std::span<const int32_t> last);
+  // The pass (over the engine's cache) as a replay of `g`: logits [tokens, vocab_size].
+  std::vector<float> replay_decode(std::span<const int32_t> tokens, const Rows& rows, DecodeGraph& g);
+  // A bucket's pass on its stable buffers: recorded by a graph, or run eagerly first.
+  void decode_graph_pass(DecodeGraph& g);
   void check_tokens(std::span<const int32_t> tokens, int64_t pos, int64_t capacity) const;
 
   ModelConfig config_;
@@ -157,6 +199,11 @@ class Engine {
   int64_t max_batch_;
   KvCache cache_;
   Tensor inv_freq_;  // [head_dim / 2] f32, backend memory
+  // CUDA graphs (cuda_graphs()); declared last so they go before the buffers they use.
+  bool graphs_on_ = false;
+  int64_t graph_max_pages_ = 0;  // page-table width of every graph
+  int64_t graph_replays_ = 0;
+  std::vector<std::unique_ptr<DecodeGraph>> graphs_;  // [log2 bucket]
 };
 
 }  // namespace linnet

@@ -3,15 +3,15 @@
 namespace linnet {
 
 KvCache KvCache::make(Backend& backend, int64_t num_layers, int64_t page_size, int64_t num_pages,
-                      int64_t num_kv_heads_local, int64_t head_dim) {
+                      int64_t num_kv_heads_local, int64_t head_dim, int64_t extra_rows) {
   KvCache c;
   c.page_size = page_size;
   c.num_pages = num_pages;
   c.num_kv_heads_local = num_kv_heads_local;
   c.head_dim = head_dim;
   for (int64_t i = 0; i < num_layers; ++i) {
-    c.k.push_back(backend.zeros({num_pages * page_size, num_kv_heads_local, head_dim}));
-    c.v.push_back(backend.zeros({num_pages * page_size, num_kv_heads_local, head_dim}));
+    c.k.push_back(backend.zeros({num_pages * page_size + extra_rows, num_kv_heads_local, head_dim}));
+    c.v.push_back(backend.zeros({num_pages * page_size + extra_rows, num_kv_heads_local, head_dim}));
   }
   return c;
 }

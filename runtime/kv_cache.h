@@ -25,9 +25,11 @@ struct KvCache {
   std::vector<Tensor> k;  // [num_hidden_layers] x [num_pages * page_size, num_kv_heads_local, head_dim]
   std::vector<Tensor> v;
 
-  /// Allocates a zeroed pool on `backend`.
+  /// Allocates a zeroed pool on `backend`, with `extra_rows` rows past its pages (the
+  /// Engine's CUDA graphs keep their padding rows' K/V there: row tokens(), which page
+  /// table entry num_pages addresses at position 0).
   static KvCache make(Backend& backend, int64_t num_layers, int64_t page_size, int64_t num_pages,
-                      int64_t num_kv_heads_local, int64_t head_dim);
+                      int64_t num_kv_heads_local, int64_t head_dim, int64_t extra_rows = 0);
   /// Positions the pool holds.
   int64_t tokens() const { return page_size * num_pages; }
   /// Bytes held by this rank's cache (K and V, all layers).

@@ -124,10 +124,10 @@ void check_memory(const RankMemory& need, int64_t node_available_bytes, int rank
 
 std::unique_ptr<Engine> make_engine(const ModelFiles& files, const ShardPlan& plan, Backend& backend,
                                     Communicator& tp_comm, int64_t max_seq_len, int64_t max_batch,
-                                    int64_t page_size, int64_t num_pages) {
+                                    int64_t page_size, int64_t num_pages, bool cuda_graphs) {
   ModelWeights weights = load_weights(files.checkpoint, files.config, plan);
   return std::make_unique<Engine>(files.config, plan, std::move(weights), backend, tp_comm, max_seq_len, max_batch,
-                                  page_size, num_pages);
+                                  page_size, num_pages, cuda_graphs);
 }
 
 }  // namespace linnet

@@ -74,10 +74,11 @@ int64_t available_host_memory();
 /// "1.23 GiB" / "4.00 MiB" for messages.
 std::string format_bytes(int64_t bytes);
 
-/// Loads this rank's slices per `plan` and builds the Engine over them (page_size and
-/// num_pages as in Engine's constructor: 0, 0 is a contiguous cache of max_batch rows).
+/// Loads this rank's slices per `plan` and builds the Engine over them (page_size,
+/// num_pages and cuda_graphs as in Engine's constructor: 0, 0 is a contiguous cache of
+/// max_batch rows).
 std::unique_ptr<Engine> make_engine(const ModelFiles& files, const ShardPlan& plan, Backend& backend,
                                     Communicator& tp_comm, int64_t max_seq_len, int64_t max_batch = 1,
-                                    int64_t page_size = 0, int64_t num_pages = 0);
+                                    int64_t page_size = 0, int64_t num_pages = 0, bool cuda_graphs = false);
 
 }  // namespace linnet

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The CUDA backend's check on a GPU machine, in one command (target: under 8 minutes on
 # one H200): the `gpu` tests (each CUDA kernel vs its CPU reference; the fixtures vs
-# transformers at tp = 1 and tp = 2 with two ranks on one GPU), then `linnet-tp bench`
-# on the Llama-3.1-8B shape with random bf16 weights at batch 1 and 16, and a short
-# table last.
+# transformers at tp = 1 and tp = 2 with two ranks on one GPU; CUDA-graph replay vs the
+# eager path), then `linnet-tp bench` on the Llama-3.1-8B shape with random bf16 weights
+# at batch 1 and 16, each eager and with --cuda-graphs, and a short table last.
 #
 # The device machine has nvcc, CMake and Python but none of our Debian packages and no
 # network, so everything travels in the working tree:
@@ -182,17 +182,24 @@ else
 fi
 ROWS=()
 for B in $RUNS; do
-  log=$LOGS/bench_b$B.log
-  timeout 200 "$MPIRUN" -np 1 "$BIN" bench --config "$CONFIG" --random-weights --backend $BACKEND \
-    --batch "$B" --prompt-len $P --new-tokens $N >"$log" 2>&1 || { cat "$log"; say "bench batch $B FAILED"; TESTS_OK=0; continue; }
-  cat "$log"
-  v() { sed -n "s/^$1: \([0-9.]*\).*/\1/p" "$log"; }
-  ROWS+=("| $B | $(v 'prefill tokens\/s') | $(v 'decode tokens\/s') | $(v 'decode ms\/step') | $(v 'achieved GB\/s') |")
+  for GRAPHS in eager graphs; do
+    log=$LOGS/bench_b${B}_$GRAPHS.log
+    FLAG=""
+    [ "$GRAPHS" = graphs ] && FLAG=--cuda-graphs
+    # shellcheck disable=SC2086  # FLAG is one word or none
+    timeout 150 "$MPIRUN" -np 1 "$BIN" bench --config "$CONFIG" --random-weights --backend $BACKEND \
+      --batch "$B" --prompt-len $P --new-tokens $N $FLAG >"$log" 2>&1 ||
+      { cat "$log"; say "bench batch $B $GRAPHS FAILED"; TESTS_OK=0; continue; }
+    cat "$log"
+    v() { sed -n "s/^$1: \([0-9.]*\).*/\1/p" "$log"; }
+    ON=$(sed -n 's/^cuda graphs: \(.*\)/\1/p' "$log")
+    ROWS+=("| $B | $GRAPHS (${ON:-?}) | $(v 'prefill tokens\/s') | $(v 'decode tokens\/s') | $(v 'decode ms\/step') | $(v 'achieved GB\/s') |")
+  done
 done
 
 echo
 echo "linnet-tp bench, $(basename "$CONFIG") random weights, $BACKEND, prompt $P, $N new tokens ($(( $(date +%s) - T0 )) s in all)"
-echo "| batch | prefill tok/s | decode tok/s | ms/step | GB/s |"
-echo "|---|---|---|---|---|"
+echo "| batch | decode path (graphs on?) | prefill tok/s | decode tok/s | ms/step | GB/s |"
+echo "|---|---|---|---|---|---|"
 for r in "${ROWS[@]}"; do echo "$r"; done
 [ $TESTS_OK = 1 ] || exit 1

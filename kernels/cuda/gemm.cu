@@ -64,6 +64,7 @@ CublasLtGemm::CublasLtGemm(cudaStream_t stream) : stream_(stream) {
 CublasLtGemm::~CublasLtGemm() {
   plans_.clear();
   if (scratch_) cudaFreeAsync(scratch_, stream_);
+  for (void* p : outgrown_) cudaFreeAsync(p, stream_);
   if (workspace_) {
     cudaStreamSynchronize(stream_);
     cudaFree(workspace_);
@@ -116,7 +117,20 @@ const CublasLtGemm::Plan& CublasLtGemm::plan(int64_t m, int64_t n, int64_t k, ui
 void CublasLtGemm::matmul_nt(const float* x, const __nv_bfloat16* w, float* out, int64_t m, int64_t k, int64_t n) {
   if (m <= 0 || n <= 0) return;
   if (m * k > scratch_elems_) {
-    if (scratch_) LINNET_CUDA_CHECK(cudaFreeAsync(scratch_, stream_));
+    // Growing inside a graph recording would record an allocation: the eager pass run
+    // before each recording sizes the scratch.
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    LINNET_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capture));
+    if (capture != cudaStreamCaptureStatusNone) {
+      throw Error("the GEMM scratch must not grow while a CUDA graph is recorded", "CublasLtGemm",
+                  "a scratch of " + std::to_string(m * k) + " elements",
+                  std::to_string(scratch_elems_) + " elements");
+    }
+    if (scratch_ && keep_outgrown_) {
+      outgrown_.push_back(scratch_);
+    } else if (scratch_) {
+      LINNET_CUDA_CHECK(cudaFreeAsync(scratch_, stream_));
+    }
     scratch_ = nullptr;
     scratch_elems_ = 0;
     void* s = nullptr;

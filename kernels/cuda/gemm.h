@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <tuple>
+#include <vector>
 
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
@@ -38,6 +39,10 @@ class CublasLtGemm {
   /// Same with x already bf16 [m, k].
   void matmul_nt_bf16(const __nv_bfloat16* x, const __nv_bfloat16* w, float* out, int64_t m, int64_t k, int64_t n);
 
+  /// From now on a bf16 scratch outgrown by a larger GEMM is kept (freed by the
+  /// destructor) instead of freed: CUDA graphs recorded earlier still use its address.
+  void keep_outgrown_scratch() { keep_outgrown_ = true; }
+
  private:
   struct Plan;
   const Plan& plan(int64_t m, int64_t n, int64_t k, uint32_t align_w, uint32_t align_x, uint32_t align_out);
@@ -47,6 +52,8 @@ class CublasLtGemm {
   void* workspace_ = nullptr;  // kWorkspaceBytes
   __nv_bfloat16* scratch_ = nullptr;
   int64_t scratch_elems_ = 0;
+  bool keep_outgrown_ = false;
+  std::vector<void*> outgrown_;  // scratches kept for recorded graphs
   std::map<std::tuple<int64_t, int64_t, int64_t, uint32_t, uint32_t, uint32_t>, std::unique_ptr<Plan>> plans_;
 };
 
