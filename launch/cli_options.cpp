@@ -222,6 +222,10 @@ CommandLine parse_command_line(int argc, char** argv) {
     ("kv-cache-memory-fraction", "Size the KV pool as this fraction (0, 1] of the memory left after the "
      "weights, instead of --kv-cache-tokens", cxxopts::value<double>())
     ("no-prefix-caching", "Compute every prompt in full instead of sharing the KV pages of a cached prefix")
+    ("cuda-graphs", "With --backend cuda, replay decode steps as CUDA graphs (also LINNET_CUDA_GRAPHS=1; "
+     "experimental)")
+    ("progress", "Draw the --input progress bar on stderr even when it is not a terminal (under mpirun a "
+     "rank's stderr is a pipe, so the bar is off unless asked for)")
     ("threads", "BLAS threads per rank (default: cores / ranks on the node)",
      cxxopts::value<int>())
     ("backend", "cpu or cuda (default: cuda when a CUDA device is visible, else cpu)",
@@ -314,6 +318,8 @@ CommandLine parse_command_line(int argc, char** argv) {
   g.max_batch = r["max-batch"].as<int64_t>();
   if (g.max_batch < 1) invalid("--max-batch", ">= 1", std::to_string(g.max_batch));
   g.prefix_caching = !r.count("no-prefix-caching");
+  g.progress = r.count("progress") > 0;
+  g.cuda_graphs = r.count("cuda-graphs") > 0;
   if (r.count("kv-cache-tokens") && r.count("kv-cache-memory-fraction")) {
     invalid("--kv-cache-tokens", "not together with --kv-cache-memory-fraction", "both");
   }

@@ -43,6 +43,8 @@ struct GenerateOptions {
   std::optional<int64_t> kv_cache_tokens;          // --kv-cache-tokens: positions of the paged KV pool
   std::optional<double> kv_cache_memory_fraction;  // --kv-cache-memory-fraction: of the memory left after weights
   bool prefix_caching = true;        // off with --no-prefix-caching
+  bool progress = false;             // --progress: draw the bar even when stderr is not a terminal (mpirun)
+  bool cuda_graphs = false;          // --cuda-graphs: replay decode steps as CUDA graphs (untested on a GPU yet)
   std::string backend;               // --backend cpu|cuda; empty: cuda when a device is visible, else cpu
   bool verbose = false;
 };

@@ -106,6 +106,18 @@ std::string prompt_text(const ordered_json& line, bool chat_flag, const Tokenize
     if (it == line.end() || !it->is_string()) {
       throw Error("each line must be an object with a string \"prompt\" or a \"messages\" list", where);
     }
+    // A misspelt key would otherwise silently fall back to its default. (A "messages"
+    // line's other keys are template variables, so those are not checked.)
+    static const char* const kKeys[] = {"prompt", "temperature", "top_k", "top_p", "min_p", "repetition_penalty",
+                                        "seed", "max_new_tokens", "stop", "stop_token_ids", "logprobs",
+                                        "top_logprobs"};
+    for (const auto& [key, value] : line.items()) {
+      if (std::find(std::begin(kKeys), std::end(kKeys), key) == std::end(kKeys)) {
+        std::string known;
+        for (const char* k : kKeys) known += std::string(known.empty() ? "" : ", ") + k;
+        throw Error("unknown key \"" + key + "\" (a \"prompt\" line may have: " + known + ")", where);
+      }
+    }
     if (!chat_flag) {
       is_chat = false;
       return it->get<std::string>();
@@ -213,6 +225,7 @@ struct BatchRun {
   const std::map<int64_t, std::string>& kept;  // rank 0: --resume lines by index
   const std::vector<size_t>& todo;             // positions in `requests` to run, all groups
   bool prefix_caching = true;                  // share KV pages of common prompt prefixes
+  bool progress = false;                       // draw the progress bar even when stderr is no terminal
 };
 
 // --input: runs this dp group's share of `todo`, gathers every group's lines to world
@@ -239,7 +252,8 @@ int run_batch(Engine& engine, const BatchRun& b, const std::vector<int64_t>& eos
   }
 
   StopRelay relay(MPI_COMM_WORLD);
-  ProgressBar progress(mine.size(), w.dp_size > 1 ? "requests of dp group 0" : "requests", world_root);
+  ProgressBar progress(mine.size(), w.dp_size > 1 ? "requests of dp group 0" : "requests", world_root,
+                       b.progress);
   std::vector<StopScan> scans(tp_root ? mine.size() : 0);
   BatchOptions options;
   options.on_done = [&](size_t, const GenerationResult& g) { progress.add(g.ids.size()); };
@@ -435,7 +449,7 @@ int run_generate(const GenerateOptions& o, Job& job) {
         } else {
           lines = read_jsonl_lines(o.input);
         }
-        if (!o.output.empty()) check_output_path(o.output);
+        if (!o.output.empty()) check_output_path(o.output, o.input);
         if (o.resume) kept = read_output_lines(resolve_output_path(o.output));
         for (const auto& [index, line] : kept) kept_indices.push_back(std::to_string(index));
       })) {
@@ -539,7 +553,7 @@ int run_generate(const GenerateOptions& o, Job& job) {
     backend = make_backend(o.backend, threads, w.local_rank, w.local_size);
     engine = make_engine(*files, plan, *backend, tp_communicator(*backend, *groups.tp, w.local_size), max_seq_len,
                          batch_rows, kKvPageSize,
-                         kv_tokens / kKvPageSize);
+                         kv_tokens / kKvPageSize, o.cuda_graphs);
     info("dp group " + std::to_string(w.dp_rank) + "/" + std::to_string(w.dp_size) + ", tp rank " +
          std::to_string(w.tp_rank) + "/" + std::to_string(w.tp_size) + ": " +
          std::to_string(plan.num_heads_local) + " heads, " + std::to_string(plan.num_kv_heads_local) +
@@ -576,15 +590,22 @@ int run_generate(const GenerateOptions& o, Job& job) {
                     p.temperature, static_cast<long long>(p.top_k), p.top_p, p.min_p, p.repetition_penalty,
                     static_cast<unsigned long long>(seed));
       info(line);
-      if (p.temperature == 0.0 && (o.top_k || o.top_p || o.min_p || o.seed)) {
-        warn("decoding is greedy (temperature 0), so --top-k, --top-p, --min-p and --seed have no effect; "
-             "give --temperature > 0 to sample");
+      // Only when no request samples (an --input line may set its own temperature).
+      const bool any_sampling = std::any_of(requests.begin(), requests.end(),
+                                            [](const Request& r) { return r.settings.sampling.temperature > 0.0; });
+      std::string unused;
+      for (const auto& [given, flag] : {std::pair{o.top_k.has_value(), "--top-k"}, {o.top_p.has_value(), "--top-p"},
+                                        {o.min_p.has_value(), "--min-p"}, {o.seed.has_value(), "--seed"}}) {
+        if (given) unused += std::string(unused.empty() ? "" : ", ") + flag;
+      }
+      if (!any_sampling && !unused.empty()) {
+        warn("decoding is greedy (temperature 0), so " + unused + " have no effect; give --temperature > 0 to sample");
       }
       if (!o.output.empty()) output = std::make_unique<JsonlOutput>(o.output);
     }
 
     if (batch) {
-      const BatchRun run{groups, *tokenizer, requests, kept, todo, o.prefix_caching};
+      const BatchRun run{groups, *tokenizer, requests, kept, todo, o.prefix_caching, o.progress};
       code = run_batch(*engine, run, eos, seed, output);
     } else if (w.dp_rank == 0) {
       run_single(*engine, *tokenizer, requests.at(0), eos, seed, w.world_rank == 0, output.get());

@@ -34,8 +34,13 @@ std::string resolve_output_path(const std::string& path) {
   return p.string();
 }
 
-void check_output_path(const std::string& given) {
+void check_output_path(const std::string& given, const std::string& input) {
   const std::string path = resolve_output_path(given);
+  std::error_code ec;
+  if (!input.empty() && std::filesystem::equivalent(input, path, ec)) {
+    throw Error("--output is the --input file (" + input + "); the run would replace its own input",
+                "--output " + given);
+  }
   // Probe now that the file can be created there, rather than after the whole run.
   const std::string probe = path + ".tmp." + std::to_string(::getpid());
   std::FILE* f = std::fopen(probe.c_str(), "wb");

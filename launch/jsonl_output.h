@@ -19,8 +19,9 @@ namespace linnet {
 std::string resolve_output_path(const std::string& path);
 
 /// resolve_output_path, then a probe that a file can be created beside it.
-/// @throws Error naming --output, with the system's reason.
-void check_output_path(const std::string& path);
+/// @throws Error naming --output, with the system's reason, or when it is the same file
+///   as `input` (the --input file, when given).
+void check_output_path(const std::string& path, const std::string& input = {});
 
 /// Collects one JSON line per prompt and writes them atomically on commit().
 /// Destroyed without commit(), it leaves nothing on disk.

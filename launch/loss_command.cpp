@@ -201,7 +201,7 @@ int run_loss(const LossOptions& o, Job& job) {
   if (!job.load_phase([&] {
         if (w.world_rank != 0) return;
         lines = read_jsonl_lines(o.input);
-        if (!o.output.empty()) check_output_path(o.output);
+        if (!o.output.empty()) check_output_path(o.output, o.input);
       })) {
     return 1;
   }

@@ -34,13 +34,14 @@ inline std::string percentiles_ms(const std::vector<double>& values) {
 }
 
 /// "\r[linnet-tp] done/total requests, tokens/s" on stderr while a batch runs. Draws
-/// nothing unless enabled and stderr is a terminal; redraws at most every 250 ms
+/// nothing unless enabled and stderr is a terminal (or `force`: under mpirun a rank's
+/// stderr is a pipe even when mpirun's is a terminal); redraws at most every 250 ms
 /// (and always for the last request).
 class ProgressBar {
  public:
   /// @param label  what the count is of, e.g. "requests" or "requests of dp group 0".
-  ProgressBar(size_t total, std::string label, bool enabled)
-      : total_(total), label_(std::move(label)), enabled_(enabled && ::isatty(2) == 1) {}
+  ProgressBar(size_t total, std::string label, bool enabled, bool force = false)
+      : total_(total), label_(std::move(label)), enabled_(enabled && (force || ::isatty(2) == 1)) {}
   ~ProgressBar() { finish(); }
   ProgressBar(const ProgressBar&) = delete;
   ProgressBar& operator=(const ProgressBar&) = delete;

@@ -86,6 +86,12 @@ void PagePool::register_prefix(std::span<const int32_t> pages, std::span<const i
   }
 }
 
+void PagePool::unmatch(std::span<const int32_t> pages) {
+  release(pages);
+  stats_.prefix_hit_pages -= static_cast<int64_t>(pages.size());
+  stats_.prefix_hit_tokens -= static_cast<int64_t>(pages.size()) * page_size_;
+}
+
 void PagePool::release(std::span<const int32_t> pages) {
   for (int32_t p : pages) {
     Page& pg = pages_[p];

@@ -52,6 +52,9 @@ class PagePool {
   void register_prefix(std::span<const int32_t> pages, std::span<const int32_t> tokens);
   /// Drops one hold on each page; unheld registered pages become reusable cache.
   void release(std::span<const int32_t> pages);
+  /// Gives back what match_prefix returned when the request could not be admitted after
+  /// all: releases the pages and takes them out of the hit counters.
+  void unmatch(std::span<const int32_t> pages);
 
   const PagePoolStats& stats() const { return stats_; }
 

@@ -48,7 +48,7 @@ bool PagedScheduler::admit(Request& r) {
   const int64_t need = pages_for(r.length) - static_cast<int64_t>(shared.size());
   auto fresh = pool_.allocate(need);
   if (!fresh) {
-    pool_.release(shared);
+    pool_.unmatch(shared);  // not admitted: no hit
     return false;
   }
   r.cached = static_cast<int64_t>(shared.size()) * pool_.page_size();

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <numeric>
 #include <string>
+#include <utility>
 
 #include "common/error.h"
 
@@ -124,14 +125,21 @@ int32_t Sampler::sample(std::span<const float> all_logits, std::span<const int32
     sum = std::accumulate(p.begin(), p.begin() + static_cast<long>(keep), 0.0);
   }
 
-  // Inverse-CDF draw with a 53-bit uniform in [0, 1).
+  // Inverse-CDF draw with a 53-bit uniform in [0, 1), over the kept candidates in id
+  // order: two nearly tied logits that swap places under a different batch or tp size
+  // (last-bit float differences) then still map a random number to the same token.
+  std::vector<std::pair<int32_t, double>> kept(keep);
+  for (size_t i = 0; i < keep; ++i) kept[i] = {idx[i], p[i]};
+  std::sort(kept.begin(), kept.end());
+  sum = 0.0;
+  for (const auto& c : kept) sum += c.second;
   const double u = static_cast<double>(rng_() >> 11) * 0x1.0p-53 * sum;
   double acc = 0.0;
-  for (size_t i = 0; i < keep; ++i) {
-    acc += p[i];
-    if (u < acc) return idx[i];
+  for (const auto& [id, q] : kept) {
+    acc += q;
+    if (u < acc) return id;
   }
-  return idx[keep - 1];
+  return kept.back().first;
 }
 
 TokenLogprobs Sampler::logprobs(std::span<const float> all_logits, int32_t token, int64_t top_n,
