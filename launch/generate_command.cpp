@@ -501,7 +501,9 @@ int run_generate(const GenerateOptions& o, Job& job) {
       r.settings = apply_request_keys(line, defaults, r.where);
       for (int64_t id : r.settings.stop_token_ids) {
         if (id >= files->config.vocab_size) {
-          throw Error("invalid value", r.where + ": key \"stop_token_ids\"",
+          // The flag's ids are every line's default: name the flag unless the line set them.
+          const bool from_line = line.contains("stop_token_ids") && !line["stop_token_ids"].is_null();
+          throw Error("invalid value", from_line ? r.where + ": key \"stop_token_ids\"" : std::string("--stop-token-ids"),
                       "ids < vocab_size = " + std::to_string(files->config.vocab_size), std::to_string(id));
         }
       }
