@@ -556,6 +556,14 @@ int run_generate(const GenerateOptions& o, Job& job) {
     engine = make_engine(*files, plan, *backend, tp_communicator(*backend, *groups.tp, w.local_size), max_seq_len,
                          batch_rows, kKvPageSize,
                          kv_tokens / kKvPageSize, o.cuda_graphs);
+    if (w.world_rank == 0) {  // the memory a rank holds, as the model cards state it
+      const bool bf16 = backend->device() == Device::kCuda;  // weight matrices in bf16 there
+      std::fprintf(stderr, "[linnet-tp] per rank: weights %s (%s), KV cache %s (%lld pages of %lld positions, f32; "
+                   "--max-seq-len %lld), backend %s\n",
+                   format_bytes(bf16 ? need.weight_bytes / 2 : need.weight_bytes).c_str(), bf16 ? "bf16" : "f32", format_bytes(engine->kv_cache_bytes()).c_str(),
+                   static_cast<long long>(engine->num_pages()), static_cast<long long>(engine->page_size()),
+                   static_cast<long long>(max_seq_len), backend->name().c_str());
+    }
     info("dp group " + std::to_string(w.dp_rank) + "/" + std::to_string(w.dp_size) + ", tp rank " +
          std::to_string(w.tp_rank) + "/" + std::to_string(w.tp_size) + ": " +
          std::to_string(plan.num_heads_local) + " heads, " + std::to_string(plan.num_kv_heads_local) +
