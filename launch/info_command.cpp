@@ -101,7 +101,8 @@ int run_info(const InfoOptions& o, Job& job) {
 
     const int64_t max_seq_len = resolve_max_seq_len(c, o.max_seq_len);
     const ShardPlan first = ShardPlan::make(c, 0, o.tp);  // throws with the tp sizes that work
-    std::printf("tp %d (tp sizes that work: %s), KV cache %lld positions", o.tp,
+    std::printf("tp %d (tp sizes that work: %s), KV cache of one sequence of %lld positions (generate --input "
+                "holds --max-batch of them unless --kv-cache-tokens says otherwise)", o.tp,
                 ShardPlan::working_tp_sizes(c).c_str(), static_cast<long long>(max_seq_len));
     if (first.kv_replication > 1) {
       std::printf(", each KV head on %lld ranks", static_cast<long long>(first.kv_replication));
