@@ -117,6 +117,11 @@ int run_bench(const BenchOptions& o, Job& job) {
           config = ModelConfig::load(o.config);
         }
         plan = ShardPlan::make(config, w.tp_rank, w.tp_size);
+        if (o.max_seq_len <= 0 && o.prompt_len + o.new_tokens > config.max_position_embeddings) {
+          throw Error("--prompt-len + --new-tokens is longer than the model's context", "--prompt-len",
+                      "<= max_position_embeddings = " + std::to_string(config.max_position_embeddings) + " in all",
+                      std::to_string(o.prompt_len) + " + " + std::to_string(o.new_tokens));
+        }
         max_seq_len = resolve_max_seq_len(config, o.max_seq_len > 0 ? o.max_seq_len : o.prompt_len + o.new_tokens);
         if (o.prompt_len + o.new_tokens > max_seq_len) {
           throw Error("prompt and new tokens do not fit in the KV cache", "--max-seq-len",
@@ -153,7 +158,9 @@ int run_bench(const BenchOptions& o, Job& job) {
       std::printf("kv cache: %s per rank (%lld rows x %lld positions, f32)\n",
                   format_bytes(engine.kv_cache_bytes()).c_str(), static_cast<long long>(o.batch),
                   static_cast<long long>(max_seq_len));
-      std::printf("cuda graphs: %s\n", engine.cuda_graphs() ? "on" : "off");
+      std::printf("cuda graphs: %s\n", engine.cuda_graphs() ? "on"
+                                        : o.cuda_graphs ? "off (they need --backend cuda and NCCL or one rank)"
+                                                        : "off");
       std::fflush(stdout);
     }
 

@@ -541,6 +541,14 @@ int run_generate(const GenerateOptions& o, Job& job) {
       if (!j.contains("prompt") || j["prompt"] != it->text) {
         throw Error("its prompt differs from " + it->where + "; is it the output of another input?", where);
       }
+      for (const char* key : {"completion", "finish_reason"}) {
+        if (!j.contains(key) || !j[key].is_string()) {
+          throw Error(std::string("a kept line needs a string \"") + key + "\" (as linnet-tp writes it)", where);
+        }
+      }
+      if (!j.contains("completion_ids") || !j["completion_ids"].is_array()) {
+        throw Error("a kept line needs a \"completion_ids\" list (as linnet-tp writes it)", where);
+      }
     }
 
     const int64_t share = static_cast<int64_t>((todo.size() + static_cast<size_t>(w.dp_size) - 1 -
@@ -556,6 +564,9 @@ int run_generate(const GenerateOptions& o, Job& job) {
     engine = make_engine(*files, plan, *backend, tp_communicator(*backend, *groups.tp, w.local_size), max_seq_len,
                          batch_rows, kKvPageSize,
                          kv_tokens / kKvPageSize, o.cuda_graphs);
+    if (w.world_rank == 0 && o.cuda_graphs && !engine->cuda_graphs()) {
+      warn("--cuda-graphs has no effect here: graphs need --backend cuda and NCCL (or a single rank)");
+    }
     if (w.world_rank == 0) {  // the memory a rank holds, as the model cards state it
       const bool bf16 = backend->device() == Device::kCuda;  // weight matrices in bf16 there
       std::fprintf(stderr, "[linnet-tp] per rank: weights %s (%s), KV cache %s (%lld pages of %lld positions, f32; "

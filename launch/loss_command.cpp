@@ -289,7 +289,11 @@ int run_loss(const LossOptions& o, Job& job) {
           output->add_line(j.dump());
         }
       }
-      const double mean = scored > 0 ? nll / scored : std::nan("");
+      if (scored <= 0) {
+        throw Error("no token was scored: every document has fewer than 2 tokens or only -100 labels",
+                    "--input " + o.input);
+      }
+      const double mean = nll / scored;
       std::printf("scored tokens: %.0f\nmean NLL per token: %.6f\nperplexity: %.4f\ntokens/s: %.1f\n", scored, mean,
                   std::exp(mean), seconds > 0 ? all_tokens / seconds : 0.0);
       if (std::fflush(stdout) != 0) throw Error("cannot write the results", "stdout");

@@ -80,10 +80,11 @@ int64_t resolve_kv_cache_tokens(const ModelConfig& config, const ShardPlan& plan
     pool = static_cast<int64_t>(static_cast<double>(free_bytes) * *memory_fraction) / per_token / page * page;
   }
   if (pool < row_tokens) {
+    const std::string got = tokens ? std::to_string(*tokens) + " positions" : std::to_string(pool) + " positions";
     throw Error("the KV pool holds fewer positions than one request of --max-seq-len; it could never run", option,
                 ">= " + std::to_string(row_tokens) + " positions (--max-seq-len " + std::to_string(max_seq_len) +
-                    " in pages of " + std::to_string(page) + ")",
-                std::to_string(pool) + " positions");
+                    " rounded up to pages of " + std::to_string(page) + ")",
+                got);
   }
   return pool;
 }

@@ -61,6 +61,10 @@ TEST_F(BenchCli, RefusesAConfigWithoutRandomWeightsAndTooLongRuns) {
   r = run(1, "bench --config " + quote(config.string()) +
                  " --random-weights --backend cpu --prompt-len 200 --new-tokens 100");
   EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("--prompt-len + --new-tokens is longer than the model's context"), std::string::npos) << r.err;
+  r = run(1, "bench --config " + quote(config.string()) +
+                 " --random-weights --backend cpu --prompt-len 20 --new-tokens 10 --max-seq-len 16");
+  EXPECT_NE(r.code, 0);
   EXPECT_NE(r.err.find("--max-seq-len"), std::string::npos) << r.err;
 }
 

@@ -554,6 +554,13 @@ TEST_F(Cli, ResumeRunsOnlyTheMissingLines) {
   EXPECT_EQ(bad.code, 1) << bad.err;
   EXPECT_NE(bad.err.find("its prompt differs from " + in.string() + ":2"), std::string::npos) << bad.err;
   EXPECT_EQ(slurp(out), other);
+  // A kept line without its completion is refused too (it would be copied as it is).
+  nlohmann::json cut = nlohmann::json::parse(kept[0]);
+  cut.erase("completion");
+  std::ofstream(out) << cut.dump() << "\n";
+  const Result partial = run(1, args + " --resume");
+  EXPECT_EQ(partial.code, 1) << partial.err;
+  EXPECT_NE(partial.err.find("a kept line needs a string \"completion\""), std::string::npos) << partial.err;
 }
 
 TEST_F(Cli, SigtermOnOneRankStopsEveryRankAndKeepsFinishedRequests) {

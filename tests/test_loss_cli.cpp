@@ -113,6 +113,13 @@ TEST_F(LossCli, BadLabelsAndTpSizesAreRefused) {
   r = run(4, "loss --model " + quote(test::stories_dir().string()) + " --input " + quote(in.string()) + " --tp 3");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("--tp"), std::string::npos) << r.err;
+  // Nothing to score (one-token documents): an error, not a NaN loss.
+  std::ofstream(in) << "{\"ids\": [5]}\n{\"ids\": [7]}\n";
+  r = run(2, "loss --model " + quote(test::stories_dir().string()) + " --input " + quote(in.string()) +
+                 " --output " + quote(out.string()));
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("no token was scored"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(out));
 }
 
 }  // namespace
