@@ -192,7 +192,7 @@ for B in $RUNS; do
       { cat "$log"; say "bench batch $B $GRAPHS FAILED"; TESTS_OK=0; continue; }
     cat "$log"
     v() { sed -n "s/^$1: \([0-9.]*\).*/\1/p" "$log"; }
-    ON=$(sed -n 's/^cuda graphs: \(.*\)/\1/p' "$log")
+    ON=$(sed -n 's/^cuda graphs: \([a-z]*\).*/\1/p' "$log")
     ROWS+=("| $B | $GRAPHS (${ON:-?}) | $(v 'prefill tokens\/s') | $(v 'decode tokens\/s') | $(v 'decode ms\/step') | $(v 'achieved GB\/s') |")
   done
 done
