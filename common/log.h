@@ -16,6 +16,9 @@ bool verbose();
 
 /// "[rank r] warning: msg" to stderr.
 void warn(const std::string& msg);
+/// "warning: msg" to stderr, no rank prefix: for what every rank sees alike (the input,
+/// the model), printed by one rank only.
+void warn_once(const std::string& msg);
 /// "[rank r] msg" to stderr when verbose.
 void info(const std::string& msg);
 

@@ -333,7 +333,7 @@ int run_batch(Engine& engine, const BatchRun& b, const std::vector<int64_t>& eos
       line = f->second["line"].get<std::string>();
       completion = f->second["completion"].get<std::string>();
       if (f->second["failed"].get<bool>()) {
-        warn(r.where + ": " + ordered_json::parse(line)["error"].get<std::string>());
+        warn_once(r.where + ": " + ordered_json::parse(line)["error"].get<std::string>());
       }
     } else {
       continue;  // not done (interrupted)
@@ -409,7 +409,7 @@ void run_single(Engine& engine, const Tokenizer& tok, const Request& r, const st
   show(true);
   std::fputc('\n', stdout);
   std::fflush(stdout);
-  if (g.finish_reason == "error") warn("--prompt: " + g.error);
+  if (g.finish_reason == "error") warn_once("--prompt: " + g.error);
   const double decode_tps =
       g.decode_ms > 0 ? 1000.0 * static_cast<double>(g.ids.size() > 1 ? g.ids.size() - 1 : 0) / g.decode_ms : 0.0;
   std::string completion;
@@ -525,7 +525,7 @@ int run_generate(const GenerateOptions& o, Job& job) {
                       std::to_string(r.ids.size()) + " tokens");
         }
         if (static_cast<int64_t>(r.ids.size()) == max_seq_len && r.settings.max_new_tokens > 0 && w.world_rank == 0) {
-          warn(r.where + ": the prompt fills --max-seq-len = " + std::to_string(max_seq_len) +
+          warn_once(r.where + ": the prompt fills --max-seq-len = " + std::to_string(max_seq_len) +
                " tokens; no room is left for new tokens");
         }
         todo.push_back(requests.size());
@@ -565,7 +565,7 @@ int run_generate(const GenerateOptions& o, Job& job) {
                          batch_rows, kKvPageSize,
                          kv_tokens / kKvPageSize, o.cuda_graphs);
     if (w.world_rank == 0 && o.cuda_graphs && !engine->cuda_graphs()) {
-      warn("--cuda-graphs has no effect here: graphs need --backend cuda and NCCL (or a single rank)");
+      warn_once("--cuda-graphs has no effect here: graphs need --backend cuda and NCCL (or a single rank)");
     }
     if (w.world_rank == 0) {  // the memory a rank holds, as the model cards state it
       const bool bf16 = backend->device() == Device::kCuda;  // weight matrices in bf16 there
@@ -594,7 +594,7 @@ int run_generate(const GenerateOptions& o, Job& job) {
     if (w.world_rank == 0 && !files->unused_tensors.empty()) {
       std::string names;
       for (const auto& n : files->unused_tensors) names += (names.empty() ? "" : ", ") + n;
-      warn("checkpoint tensors the model does not use: " + names);
+      warn_once("checkpoint tensors the model does not use: " + names);
     }
     uint64_t seed = 0;
     if (o.seed) {
@@ -620,7 +620,7 @@ int run_generate(const GenerateOptions& o, Job& job) {
         if (given) unused += std::string(unused.empty() ? "" : ", ") + flag;
       }
       if (!any_sampling && !unused.empty()) {
-        warn("decoding is greedy (temperature 0), so " + unused + " have no effect; give --temperature > 0 to sample");
+        warn_once("decoding is greedy (temperature 0), so " + unused + " have no effect; give --temperature > 0 to sample");
       }
       if (!o.output.empty()) output = std::make_unique<JsonlOutput>(o.output);
     }
