@@ -475,6 +475,32 @@ std::vector<float> Engine::prefill_packed(std::span<const int32_t> tokens, std::
   return step_paged(b);
 }
 
+std::vector<float> Engine::prefill_slots(std::span<const int32_t> tokens, std::span<const int32_t> slots,
+                                         std::span<const int32_t> lengths) {
+  const int64_t M = static_cast<int64_t>(slots.size());
+  if (M == 0 || lengths.size() != slots.size() || tokens.size() % slots.size() != 0) {
+    throw Error("tokens must be M prompts of S tokens, with one slot and one length per prompt", "prefill_slots",
+                "M * S tokens, M slots, M lengths",
+                std::to_string(tokens.size()) + " tokens, " + std::to_string(M) + " slots, " +
+                    std::to_string(lengths.size()) + " lengths");
+  }
+  const int64_t S = static_cast<int64_t>(tokens.size()) / M;
+  std::vector<int32_t> packed, rows, positions, last;
+  for (int64_t m = 0; m < M; ++m) {
+    if (lengths[m] < 1 || lengths[m] > S) {
+      throw Error("prompt length out of range", "prefill_slots: prompt " + std::to_string(m),
+                  "[1, " + std::to_string(S) + "]", std::to_string(lengths[m]));
+    }
+    for (int32_t i = 0; i < lengths[m]; ++i) {
+      packed.push_back(tokens[m * S + i]);
+      rows.push_back(slots[m]);
+      positions.push_back(i);
+    }
+    last.push_back(static_cast<int32_t>(packed.size() - 1));
+  }
+  return prefill_packed(packed, rows, positions, last);
+}
+
 std::vector<float> Engine::decode_rows(std::span<const int32_t> tokens, std::span<const int32_t> rows,
                                        std::span<const int32_t> positions) {
   std::vector<int32_t> all(tokens.size());

@@ -77,6 +77,16 @@ class Engine {
   std::vector<float> prefill_packed(std::span<const int32_t> tokens, std::span<const int32_t> rows,
                                     std::span<const int32_t> positions, std::span<const int32_t> last);
 
+  /// prefill_slots<M, S>: M prompts, each padded to S tokens (tokens [M * S], row-major;
+  /// the first lengths[m] of row m are real), into KV cache rows slots[m] from position
+  /// 0, as requests join a batch being served. The padding is never computed: the real
+  /// tokens go through one prefill_packed pass. Returns logits f32 [M, vocab_size] after
+  /// each prompt's last real token.
+  /// @throws Error when tokens.size() != M * S, a length is outside [1, S], or as
+  ///   prefill_packed.
+  std::vector<float> prefill_slots(std::span<const int32_t> tokens, std::span<const int32_t> slots,
+                                   std::span<const int32_t> lengths);
+
   /// decode_rows: one token per active row, each at its own position (continuous
   /// batching). Returns logits f32 [tokens.size(), vocab_size].
   std::vector<float> decode_rows(std::span<const int32_t> tokens, std::span<const int32_t> rows,

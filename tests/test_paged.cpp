@@ -142,6 +142,33 @@ TEST_F(PagedTest, ChunkedPrefillOverShuffledPagesMatchesContiguous) {
   EXPECT_THROW(paged_->prefill_paged(bad), Error);
 }
 
+// prefill_slots: three prompts padded to 40 (junk in the padding) into rows 2, 0, 1 of
+// a row-addressed engine; each logits row equals the prompt's own next_token.
+TEST_F(PagedTest, PrefillSlotsIgnoresThePaddingAndFillsEachRow) {
+  auto rows = make_engine(*files_, ShardPlan::make(files_->config, world_->rank(), world_->size()), *backend_, *world_,
+                          kMaxSeqLen, /*max_batch=*/3);
+  const std::vector<int32_t> story_ids = story(120);
+  const int64_t S = 40, V = files_->config.vocab_size;
+  const std::vector<int32_t> lengths = {40, 7, 23}, slots = {2, 0, 1};
+  std::vector<int32_t> tokens(3 * S, 5);  // padding: token 5
+  for (int m = 0; m < 3; ++m) std::copy_n(story_ids.begin() + 30 * m, lengths[m], tokens.begin() + m * S);
+  const std::vector<float> got = rows->prefill_slots(tokens, slots, lengths);
+  ASSERT_EQ(static_cast<int64_t>(got.size()), 3 * V);
+  for (int m = 0; m < 3; ++m) {
+    const std::vector<int32_t> prompt(story_ids.begin() + 30 * m, story_ids.begin() + 30 * m + lengths[m]);
+    expect_near(std::vector<float>(got.begin() + m * V, got.begin() + (m + 1) * V), single_->next_token(prompt),
+                "prompt " + std::to_string(m));
+  }
+  // Decoding continues in each slot: row 0 holds prompt 1 (7 tokens).
+  const int32_t next = story_ids[30 + 7], row = 0, pos = 7;
+  const std::vector<float> step = rows->decode_rows(std::span<const int32_t>(&next, 1), std::span<const int32_t>(&row, 1),
+                                                    std::span<const int32_t>(&pos, 1));
+  expect_near(step, single_->next_token(std::vector<int32_t>(story_ids.begin() + 30, story_ids.begin() + 38)),
+              "decode after prefill_slots");
+  const std::vector<int32_t> bad_len = {41, 7, 23};
+  EXPECT_THROW(rows->prefill_slots(tokens, slots, bad_len), Error);
+}
+
 // Greedy generation driven by PagedScheduler: 10 prompts, 8 of them sharing a 140-token
 // prefix (two full pages), with a 48-token step budget (chunked prefill) and at most 4
 // running. Each result equals the prompt generated alone; the later prompts reuse the
