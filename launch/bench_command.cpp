@@ -100,8 +100,9 @@ std::optional<BenchOptions> parse_bench_options(int argc, char** argv, std::stri
 }
 
 int run_bench(const BenchOptions& o, Job& job) {
-  if (!job.load_phase([&] { WorldConfig::make(job.rank(), job.size(), o.tp, 0, 1); })) return 2;
-  MpiGroups groups = make_mpi_groups(o.tp);
+  std::optional<MpiGroups> made = make_run_groups(job, o.tp);
+  if (!made) return 2;
+  MpiGroups& groups = *made;
   const WorldConfig& w = groups.world_config;
 
   std::unique_ptr<ModelFiles> files;

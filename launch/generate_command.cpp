@@ -427,12 +427,10 @@ void run_single(Engine& engine, const Tokenizer& tok, const Request& r, const st
 
 int run_generate(const GenerateOptions& o, Job& job) {
   set_verbose(o.verbose);
-  MpiGroups groups;
-  // make_mpi_groups splits communicators (collective): check --tp on every rank first.
-  if (!job.load_phase([&] { WorldConfig::make(job.rank(), job.size(), o.tp, 0, 1); })) return 2;
-  groups = make_mpi_groups(o.tp);
+  std::optional<MpiGroups> made = make_run_groups(job, o.tp);
+  if (!made) return 2;
+  MpiGroups& groups = *made;
   const WorldConfig& w = groups.world_config;
-  set_log_rank(w.world_size > 1 ? w.world_rank : -1);
   const bool batch = !o.prompt;
   // From here a signal only sets a flag; the batch loop stops at its next step.
   if (batch) install_stop_handlers();

@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <exception>
 
+#include "common/log.h"
+
 namespace linnet {
 
 void print_error(int rank, const std::string& message) {
@@ -122,6 +124,13 @@ bool StopRelay::poll() {
     }
   }
   return stopped_;
+}
+
+std::optional<MpiGroups> make_run_groups(Job& job, int tp) {
+  if (!job.load_phase([&] { WorldConfig::make(job.rank(), job.size(), tp, 0, 1); })) return std::nullopt;
+  MpiGroups groups = make_mpi_groups(tp);
+  set_log_rank(groups.world_config.world_size > 1 ? groups.world_config.world_rank : -1);
+  return groups;
 }
 
 }  // namespace linnet

@@ -13,10 +13,13 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <mpi.h>
+
+#include "parallel/mpi_communicator.h"
 
 namespace linnet {
 
@@ -76,5 +79,11 @@ class StopRelay {
 
 /// Prints "linnet-tp: error: msg" (rank -1) or "[rank r] error: msg" to stderr.
 void print_error(int rank, const std::string& message);
+
+/// The dp x tp groups of a subcommand run with --tp `tp` (0: one tp group of all ranks):
+/// checks the split on every rank first (make_mpi_groups is collective), then splits,
+/// and prefixes log lines with the world rank when there are several ranks. Returns
+/// nullopt, the error printed, when --tp cannot split this world (exit code 2).
+std::optional<MpiGroups> make_run_groups(Job& job, int tp);
 
 }  // namespace linnet

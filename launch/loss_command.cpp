@@ -190,12 +190,10 @@ std::optional<LossOptions> parse_loss_options(int argc, char** argv, std::string
 
 int run_loss(const LossOptions& o, Job& job) {
   set_verbose(o.verbose);
-  MpiGroups groups;
-  // make_mpi_groups splits communicators (collective): check --tp on every rank first.
-  if (!job.load_phase([&] { WorldConfig::make(job.rank(), job.size(), o.tp, 0, 1); })) return 2;
-  groups = make_mpi_groups(o.tp);
+  std::optional<MpiGroups> made = make_run_groups(job, o.tp);
+  if (!made) return 2;
+  MpiGroups& groups = *made;
   const WorldConfig& w = groups.world_config;
-  set_log_rank(w.world_size > 1 ? w.world_rank : -1);
 
   std::vector<std::pair<int, std::string>> lines;
   if (!job.load_phase([&] {
