@@ -1,9 +1,10 @@
-// `linnet-tp generate`: --prompt streams one completion; --input runs every line through
-// continuous batching. With world = D x T ranks (--tp T), the D data-parallel groups
-// take the lines round-robin and each runs generate_batch; tp rank 0 of each group
-// turns its finished requests into output lines, and world rank 0 gathers them and
-// writes stdout and --output in input order. Stop strings are checked on tp rank 0,
-// where the logits rows are gathered anyway, and reach the other tp ranks with the token.
+// `linnet-tp generate` (the request side is launch/generate_requests.h): --prompt
+// streams one completion; --input runs every line through continuous batching. With
+// world = D x T ranks (--tp T), the D data-parallel groups take the lines round-robin
+// and each runs generate_batch; tp rank 0 of each group turns its finished requests
+// into output lines, and world rank 0 gathers them and writes stdout and --output in
+// input order. Stop strings are checked on tp rank 0, where the logits rows are
+// gathered anyway, and reach the other tp ranks with the token.
 #include "launch/generate_command.h"
 
 #include <algorithm>
@@ -22,6 +23,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "launch/generate_requests.h"
 #include "launch/jsonl_input.h"
 #include "launch/jsonl_output.h"
 #include "launch/model_path.h"
@@ -44,178 +46,6 @@ using nlohmann::ordered_json;
 
 /// Exit code of a run stopped by SIGINT/SIGTERM (128 + SIGINT, as shells report it).
 constexpr int kInterruptedExit = 130;
-
-// One request: an --input line (or --prompt) with its rendered text, ids and settings.
-struct Request {
-  int64_t index = 0;      // 0-based input line number: the output's "index"
-  std::string where;      // "file:line" or "--prompt", for messages
-  std::string text;       // the prompt text (a chat request rendered by the template)
-  std::vector<int32_t> ids;
-  RequestSettings settings;
-};
-
-std::string user_message_request(const std::string& prompt) {
-  ordered_json r;
-  r["messages"] = ordered_json::array({{{"role", "user"}, {"content", prompt}}});
-  r["add_generation_prompt"] = true;
-  return r.dump();
-}
-
-// generation_config.json gives the defaults (do_sample false or absent: greedy; with
-// sampling, transformers' defaults temperature 1, top_k 50, top_p 1), flags override.
-RequestSettings resolve_defaults(const GenerateOptions& o, const GenerationConfig& g) {
-  RequestSettings s;
-  SamplingParams& p = s.sampling;
-  const bool do_sample = g.do_sample.value_or(false);
-  p.temperature = do_sample ? g.temperature.value_or(1.0) : 0.0;
-  p.top_k = g.top_k.value_or(50);
-  p.top_p = g.top_p.value_or(1.0);
-  p.min_p = g.min_p.value_or(0.0);
-  p.repetition_penalty = g.repetition_penalty.value_or(1.0);
-  if (o.temperature) p.temperature = *o.temperature;
-  if (o.top_k) p.top_k = *o.top_k;
-  if (o.top_p) p.top_p = *o.top_p;
-  if (o.min_p) p.min_p = *o.min_p;
-  if (o.repetition_penalty) p.repetition_penalty = *o.repetition_penalty;
-  s.max_new_tokens = o.max_new_tokens.value_or(g.max_new_tokens.value_or(256));
-  s.stop = o.stop;
-  s.stop_token_ids = o.stop_token_ids;
-  s.top_logprobs = o.logprobs ? o.top_logprobs : -1;
-  return s;
-}
-
-std::vector<int64_t> resolve_eos(const ModelFiles& files, const Tokenizer& tok) {
-  if (!files.generation.eos_token_ids.empty()) return files.generation.eos_token_ids;
-  if (!files.config.eos_token_ids.empty()) return files.config.eos_token_ids;
-  if (auto id = tok.eos_token_id()) return {*id};
-  return {};
-}
-
-// The prompt text of one input line: raw text, or a chat request rendered by the
-// model's template (loaded on first use).
-std::string prompt_text(const ordered_json& line, bool chat_flag, const Tokenizer& tok,
-                        const std::filesystem::path& model_dir, std::unique_ptr<ModelChatTemplate>& chat,
-                        const std::string& where, bool& is_chat) {
-  ordered_json request;
-  if (line.contains("messages")) {
-    if (line.contains("prompt")) throw Error("give \"prompt\" or \"messages\", not both", where);
-    request = line;
-    if (!request.contains("add_generation_prompt")) request["add_generation_prompt"] = true;
-  } else {
-    const auto it = line.find("prompt");
-    if (it == line.end() || !it->is_string()) {
-      throw Error("each line must be an object with a string \"prompt\" or a \"messages\" list", where);
-    }
-    // A misspelt key would otherwise silently fall back to its default. (A "messages"
-    // line's other keys are template variables, so those are not checked.)
-    static const char* const kKeys[] = {"prompt", "temperature", "top_k", "top_p", "min_p", "repetition_penalty",
-                                        "seed", "max_new_tokens", "stop", "stop_token_ids", "logprobs",
-                                        "top_logprobs"};
-    for (const auto& [key, value] : line.items()) {
-      if (std::find(std::begin(kKeys), std::end(kKeys), key) == std::end(kKeys)) {
-        std::string known;
-        for (const char* k : kKeys) known += std::string(known.empty() ? "" : ", ") + k;
-        throw Error("unknown key \"" + key + "\" (a \"prompt\" line may have: " + known + ")", where);
-      }
-    }
-    if (!chat_flag) {
-      is_chat = false;
-      return it->get<std::string>();
-    }
-    request = ordered_json::parse(user_message_request(it->get<std::string>()));
-  }
-  is_chat = true;
-  if (!chat) chat = std::make_unique<ModelChatTemplate>(load_chat_template(tok, model_dir));
-  try {
-    return chat->chat_template.render(chat_variables(request, chat->special_tokens, where));
-  } catch (const Error& e) {
-    throw e.at(where);
-  }
-}
-
-// The completion text of `ids` after `prompt`, cut before the first stop string it
-// holds (vLLM's rule); `stopped` tells whether one was found.
-std::string completion_text(const Tokenizer& tok, const Request& r, const std::vector<int32_t>& ids, bool& stopped) {
-  StreamingDetokenizer stream(tok, r.ids);
-  std::string text;
-  for (int32_t id : ids) text += stream.push(id);
-  text += stream.flush();
-  size_t cut = std::string::npos;
-  for (const auto& s : r.settings.stop) cut = std::min(cut, text.find(s));
-  stopped = cut != std::string::npos;
-  if (stopped) text.resize(cut);
-  return text;
-}
-
-std::string token_text(const Tokenizer& tok, int32_t id) {
-  try {
-    return tok.decode(std::span<const int32_t>(&id, 1), /*skip_special_tokens=*/false);
-  } catch (const Error&) {
-    return {};
-  }
-}
-
-// One output line: {index, prompt, completion, prompt_ids, completion_ids,
-// finish_reason, [error], prompt_tokens, completion_tokens, [logprobs]}.
-ordered_json output_line(const Tokenizer& tok, const Request& r, const GenerationResult& g, std::string& completion) {
-  bool stopped = false;
-  completion = completion_text(tok, r, g.ids, stopped);
-  ordered_json j;
-  j["index"] = r.index;
-  j["prompt"] = r.text;
-  j["completion"] = completion;
-  j["prompt_ids"] = r.ids;
-  j["completion_ids"] = g.ids;
-  // A stop string that only showed once the detokenizer flushed still ends the text.
-  j["finish_reason"] = stopped && g.finish_reason == "length" ? std::string("stop") : g.finish_reason;
-  if (g.finish_reason == "error") j["error"] = g.error;
-  j["prompt_tokens"] = r.ids.size();
-  j["completion_tokens"] = g.ids.size();
-  if (r.settings.top_logprobs >= 0 && g.logprobs.size() == g.ids.size()) {
-    ordered_json list = ordered_json::array();
-    for (size_t k = 0; k < g.ids.size(); ++k) {
-      ordered_json t;
-      t["id"] = g.ids[k];
-      t["token"] = token_text(tok, g.ids[k]);
-      t["logprob"] = g.logprobs[k].logprob;
-      if (r.settings.top_logprobs > 0) {
-        ordered_json top = ordered_json::array();
-        for (const auto& [id, lp] : g.logprobs[k].top) {
-          top.push_back({{"id", id}, {"token", token_text(tok, id)}, {"logprob", lp}});
-        }
-        t["top_logprobs"] = std::move(top);
-      }
-      list.push_back(std::move(t));
-    }
-    j["logprobs"] = std::move(list);
-  }
-  return j;
-}
-
-std::string dump(const ordered_json& j) { return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace); }
-
-// The stop-string check of one request on tp rank 0: detokenizes the new tokens as
-// they come and tells when the text holds one of the request's stop strings.
-class StopScan {
- public:
-  /// Appends `token`; true when a stop string now ends inside the text.
-  bool push(const Tokenizer& tok, const Request& r, int32_t token) {
-    if (r.settings.stop.empty()) return false;
-    if (!stream_) stream_ = std::make_unique<StreamingDetokenizer>(tok, r.ids);
-    const size_t before = text_.size();
-    text_ += stream_->push(token);
-    for (const auto& t : r.settings.stop) {
-      // Only a match that ends in the new text is new.
-      const size_t from = before >= t.size() ? before - t.size() + 1 : 0;
-      if (text_.find(t, from) != std::string::npos) return true;
-    }
-    return false;
-  }
-
- private:
-  std::unique_ptr<StreamingDetokenizer> stream_;
-  std::string text_;
-};
 
 // Everything the batch path needs besides the engine.
 struct BatchRun {
@@ -294,11 +124,11 @@ int run_batch(Engine& engine, const BatchRun& b, const std::vector<int64_t>& eos
     const ordered_json line = output_line(b.tok, b.requests[mine[k]], g, completion);
     ordered_json rec;
     rec["pos"] = mine[k];
-    rec["line"] = dump(line);
+    rec["line"] = dump_line(line);
     rec["completion"] = completion;
     rec["failed"] = g.finish_reason == "error";
     rec["token_ms"] = g.token_ms;
-    records.push_back(dump(rec));
+    records.push_back(dump_line(rec));
   }
   b.groups.world->all_reduce_max(&unfinished, 1);
   const bool interrupted = unfinished > 0.0f;
@@ -420,7 +250,7 @@ void run_single(Engine& engine, const Tokenizer& tok, const Request& r, const st
                 "finish: %s\n",
                 r.ids.size(), g.ids.size(), g.prefill_ms, decode_tps, line["finish_reason"].get<std::string>().c_str());
   std::fputs(stats, stderr);
-  if (output) output->add_line(dump(line));
+  if (output) output->add_line(dump_line(line));
 }
 
 }  // namespace

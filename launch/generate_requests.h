@@ -1,0 +1,80 @@
+// The request side of `linnet-tp generate`: one input line (or --prompt) as a Request
+// with its settings, its prompt text (raw or rendered by the chat template), and its
+// output line; stop strings checked as tokens arrive.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "launch/cli_options.h"
+#include "loader/chat_template.h"
+#include "loader/generation_config.h"
+#include "loader/tokenizer.h"
+#include "runtime/generate.h"
+#include "runtime/model_loader.h"
+
+namespace linnet {
+
+/// One request: an --input line (or --prompt) with its rendered text, ids and settings.
+struct Request {
+  int64_t index = 0;      // 0-based input line number: the output's "index"
+  std::string where;      // "file:line" or "--prompt", for messages
+  std::string text;       // the prompt text (a chat request rendered by the template)
+  std::vector<int32_t> ids;
+  RequestSettings settings;
+};
+
+/// {"messages": [{"role": "user", "content": prompt}], "add_generation_prompt": true}.
+std::string user_message_request(const std::string& prompt);
+
+/// Every request's defaults: generation_config.json (do_sample false or absent: greedy;
+/// with sampling, transformers' defaults temperature 1, top_k 50, top_p 1), overridden
+/// by the flags.
+RequestSettings resolve_defaults(const GenerateOptions& o, const GenerationConfig& g);
+
+/// The model's EOS ids: generation_config.json's, else config.json's, else the
+/// tokenizer's EOS token.
+std::vector<int64_t> resolve_eos(const ModelFiles& files, const Tokenizer& tok);
+
+/// The prompt text of one input line: raw text, or a chat request rendered by the
+/// model's template (loaded into `chat` on first use); `is_chat` says which.
+/// @throws Error naming `where`: "prompt" and "messages" both or neither, an unknown
+///   key on a "prompt" line, a template error.
+std::string prompt_text(const nlohmann::ordered_json& line, bool chat_flag, const Tokenizer& tok,
+                        const std::filesystem::path& model_dir, std::unique_ptr<ModelChatTemplate>& chat,
+                        const std::string& where, bool& is_chat);
+
+/// The completion text of `ids` after the request's prompt, cut before the first stop
+/// string it holds (vLLM's rule); `stopped` tells whether one was found.
+std::string completion_text(const Tokenizer& tok, const Request& r, const std::vector<int32_t>& ids, bool& stopped);
+
+/// One id's text (special tokens kept), or "" when it cannot be decoded alone.
+std::string token_text(const Tokenizer& tok, int32_t id);
+
+/// One output line: {index, prompt, completion, prompt_ids, completion_ids,
+/// finish_reason, [error], prompt_tokens, completion_tokens, [logprobs]}; `completion`
+/// receives the completion text.
+nlohmann::ordered_json output_line(const Tokenizer& tok, const Request& r, const GenerationResult& g,
+                                   std::string& completion);
+
+/// A JSONL line of `j` (invalid UTF-8 replaced, never thrown on).
+std::string dump_line(const nlohmann::ordered_json& j);
+
+/// The stop-string check of one request on tp rank 0: detokenizes the new tokens as
+/// they come and tells when the text holds one of the request's stop strings.
+class StopScan {
+ public:
+  /// Appends `token`; true when a stop string now ends inside the text.
+  bool push(const Tokenizer& tok, const Request& r, int32_t token);
+
+ private:
+  std::unique_ptr<StreamingDetokenizer> stream_;
+  std::string text_;
+};
+
+}  // namespace linnet
