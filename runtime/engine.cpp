@@ -360,6 +360,12 @@ std::vector<float> Engine::replay_decode(std::span<const int32_t> tokens, const 
   return unpack_logits(recv, B, P);
 }
 
+std::vector<float> Engine::cache_logits(std::span<const int32_t> tokens, const Rows& r,
+                                        std::span<const int32_t> last) {
+  if (DecodeGraph* g = graph_for(static_cast<int64_t>(tokens.size()), last)) return replay_decode(tokens, r, *g);
+  return gather_logits(run(tokens, r, cache_, last), static_cast<int64_t>(last.size()));
+}
+
 std::vector<float> Engine::forward(std::span<const int32_t> tokens) {
   const int64_t S = static_cast<int64_t>(tokens.size());
   check_tokens(tokens, 0, max_seq_len_);
@@ -385,8 +391,7 @@ std::vector<float> Engine::prefill(std::span<const int32_t> tokens, int64_t pos)
   const int32_t last[1] = {static_cast<int32_t>(tokens.size() - 1)};
   const std::vector<int32_t> table = row_pages(0, "prefill");
   const Rows r = sequence_rows(static_cast<int64_t>(tokens.size()), pos, table, cache_.page_size);
-  if (DecodeGraph* g = graph_for(static_cast<int64_t>(tokens.size()), last)) return replay_decode(tokens, r, *g);
-  return gather_logits(run(tokens, r, cache_, last), 1);
+  return cache_logits(tokens, r, last);
 }
 
 std::vector<float> Engine::decode(int32_t token, int64_t pos) {
@@ -575,10 +580,7 @@ std::vector<float> Engine::step_paged(const PagedBatch& batch) {
     run(batch.tokens, r, cache_, {}, /*logits=*/false);
     return {};
   }
-  if (DecodeGraph* g = graph_for(static_cast<int64_t>(batch.tokens.size()), batch.last)) {
-    return replay_decode(batch.tokens, r, *g);
-  }
-  return gather_logits(run(batch.tokens, r, cache_, batch.last), static_cast<int64_t>(batch.last.size()));
+  return cache_logits(batch.tokens, r, batch.last);
 }
 
 std::vector<float> Engine::prefill_paged(PagedBatch batch) {
@@ -592,8 +594,7 @@ std::vector<float> Engine::prefill_paged(PagedBatch batch) {
   for (size_t s = 0; s < batch.last.size(); ++s) {
     if (batch.last[s] < 0) throw Error("a sequence has no tokens in this pass", "prefill_paged", "", "sequence " + std::to_string(s));
   }
-  const Rows r = paged_rows(batch, "prefill_paged");
-  return gather_logits(run(batch.tokens, r, cache_, batch.last), static_cast<int64_t>(batch.last.size()));
+  return cache_logits(batch.tokens, paged_rows(batch, "prefill_paged"), batch.last);
 }
 
 std::vector<float> Engine::decode_paged(std::span<const int32_t> tokens, std::span<const int32_t> positions,
@@ -609,9 +610,7 @@ std::vector<float> Engine::decode_paged(std::span<const int32_t> tokens, std::sp
   b.seq.resize(tokens.size());
   std::iota(b.seq.begin(), b.seq.end(), 0);
   b.last = b.seq;
-  const Rows r = paged_rows(b, "decode_paged");
-  if (DecodeGraph* g = graph_for(static_cast<int64_t>(b.tokens.size()), b.last)) return replay_decode(b.tokens, r, *g);
-  return gather_logits(run(b.tokens, r, cache_, b.last), static_cast<int64_t>(b.last.size()));
+  return cache_logits(b.tokens, paged_rows(b, "decode_paged"), b.last);
 }
 
 }  // namespace linnet

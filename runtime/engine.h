@@ -184,6 +184,10 @@ class Engine {
              bool logits_wanted = true);
   // run() on inputs already in backend memory.
   Tensor run_pass(const PassInputs& in, KvCache& cache, std::span<const int32_t> out, bool logits_wanted);
+  // A pass through the engine's KV cache: the gathered logits f32 [last.size(),
+  // vocab_size] of the tokens listed in `last`, replayed as a CUDA graph when the pass
+  // is a pure decode step and graphs are on, else run eagerly.
+  std::vector<float> cache_logits(std::span<const int32_t> tokens, const Rows& r, std::span<const int32_t> last);
   // all_gather of local logits [rows, vocab_local] into [rows, vocab_size].
   std::vector<float> gather_logits(const Tensor& local, int64_t rows);
   // The host copy of all_gather's output [tp, rows, vocab_local] -> [keep, vocab_size]
