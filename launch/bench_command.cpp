@@ -27,12 +27,6 @@
 namespace linnet {
 namespace {
 
-void positive(const cxxopts::ParseResult& r, const char* name, int64_t& out, int64_t min) {
-  if (!r.count(name)) return;
-  out = r[name].as<int64_t>();
-  if (out < min) throw Error("invalid value", std::string("--") + name, ">= " + std::to_string(min), std::to_string(out));
-}
-
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -78,22 +72,13 @@ std::optional<BenchOptions> parse_bench_options(int argc, char** argv, std::stri
   o.random_weights = r.count("random-weights") > 0;
   if (o.model.empty() == o.config.empty()) throw Error("give exactly one of --model and --config", "--model");
   if (!o.config.empty() && !o.random_weights) throw Error("needs --random-weights (a config has no weights)", "--config");
-  if (r.count("backend")) {
-    o.backend = r["backend"].as<std::string>();
-    if (o.backend != "cpu" && o.backend != "cuda") throw Error("invalid value", "--backend", "cpu or cuda", o.backend);
-  }
-  positive(r, "batch", o.batch, 1);
-  positive(r, "prompt-len", o.prompt_len, 1);
-  positive(r, "new-tokens", o.new_tokens, 0);
-  positive(r, "max-seq-len", o.max_seq_len, 1);
-  if (r.count("tp")) {
-    o.tp = r["tp"].as<int>();
-    if (o.tp < 1) throw Error("invalid value", "--tp", ">= 1", std::to_string(o.tp));
-  }
-  if (r.count("threads")) {
-    o.threads = r["threads"].as<int>();
-    if (o.threads < 1) throw Error("invalid value", "--threads", ">= 1", std::to_string(o.threads));
-  }
+  read_backend(r, o.backend);
+  read_at_least<int64_t>(r, "batch", 1, o.batch);
+  read_at_least<int64_t>(r, "prompt-len", 1, o.prompt_len);
+  read_at_least<int64_t>(r, "new-tokens", 0, o.new_tokens);
+  read_at_least<int64_t>(r, "max-seq-len", 1, o.max_seq_len);
+  read_at_least(r, "tp", 1, o.tp);
+  read_at_least(r, "threads", 1, o.threads);
   if (r.count("seed")) o.seed = r["seed"].as<uint64_t>();
   o.cuda_graphs = r.count("cuda-graphs") > 0;
   return o;

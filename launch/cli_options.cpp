@@ -296,10 +296,7 @@ CommandLine parse_command_line(int argc, char** argv) {
     }
     g.logprobs = true;
   }
-  if (r.count("tp")) {
-    g.tp = r["tp"].as<int>();
-    if (g.tp < 1) invalid("--tp", ">= 1", std::to_string(g.tp));
-  }
+  read_at_least(r, "tp", 1, g.tp);
   g.resume = r.count("resume") > 0;
   if (g.resume && (g.input.empty() || g.output.empty())) throw Error("needs --input and --output", "--resume");
   if (r.count("top-k")) {
@@ -332,14 +329,8 @@ CommandLine parse_command_line(int argc, char** argv) {
     const double f = *g.kv_cache_memory_fraction;
     if (!(f > 0.0 && f <= 1.0)) invalid("--kv-cache-memory-fraction", "in (0, 1]", num(f));
   }
-  if (r.count("threads")) {
-    g.threads = r["threads"].as<int>();
-    if (g.threads < 1) invalid("--threads", ">= 1", std::to_string(g.threads));
-  }
-  if (r.count("backend")) {
-    g.backend = r["backend"].as<std::string>();
-    if (g.backend != "cpu" && g.backend != "cuda") invalid("--backend", "cpu or cuda", g.backend);
-  }
+  read_at_least(r, "threads", 1, g.threads);
+  read_backend(r, g.backend);
   g.verbose = r.count("verbose") > 0;
   g.chat = r.count("chat") > 0;
   return cl;

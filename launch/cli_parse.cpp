@@ -29,4 +29,10 @@ std::optional<cxxopts::ParseResult> parse_options(cxxopts::Options& opts, int ar
   return r;
 }
 
+void read_backend(const cxxopts::ParseResult& r, std::string& out) {
+  if (!r.count("backend")) return;
+  out = r["backend"].as<std::string>();
+  if (out != "cpu" && out != "cuda") throw Error("invalid value", "--backend", "cpu or cuda", out);
+}
+
 }  // namespace linnet

@@ -168,22 +168,10 @@ std::optional<LossOptions> parse_loss_options(int argc, char** argv, std::string
     o.output = r["output"].as<std::string>();
     if (o.output.empty()) throw Error("is empty", "--output");
   }
-  if (r.count("max-seq-len")) {
-    o.max_seq_len = r["max-seq-len"].as<int64_t>();
-    if (o.max_seq_len < 2) throw Error("invalid value", "--max-seq-len", ">= 2", std::to_string(o.max_seq_len));
-  }
-  if (r.count("tp")) {
-    o.tp = r["tp"].as<int>();
-    if (o.tp < 1) throw Error("invalid value", "--tp", ">= 1", std::to_string(o.tp));
-  }
-  if (r.count("threads")) {
-    o.threads = r["threads"].as<int>();
-    if (o.threads < 1) throw Error("invalid value", "--threads", ">= 1", std::to_string(o.threads));
-  }
-  if (r.count("backend")) {
-    o.backend = r["backend"].as<std::string>();
-    if (o.backend != "cpu" && o.backend != "cuda") throw Error("invalid value", "--backend", "cpu or cuda", o.backend);
-  }
+  read_at_least<int64_t>(r, "max-seq-len", 2, o.max_seq_len);
+  read_at_least(r, "tp", 1, o.tp);
+  read_at_least(r, "threads", 1, o.threads);
+  read_backend(r, o.backend);
   o.verbose = r.count("verbose") > 0;
   return o;
 }
