@@ -86,21 +86,18 @@ void NcclCommunicator::agree_on_count(std::size_t count, const char* op) {
 void NcclCommunicator::all_reduce_sum(float* data, std::size_t count) {
   if (!is_device_pointer(data)) return mpi().all_reduce_sum(data, count);
   agree_on_count(count, "all_reduce_sum");
-  if (size() == 1) return;
   LINNET_NCCL_CHECK(ncclAllReduce(data, data, count, ncclFloat32, ncclSum, nccl(), stream_));
 }
 
 void NcclCommunicator::all_reduce_sum(double* data, std::size_t count) {
   if (!is_device_pointer(data)) return mpi().all_reduce_sum(data, count);
   agree_on_count(count, "all_reduce_sum");
-  if (size() == 1) return;
   LINNET_NCCL_CHECK(ncclAllReduce(data, data, count, ncclFloat64, ncclSum, nccl(), stream_));
 }
 
 void NcclCommunicator::all_reduce_max(float* data, std::size_t count) {
   if (!is_device_pointer(data)) return mpi().all_reduce_max(data, count);
   agree_on_count(count, "all_reduce_max");
-  if (size() == 1) return;
   LINNET_NCCL_CHECK(ncclAllReduce(data, data, count, ncclFloat32, ncclMax, nccl(), stream_));
 }
 
@@ -117,7 +114,6 @@ void NcclCommunicator::all_gather(const float* send, std::size_t count, float* r
 void NcclCommunicator::broadcast(void* data, std::size_t bytes, int root) {
   if (!is_device_pointer(data)) return mpi().broadcast(data, bytes, root);
   agree_on_count(bytes, "broadcast");
-  if (size() == 1) return;
   LINNET_NCCL_CHECK(ncclBroadcast(data, data, bytes, ncclUint8, root, nccl(), stream_));
 }
 

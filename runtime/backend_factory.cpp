@@ -12,7 +12,10 @@ std::unique_ptr<Backend> make_backend(const std::string& kind_in, int threads, i
   if (kind == "cpu") return make_cpu_backend(blas_threads_per_rank(threads, local_size));
   if (kind == "cuda") {
     const int n = cuda_device_count();
-    if (n == 0) throw Error("no CUDA device", "--backend cuda", "a visible CUDA device", "none (use --backend cpu)");
+    if (n == 0) {
+      throw Error("no CUDA device (" + cuda_device_error() + ")", "--backend cuda", "a visible CUDA device",
+                  "none (use --backend cpu)");
+    }
     return make_cuda_backend(local_rank % n);
   }
   throw Error("unknown backend", "--backend", "cpu or cuda", kind);

@@ -22,6 +22,7 @@
 #include "common/cuda_check.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/ops.h"
+#include "parallel/self_communicator.h"
 #include "parallel/staged_communicator.h"
 #include "runtime/cuda_backend.h"
 #ifdef LINNET_HAVE_NCCL
@@ -70,6 +71,14 @@ class CudaBackend final : public Backend {
     LINNET_CUDA_CHECK(cudaStreamCreateWithFlags(&owner_->stream, cudaStreamNonBlocking));
     stream_ = owner_->stream;
     LINNET_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device));
+    int pools = 0;
+    LINNET_CUDA_CHECK(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device));
+    if (pools == 0) {
+      throw Error("this CUDA device has no stream-ordered memory pools (cudaDevAttrMemoryPoolsSupported = 0), "
+                  "which the CUDA backend allocates from",
+                  "--backend cuda (device " + std::to_string(device) + ")", "CUDA 11.2+ driver on a device with pools",
+                  "unsupported (use --backend cpu)");
+    }
     cudaMemPool_t pool = nullptr;
     LINNET_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device));
     uint64_t keep = UINT64_MAX;
@@ -297,6 +306,22 @@ class CudaBackend final : public Backend {
     if (!want.empty() && want != "nccl" && want != "mpi") throw Error("unknown value", "LINNET_COMM", "nccl or mpi", want);
     int devices = 0;
     LINNET_CUDA_CHECK(cudaGetDeviceCount(&devices));
+    if (group.size() == 1 && want != "nccl") {
+      // tp = 1: nothing to exchange, so no NCCL (nor MPI) to start; all_gather is a copy
+      // on the compute stream, which a CUDA graph records like any kernel.
+      cudaStream_t stream = stream_;
+      comm_ = std::make_unique<SelfCommunicator>(
+          [stream](void* dst, const void* src, size_t bytes) {
+            if (!is_device_pointer(dst) && !is_device_pointer(src)) {
+              std::memcpy(dst, src, bytes);
+              return;
+            }
+            LINNET_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream));
+          },
+          /*capturable=*/true);
+      comm_group_ = group.comm();
+      return *comm_;
+    }
 #ifdef LINNET_HAVE_NCCL
     const bool nccl = want.empty() ? local_size <= devices : want == "nccl";
     if (nccl) {
@@ -376,14 +401,32 @@ class CudaBackend final : public Backend {
 
 }  // namespace
 
-int cuda_device_count() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    (void)cudaGetLastError();  // clear the sticky-free error so later queries start clean
-    return 0;
-  }
-  return n;
+namespace {
+// The first device query's outcome, kept: CUDA's answer does not change within a process.
+struct DeviceQuery {
+  int count = 0;
+  std::string error;
+};
+const DeviceQuery& device_query() {
+  static const DeviceQuery q = [] {
+    DeviceQuery r;
+    const cudaError_t rc = cudaGetDeviceCount(&r.count);
+    if (rc != cudaSuccess) {
+      (void)cudaGetLastError();  // clear the error so later calls start clean
+      r.count = 0;
+      r.error = std::string("cudaGetDeviceCount: ") + cudaGetErrorName(rc) + ": " + cudaGetErrorString(rc);
+    } else if (r.count == 0) {
+      r.error = "cudaGetDeviceCount: 0 devices";
+    }
+    return r;
+  }();
+  return q;
 }
+}  // namespace
+
+int cuda_device_count() { return device_query().count; }
+
+std::string cuda_device_error() { return device_query().error; }
 
 std::unique_ptr<Backend> make_cuda_backend(int device) {
   const int n = cuda_device_count();

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "parallel/communicator.h"
 #include "parallel/mpi_communicator.h"
@@ -15,6 +16,12 @@ namespace linnet {
 /// a build without CUDA), so callers fall back to the CPU backend.
 int cuda_device_count();
 
+/// Why cuda_device_count() is 0, for messages and test skips: the device query's CUDA
+/// error name and text ("cudaGetDeviceCount: cudaErrorNoDevice: no CUDA-capable device
+/// is detected"), "cudaGetDeviceCount: 0 devices", or "linnet-tp was built without
+/// CUDA"; empty when devices are visible.
+std::string cuda_device_error();
+
 /// A backend on CUDA device `device`: one non-blocking stream, memory from the
 /// device's stream-ordered pool (cudaMallocAsync), bf16 weight matrices, cuBLASLt GEMMs.
 /// Makes `device` current on the calling thread; use the backend from that thread.
@@ -25,7 +32,8 @@ std::unique_ptr<Backend> make_cuda_backend(int device);
 /// NCCL on the backend's stream when each of the node's `local_size` ranks has its own
 /// GPU and NCCL was built in, else host-staged MPI; LINNET_COMM=nccl|mpi overrides.
 /// Made once per backend and owned by it (it must outlive the Engine using it); later
-/// calls return the same object. Not a collective call: the communicator bootstraps
+/// calls return the same object. A group of one rank gets a SelfCommunicator (no NCCL,
+/// no MPI: all_gather is a device copy on the stream) unless LINNET_COMM=nccl. Not a collective call: the communicator bootstraps
 /// (MPI duplicate, NCCL unique id) at its first collective; `group` must outlive it.
 /// @throws Error when `backend` is not a CUDA backend or LINNET_COMM=nccl is
 ///   unavailable.

@@ -6,6 +6,8 @@ namespace linnet {
 
 int cuda_device_count() { return 0; }
 
+std::string cuda_device_error() { return "linnet-tp was built without CUDA"; }
+
 std::unique_ptr<Backend> make_cuda_backend(int) {
   throw Error("linnet-tp was built without CUDA", "--backend cuda", "a build with LINNET_CUDA=ON", "no CUDA");
 }

@@ -14,6 +14,11 @@
 # The binaries built here are used when they start; otherwise (or with --build) the
 # needed targets are built there against the prefix.
 #
+# Time: the device call has 540 s. The script keeps a budget of GPU_CHECK_BUDGET seconds
+# (default 420) for its steps: no step starts once the budget is spent, each step's
+# timeout is cut to what is left, the benches stop at the first failure, and the summary
+# table prints whatever happened (from an EXIT trap).
+#
 # Options: --build (ignore .gpu-bin), --no-gpu (test this script's logic on a machine
 # without a GPU: unpack, configure/build or pick binaries, bench on the CPU backend with
 # a small model), --out DIR (logs; default $OUT or /tmp/linnet-gpu-check). GPU_CHECK_BUILD_DIR
@@ -37,10 +42,15 @@ while [ $# -gt 0 ]; do
   shift
 done
 T0=$(date +%s)
+BUDGET=${GPU_CHECK_BUDGET:-420}
 say() { echo "[gpu_check +$(( $(date +%s) - T0 ))s] $*"; }
-die() { say "FAILED: $*"; exit 1; }
+die() { TESTS_OK=0; say "FAILED: $*"; exit 1; }
+# Seconds of the budget left; a step's timeout: its own limit cut to what is left.
+left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
+step_timeout() { local l; l=$(left); [ "$1" -lt "$l" ] && echo "$1" || echo "$l"; }
 
-GPU_TARGETS="linnet-tp test_cuda_kernels test_cuda_engine"
+GPU_TARGETS="linnet-tp test_cuda_kernels test_cuda_engine test_nccl"
+GPU_BINS="linnet-tp test_cuda_kernels test_cuda_engine test_nccl"
 
 if [ "$MODE" = prepare ]; then
   set -e
@@ -50,7 +60,7 @@ if [ "$MODE" = prepare ]; then
   cmake --build build-cuda -j2 --target $GPU_TARGETS
   grep -qxF '/.gpu-bin/' .git/info/exclude || echo '/.gpu-bin/' >> .git/info/exclude
   rm -rf .gpu-bin && mkdir -p .gpu-bin
-  for t in launch/linnet-tp tests/test_cuda_kernels tests/test_cuda_engine; do
+  for t in launch/linnet-tp tests/test_cuda_kernels tests/test_cuda_engine tests/test_nccl; do
     cp "build-cuda/$t" .gpu-bin/ && strip .gpu-bin/"$(basename "$t")"
   done
   say "prepared: .debs ($(du -sh .debs | cut -f1)), .gpu-bin ($(du -sh .gpu-bin | cut -f1)); carry both"
@@ -58,6 +68,24 @@ if [ "$MODE" = prepare ]; then
 fi
 
 mkdir -p "$LOGS"
+if [ "$NO_GPU" = 0 ]; then
+  CONFIG=$ROOT/scripts/configs/llama-3.1-8b.json BACKEND=cuda RUNS="1 16" P=128 N=64
+else
+  CONFIG=$ROOT/tests/data/fixtures/llama31/f32/config.json BACKEND=cpu RUNS="1 4" P=16 N=8
+fi
+TESTS_OK=1
+GPU_LOG=$LOGS/gpu_tests.log
+ROWS=()
+# The table, printed whatever happened (also when a step above died or ran out of time).
+table() {
+  echo
+  echo "linnet-tp bench, $(basename "$CONFIG") random weights, $BACKEND, prompt $P, $N new tokens ($(( $(date +%s) - T0 )) s in all)"
+  echo "| batch | decode path (graphs on?) | prefill tok/s | decode tok/s | ms/step | GB/s |"
+  echo "|---|---|---|---|---|---|"
+  for r in "${ROWS[@]}"; do echo "$r"; done
+  echo "gpu tests: $([ $TESTS_OK = 1 ] && echo passed || echo FAILED) (log: $GPU_LOG)"
+}
+trap table EXIT
 
 # --- 1. Dependencies: the .debs unpacked into a prefix, and the CUDA libraries --------
 PREFIX=/tmp/linnet-deps
@@ -99,16 +127,8 @@ for d in /usr/local/cuda /usr/local/cuda/targets/x86_64-linux $PYLIBS; do
     fi
   done
 done
-# Anywhere else (a toolkit without cuBLAS, another wheel layout): search once.
-if ! ls /usr/local/cuda/lib64/libcublasLt.so* >/dev/null 2>&1 || [ -z "$NCCL_ROOT" ]; then
-  while read -r lib; do
-    d=$(dirname "$lib")
-    case ":$LD_LIBRARY_PATH:" in *":$d:"*) ;; *) LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$d ;; esac
-    if [ -z "$NCCL_ROOT" ] && [ -f "$d/../include/nccl.h" ] && [[ $lib == *nccl* ]]; then NCCL_ROOT=$(cd "$d/.." && pwd); fi
-  done < <(find /usr /opt -name 'libcublasLt.so.1[0-9]' -o -name 'libnccl.so.2' 2>/dev/null)
-fi
 export LD_LIBRARY_PATH
-say "prefix $PREFIX ready; NCCL_ROOT=${NCCL_ROOT:-none}"
+say "prefix $PREFIX ready"
 
 if [ "$NO_GPU" = 0 ]; then
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || die "nvidia-smi"
@@ -119,14 +139,29 @@ BIN=""
 TESTBIN=""
 BUILD=""
 if [ "$FORCE_BUILD" = 0 ] && [ -x .gpu-bin/linnet-tp ]; then
-  if ! ldd .gpu-bin/linnet-tp .gpu-bin/test_cuda_kernels .gpu-bin/test_cuda_engine | grep -q "not found" &&
+  # shellcheck disable=SC2086  # the binaries are separate words
+  if ! (cd .gpu-bin && ldd $GPU_BINS) | grep -q "not found" &&
      .gpu-bin/linnet-tp --version >/dev/null 2>"$LOGS/prebuilt.err"; then
     BIN=$ROOT/.gpu-bin/linnet-tp
     TESTBIN=$ROOT/.gpu-bin
     say "using the binaries built elsewhere (.gpu-bin)"
   else
     say "the carried binaries do not start here (see prebuilt.err / ldd); building"
-    ldd .gpu-bin/linnet-tp | grep "not found" >>"$LOGS/prebuilt.err"
+    # shellcheck disable=SC2086
+    (cd .gpu-bin && ldd $GPU_BINS) | grep "not found" >>"$LOGS/prebuilt.err"
+  fi
+fi
+if [ -z "$BIN" ]; then
+  # Building here: find cuBLASLt / NCCL wherever this machine keeps them (a toolkit
+  # without cuBLAS, another wheel layout); only then is the slow search worth it.
+  if ! ls /usr/local/cuda/lib64/libcublasLt.so* >/dev/null 2>&1 || [ -z "$NCCL_ROOT" ]; then
+    while read -r lib; do
+      d=$(dirname "$lib")
+      case ":$LD_LIBRARY_PATH:" in *":$d:"*) ;; *) LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$d ;; esac
+      if [ -z "$NCCL_ROOT" ] && [ -f "$d/../include/nccl.h" ] && [[ $lib == *nccl* ]]; then NCCL_ROOT=$(cd "$d/.." && pwd); fi
+    done < <(find /usr /opt -name 'libcublasLt.so.1[0-9]' -o -name 'libnccl.so.2' 2>/dev/null)
+    export LD_LIBRARY_PATH
+    say "NCCL_ROOT=${NCCL_ROOT:-none} (searched)"
   fi
 fi
 if [ -z "$BIN" ]; then
@@ -151,22 +186,30 @@ ldd "$BIN" | grep -iE "cublas|nccl|cudart|libcuda" || true
 # The test binaries run directly (built here or there alike), each to the end whatever
 # the others did, into one log; a suite that skips for "no CUDA device" on a machine
 # whose nvidia-smi sees a GPU is a failure (a driver / runtime mismatch), not a pass.
-TESTS_OK=1
 export LINNET_TEST_DATA=$ROOT/tests/data LINNET_BIN=$BIN LINNET_MPIEXEC=$MPIRUN
-GPU_LOG=$LOGS/gpu_tests.log
 : >"$GPU_LOG"
 gpu_test() {  # timeout (s), then the command
-  local t=$1
+  local t
+  t=$(step_timeout "$1")
   shift
   echo "=== $*" >>"$GPU_LOG"
+  if [ "$t" -lt 20 ]; then
+    TESTS_OK=0
+    say "NOT RUN (budget spent): $*"
+    echo "not run: the budget of ${BUDGET}s was spent" >>"$GPU_LOG"
+    return
+  fi
   if ! timeout "$t" "$@" >>"$GPU_LOG" 2>&1; then
     TESTS_OK=0
     say "FAILED: $*"
   fi
 }
 gpu_test 120 "$TESTBIN/test_cuda_kernels"
+gpu_test 60 "$MPIRUN" -np 1 "$TESTBIN/test_nccl"
 gpu_test 150 "$MPIRUN" -np 1 "$TESTBIN/test_cuda_engine"
-gpu_test 150 "$MPIRUN" -np 2 "$TESTBIN/test_cuda_engine"
+# Two ranks on one GPU: only the suite that uses the job's tp group (the others make
+# their own one-rank groups on MPI_COMM_SELF and ran above).
+gpu_test 150 "$MPIRUN" -np 2 "$TESTBIN/test_cuda_engine" --gtest_filter='Seeds/CudaEngineTest.*'
 grep -aE "^===|tests? from .* ran|  (PASSED|FAILED)  \]|\[rank [0-9]+\]|: Failure" "$GPU_LOG" | head -60
 if [ "$NO_GPU" = 0 ] && grep -aq "no CUDA device" "$GPU_LOG"; then
   TESTS_OK=0
@@ -175,31 +218,31 @@ fi
 say "gpu tests: $([ $TESTS_OK = 1 ] && echo passed || echo FAILED) (log: $GPU_LOG)"
 
 # --- 4. bench ---------------------------------------------------------------------------
-if [ "$NO_GPU" = 0 ]; then
-  CONFIG=$ROOT/scripts/configs/llama-3.1-8b.json BACKEND=cuda RUNS="1 16" P=128 N=64
-else
-  CONFIG=$ROOT/tests/data/fixtures/llama31/f32/config.json BACKEND=cpu RUNS="1 4" P=16 N=8
-fi
-ROWS=()
+BENCH_FAILED=0
 for B in $RUNS; do
   for GRAPHS in eager graphs; do
     log=$LOGS/bench_b${B}_$GRAPHS.log
+    t=$(step_timeout 90)
+    if [ "$BENCH_FAILED" = 1 ] || [ "$t" -lt 20 ]; then
+      ROWS+=("| $B | $GRAPHS | not run ($([ "$BENCH_FAILED" = 1 ] && echo "an earlier bench failed" || echo "budget spent")) | | | |")
+      continue
+    fi
     FLAG=""
     [ "$GRAPHS" = graphs ] && FLAG=--cuda-graphs
     # shellcheck disable=SC2086  # FLAG is one word or none
-    timeout 150 "$MPIRUN" -np 1 "$BIN" bench --config "$CONFIG" --random-weights --backend $BACKEND \
-      --batch "$B" --prompt-len $P --new-tokens $N $FLAG >"$log" 2>&1 ||
-      { cat "$log"; say "bench batch $B $GRAPHS FAILED"; TESTS_OK=0; continue; }
+    if ! timeout "$t" "$MPIRUN" -np 1 "$BIN" bench --config "$CONFIG" --random-weights --backend $BACKEND \
+      --batch "$B" --prompt-len $P --new-tokens $N $FLAG >"$log" 2>&1; then
+      tail -20 "$log"
+      say "bench batch $B $GRAPHS FAILED (log: $log)"
+      ROWS+=("| $B | $GRAPHS | FAILED (see $(basename "$log")) | | | |")
+      TESTS_OK=0
+      BENCH_FAILED=1
+      continue
+    fi
     cat "$log"
     v() { sed -n "s/^$1: \([0-9.]*\).*/\1/p" "$log"; }
     ON=$(sed -n 's/^cuda graphs: \([a-z]*\).*/\1/p' "$log")
     ROWS+=("| $B | $GRAPHS (${ON:-?}) | $(v 'prefill tokens\/s') | $(v 'decode tokens\/s') | $(v 'decode ms\/step') | $(v 'achieved GB\/s') |")
   done
 done
-
-echo
-echo "linnet-tp bench, $(basename "$CONFIG") random weights, $BACKEND, prompt $P, $N new tokens ($(( $(date +%s) - T0 )) s in all)"
-echo "| batch | decode path (graphs on?) | prefill tok/s | decode tok/s | ms/step | GB/s |"
-echo "|---|---|---|---|---|---|"
-for r in "${ROWS[@]}"; do echo "$r"; done
 [ $TESTS_OK = 1 ] || exit 1

@@ -75,9 +75,17 @@ transformers, with seeded random weights:
        disabled, equal to an uncached argmax loop), "min_greedy_margin" (the
        smallest top-2 logit gap over those greedy steps),
        "logits_f32" (f32 file, f32 math), "logits_bf16_weights" (bf16 file
-       loaded as float32), "logits_bf16_compute" (bf16 file, bf16 math): each
+       loaded as float32), "logits_bf16_compute" (bf16 file, bf16 math),
+       "logits_bf16_gemm_inputs" (bf16 file, f32 math, every nn.Linear's input
+       rounded to bf16 first: the CUDA backend's numerics), each
        40 rows of vocab_size exact doubles of the float32 (or bf16) values,
-       full uncached forward pass over prompt_ids, eager attention}
+       full uncached forward pass over prompt_ids, eager attention,
+       "bf16_gemm_inputs_noise_spread" (how far logits_bf16_gemm_inputs moves
+       when f32-level noise, 1e-6 to 4e-6 relative, as another summation order
+       makes, is added before each bf16 rounding, so activations land on the
+       other side of a rounding step), "tolerance_cuda" (2 x that spread: the
+       CUDA engine tests' per-architecture bound on |CUDA -
+       logits_bf16_gemm_inputs| and on |decode - forward|)}
   <out>/fixtures/llama31_inv_freq.json
       the llama3-scaled and default rope inverse-frequency tables transformers
       computes for the real Llama-3.1-8B config and for the llama31 fixture.
@@ -188,6 +196,45 @@ def full_logits(model, ids):
     logits = out.logits[0].to(torch.float32)
     assert logits.shape == (len(ids), model.config.vocab_size), logits.shape
     return logits
+
+
+@torch.no_grad()
+def full_logits_bf16_gemm_inputs(model, ids):
+    """full_logits with every nn.Linear input rounded to bfloat16 (then back to
+    float32) before the matmul: a bf16 x bf16 GEMM with f32 accumulation, as
+    the CUDA backend runs its projections and lm_head."""
+    def round_input(_module, args):
+        return (args[0].to(torch.bfloat16).to(torch.float32),) + tuple(args[1:])
+    hooks = [m.register_forward_pre_hook(round_input)
+             for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    try:
+        return full_logits(model, ids)
+    finally:
+        for h in hooks:
+            h.remove()
+
+
+@torch.no_grad()
+def bf16_gemm_inputs_noise_spread(model, ids, ref):
+    """Max |logits - ref| over 4 runs of full_logits_bf16_gemm_inputs with
+    seeded relative noise (1e-6, 1e-6, 4e-6, 4e-6) on every nn.Linear input
+    before its bf16 rounding: what a different f32 summation order does to
+    bf16-rounded numerics."""
+    worst = 0.0
+    for seed, rel in ((1, 1e-6), (2, 1e-6), (3, 4e-6), (4, 4e-6)):
+        gen = torch.Generator().manual_seed(seed)
+
+        def noisy_round(_module, args):
+            x = args[0] * (1 + rel * torch.randn(args[0].shape, generator=gen))
+            return (x.to(torch.bfloat16).to(torch.float32),) + tuple(args[1:])
+        hooks = [m.register_forward_pre_hook(noisy_round)
+                 for m in model.modules() if isinstance(m, torch.nn.Linear)]
+        try:
+            worst = max(worst, float((full_logits(model, ids) - ref).abs().max()))
+        finally:
+            for h in hooks:
+                h.remove()
+    return worst
 
 
 @torch.no_grad()
@@ -781,6 +828,11 @@ def make_one_fixture(args, fx, src):
     lg32 = full_logits(m32, prompt)
     lgbw = full_logits(mbw, prompt)
     lgbc = full_logits(mbc, prompt)
+    lgbg = full_logits_bf16_gemm_inputs(mbw, prompt)
+    spread = bf16_gemm_inputs_noise_spread(mbw, prompt, lgbg)
+    if 2 * spread >= 0.5:
+        sys.exit(f"{name}: bf16 noise spread {spread} too large for a CUDA "
+                 "tolerance that catches a wrong half-logit")
     if shard_dir and not torch.equal(full_logits(msh, prompt), lg32):
         sys.exit(f"{name}: sharded checkpoint logits differ")
 
@@ -835,9 +887,13 @@ def make_one_fixture(args, fx, src):
         "min_forward_top2_margin_f32": fwd_margin,
         "max_abs_diff_bf16_weights_vs_f32": float((lgbw - lg32).abs().max()),
         "max_abs_diff_bf16_compute_vs_f32": float((lgbc.float() - lg32).abs().max()),
+        "max_abs_diff_bf16_gemm_inputs_vs_bf16_weights": float((lgbg - lgbw).abs().max()),
+        "bf16_gemm_inputs_noise_spread": spread,
+        "tolerance_cuda": 2 * spread,
         "logits_f32": [[float(v) for v in r] for r in lg32.numpy()],
         "logits_bf16_weights": [[float(v) for v in r] for r in lgbw.numpy()],
         "logits_bf16_compute": [[float(v) for v in r] for r in lgbc.float().numpy()],
+        "logits_bf16_gemm_inputs": [[float(v) for v in r] for r in lgbg.numpy()],
     })
     write_json(os.path.join(root, "golden.json"), gold)
 
@@ -858,7 +914,10 @@ def make_one_fixture(args, fx, src):
     print(f"   min greedy margin {margins}, forward top-2 margin {fwd_margin:.4g}, "
           f"sliding window keys {gold['sliding_window_keys_attended']}")
     print(f"   max |bf16_weights - f32| {gold['max_abs_diff_bf16_weights_vs_f32']:.3g}, "
-          f"max |bf16_compute - f32| {gold['max_abs_diff_bf16_compute_vs_f32']:.3g}")
+          f"max |bf16_compute - f32| {gold['max_abs_diff_bf16_compute_vs_f32']:.3g}, "
+          f"max |bf16_gemm_inputs - bf16_weights| "
+          f"{gold['max_abs_diff_bf16_gemm_inputs_vs_bf16_weights']:.3g}, "
+          f"CUDA tolerance {gold['tolerance_cuda']:.3g}")
     return cfg_f32
 
 

@@ -8,6 +8,7 @@
 #include <numeric>
 #include <random>
 #include <tuple>
+#include <string>
 #include <vector>
 
 #include <cuda_runtime_api.h>
@@ -22,13 +23,20 @@
 namespace linnet {
 namespace {
 
-bool have_device() {
+// Why no device is usable ("" when one is): the query's CUDA error name and text.
+std::string no_device_reason() {
   int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+  const cudaError_t rc = cudaGetDeviceCount(&n);
+  if (rc != cudaSuccess) {
     (void)cudaGetLastError();
-    return false;
+    return std::string(cudaGetErrorName(rc)) + ": " + cudaGetErrorString(rc);
   }
-  return n > 0;
+  return n > 0 ? "" : "0 devices";
+}
+
+bool have_device() {
+  static const std::string reason = no_device_reason();
+  return reason.empty();
 }
 
 // A device copy of a host vector, freed on scope exit.
@@ -99,7 +107,7 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& ref, 
 class CudaKernels : public testing::Test {
  protected:
   void SetUp() override {
-    if (!have_device()) GTEST_SKIP() << "no CUDA device";
+    if (!have_device()) GTEST_SKIP() << "no CUDA device (" << no_device_reason() << ")";
     LINNET_CUDA_CHECK(cudaStreamCreate(&stream_));
   }
   void TearDown() override {

@@ -1,16 +1,23 @@
-// ShardPlan splits, WorldConfig groups and the Sampler, without MPI.
+// ShardPlan splits, WorldConfig groups, the Sampler and the one-rank communicator,
+// without MPI.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <map>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
 #include "common/error.h"
+#include "parallel/self_communicator.h"
 #include "parallel/shard_plan.h"
 #include "parallel/world_config.h"
+#include "runtime/backend_factory.h"
+#include "runtime/cuda_backend.h"
 #include "runtime/model_loader.h"
 #include "runtime/sampler.h"
+#include "tests/test_data.h"
 
 namespace linnet {
 namespace {
@@ -272,6 +279,72 @@ TEST(Sampler, RejectsBadParameters) {
   p = {};
   p.top_k = -2;
   EXPECT_THROW(Sampler{p}, Error);
+}
+
+// A group of one rank: sums and maxes are the identity, all_gather copies through the
+// owner's copy function (the CUDA backend's device copy), broadcast from a rank that is
+// not in the group is refused.
+TEST(SelfCommunicator, CollectivesOfOneRank) {
+  int copies = 0;
+  SelfCommunicator comm([&](void* d, const void* s, std::size_t n) {
+    ++copies;
+    std::memcpy(d, s, n);
+  });
+  EXPECT_EQ(comm.rank(), 0);
+  EXPECT_EQ(comm.size(), 1);
+  EXPECT_FALSE(comm.capturable());
+  std::vector<float> f = {1.5f, -2.0f, 3.25f};
+  std::vector<double> d = {0.5, 7.0};
+  comm.all_reduce_sum(f.data(), f.size());
+  comm.all_reduce_max(f.data(), f.size());
+  comm.all_reduce_sum(d.data(), d.size());
+  EXPECT_EQ(f, (std::vector<float>{1.5f, -2.0f, 3.25f}));
+  EXPECT_EQ(d, (std::vector<double>{0.5, 7.0}));
+  std::vector<float> out(3, 0.0f);
+  comm.all_gather(f.data(), 3, out.data());
+  EXPECT_EQ(out, f);
+  EXPECT_EQ(copies, 1);
+  comm.all_gather(out.data(), 3, out.data());  // in place: no copy
+  EXPECT_EQ(copies, 1);
+  comm.broadcast(f.data(), 12, 0);
+  EXPECT_THROW(comm.broadcast(f.data(), 12, 1), Error);
+  comm.barrier();
+  EXPECT_TRUE(SelfCommunicator({}, true).capturable());
+}
+
+// A tp = 1 engine needs no MPI (nor NCCL on a GPU): the llama31 fixture through a
+// SelfCommunicator, in a process that never called MPI_Init, equals transformers.
+TEST(SelfCommunicator, TpOneEngineNeedsNoMpi) {
+  const auto dir = test::test_data_dir() / "fixtures" / "llama31";
+  const auto golden = test::read_json(dir / "golden.json");
+  const ModelFiles files = open_model(dir / "f32");
+  auto backend = make_cpu_backend(1);
+  SelfCommunicator self;
+  auto engine = make_engine(files, ShardPlan::make(files.config, 0, 1), *backend, self, 64);
+  const auto prompt = golden["prompt_ids"].get<std::vector<int32_t>>();
+  const auto logits = engine->forward(prompt);
+  const int64_t vocab = files.config.vocab_size;
+  ASSERT_EQ(logits.size(), prompt.size() * static_cast<size_t>(vocab));
+  float worst = 0.0f;
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    const auto want = golden["logits_f32"][i].get<std::vector<float>>();
+    for (int64_t v = 0; v < vocab; ++v) worst = std::max(worst, std::fabs(logits[i * vocab + v] - want[v]));
+  }
+  EXPECT_LT(worst, 1e-4f);
+}
+
+// Without a usable device, asking for the CUDA backend says why (the device query's
+// CUDA error, or a build without CUDA), not only "no CUDA device".
+TEST(CudaDeviceQuery, NoDeviceErrorSaysWhy) {
+  if (cuda_device_count() > 0) GTEST_SKIP() << "a CUDA device is visible";
+  const std::string why = cuda_device_error();
+  EXPECT_TRUE(why.rfind("cudaGetDeviceCount: ", 0) == 0 || why == "linnet-tp was built without CUDA") << why;
+  try {
+    make_backend("cuda", 1, 0, 1);
+    ADD_FAILURE() << "make_backend(cuda) did not throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
