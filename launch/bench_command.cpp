@@ -50,6 +50,7 @@ std::optional<BenchOptions> parse_bench_options(int argc, char** argv, std::stri
      "backend's memory (no checkpoint needed)")
     ("backend", "cpu or cuda (default: cuda when a CUDA device is visible, else cpu)",
      cxxopts::value<std::string>())
+    ("weight-dtype", kWeightDtypeHelp, cxxopts::value<std::string>())
     ("batch", "Sequences decoded together", cxxopts::value<int64_t>())
     ("prompt-len", "Tokens per prompt (default 128)", cxxopts::value<int64_t>())
     ("new-tokens", "Decode steps (default 32)", cxxopts::value<int64_t>())
@@ -73,6 +74,7 @@ std::optional<BenchOptions> parse_bench_options(int argc, char** argv, std::stri
   if (o.model.empty() == o.config.empty()) throw Error("give exactly one of --model and --config", "--model");
   if (!o.config.empty() && !o.random_weights) throw Error("needs --random-weights (a config has no weights)", "--config");
   read_backend(r, o.backend);
+  read_weight_dtype(r, o.weight_dtype);
   read_at_least<int64_t>(r, "batch", 1, o.batch);
   read_at_least<int64_t>(r, "prompt-len", 1, o.prompt_len);
   read_at_least<int64_t>(r, "new-tokens", 0, o.new_tokens);
@@ -95,6 +97,7 @@ int run_bench(const BenchOptions& o, Job& job) {
   ShardPlan plan;
   std::unique_ptr<Backend> backend;
   int64_t max_seq_len = 0;
+  ScalarType held = ScalarType::kF32;
   if (!job.load_phase([&] {
         if (!o.model.empty()) {
           files = std::make_unique<ModelFiles>(open_model(resolve_model_dir(o.model)));
@@ -113,9 +116,11 @@ int run_bench(const BenchOptions& o, Job& job) {
           throw Error("prompt and new tokens do not fit in the KV cache", "--max-seq-len",
                       ">= " + std::to_string(o.prompt_len + o.new_tokens), std::to_string(max_seq_len));
         }
-        backend = make_backend(o.backend, o.threads, w.local_rank, w.local_size);
+        held = held_weight_dtype(o.weight_dtype, o.backend,
+                                 files ? from_dtype(files->checkpoint.dominant_dtype()) : config_weight_dtype(config));
+        backend = make_backend(o.backend, o.threads, w.local_rank, w.local_size, held);
         if (backend->device() == Device::kCpu) {
-          check_memory(rank_memory(config, plan, max_seq_len, o.batch), available_host_memory(), w.local_size);
+          check_memory(rank_memory(config, plan, max_seq_len, o.batch, held), available_host_memory(), w.local_size);
         }
       })) {
     return 1;
@@ -125,21 +130,21 @@ int run_bench(const BenchOptions& o, Job& job) {
     Communicator& comm = tp_communicator(*backend, *groups.tp, w.local_size);
     const auto t_load = std::chrono::steady_clock::now();
     ModelWeights weights = o.random_weights ? random_weights(*backend, config, plan, o.seed)
-                                            : load_weights(files->checkpoint, config, plan);
+                                            : load_weights(files->checkpoint, config, plan, backend->host_weight_dtype());
     // Paged KV (pages of 64): the raw entries use row b's fixed pages, generate_batch
     // hands pages out itself.
     Engine engine(config, plan, std::move(weights), *backend, comm, max_seq_len, o.batch, kKvPageSize, 0,
                   o.cuda_graphs);
     backend->synchronize();
     const double load_s = seconds_since(t_load);
-    const int64_t elem = backend->device() == Device::kCpu ? 4 : 2;
+    const int64_t elem = element_size(held);
     const int64_t step_bytes = decode_weight_bytes(config, plan, elem);
     if (w.world_rank == 0) {
       std::printf("bench: %s, tp %d, batch %lld, prompt %lld tokens, %lld new tokens\n", backend->name().c_str(),
                   w.tp_size, static_cast<long long>(o.batch), static_cast<long long>(o.prompt_len),
                   static_cast<long long>(o.new_tokens));
       std::printf("weights: %s (%s, %s per rank, %s in %.1f s)\n", o.random_weights ? "random" : "checkpoint",
-                  elem == 2 ? "bf16" : "f32", format_bytes(weight_bytes_local(config, plan) / 4 * elem).c_str(),
+                  scalar_type_name(held), format_bytes(weight_bytes_local(config, plan, held)).c_str(),
                   o.random_weights ? "made" : "loaded", load_s);
       std::printf("kv cache: %s per rank (%lld rows x %lld positions, f32)\n",
                   format_bytes(engine.kv_cache_bytes()).c_str(), static_cast<long long>(o.batch),

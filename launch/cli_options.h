@@ -46,6 +46,7 @@ struct GenerateOptions {
   bool progress = false;             // --progress: draw the bar even when stderr is not a terminal (mpirun)
   bool cuda_graphs = false;          // --cuda-graphs: replay decode steps as CUDA graphs (untested on a GPU yet)
   std::string backend;               // --backend cpu|cuda; empty: cuda when a device is visible, else cpu
+  std::string weight_dtype = "auto"; // --weight-dtype auto|f32|bf16|f16 (held_weight_dtype)
   bool verbose = false;
 };
 

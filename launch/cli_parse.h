@@ -32,4 +32,13 @@ void read_at_least(const cxxopts::ParseResult& r, const char* name, T min, T& ou
 /// @throws Error naming --backend when it is neither "cpu" nor "cuda".
 void read_backend(const cxxopts::ParseResult& r, std::string& out);
 
+/// When --weight-dtype was given: `out` = its value.
+/// @throws Error naming --weight-dtype when it is not auto, f32, bf16 or f16.
+void read_weight_dtype(const cxxopts::ParseResult& r, std::string& out);
+
+/// The --weight-dtype option's help line, shared by generate, loss and bench.
+inline constexpr const char* kWeightDtypeHelp =
+    "Weight matrices in memory: auto (the checkpoint's dtype; config.json's torch_dtype for random weights), "
+    "f32, bf16 or f16 (CPU backend; CUDA holds bf16). Activations, KV cache and sums stay f32";
+
 }  // namespace linnet

@@ -34,6 +34,7 @@
 #include "parallel/shard_plan.h"
 #include "runtime/backend.h"
 #include "runtime/backend_factory.h"
+#include "runtime/weights.h"
 #include "runtime/batch_generate.h"
 #include "runtime/generate.h"
 #include "runtime/kv_cache.h"
@@ -382,13 +383,15 @@ int run_generate(const GenerateOptions& o, Job& job) {
     const int64_t share = static_cast<int64_t>((todo.size() + static_cast<size_t>(w.dp_size) - 1 -
                                                 static_cast<size_t>(w.dp_rank)) / static_cast<size_t>(w.dp_size));
     const int64_t batch_rows = std::max<int64_t>(1, std::min<int64_t>(o.max_batch, share));
+    const ScalarType held =
+        held_weight_dtype(o.weight_dtype, o.backend, from_dtype(files->checkpoint.dominant_dtype()));
     const int64_t kv_tokens =
         resolve_kv_cache_tokens(files->config, plan, max_seq_len, batch_rows, o.kv_cache_tokens,
-                                o.kv_cache_memory_fraction, available_host_memory(), w.local_size);
-    const RankMemory need = rank_memory(files->config, plan, kv_tokens);
+                                o.kv_cache_memory_fraction, available_host_memory(), w.local_size, held);
+    const RankMemory need = rank_memory(files->config, plan, kv_tokens, 1, held);
     check_memory(need, available_host_memory(), w.local_size);
     const int threads = blas_threads_per_rank(o.threads, w.local_size);
-    backend = make_backend(o.backend, threads, w.local_rank, w.local_size);
+    backend = make_backend(o.backend, threads, w.local_rank, w.local_size, held);
     engine = make_engine(*files, plan, *backend, tp_communicator(*backend, *groups.tp, w.local_size), max_seq_len,
                          batch_rows, kKvPageSize,
                          kv_tokens / kKvPageSize, o.cuda_graphs);
@@ -396,10 +399,10 @@ int run_generate(const GenerateOptions& o, Job& job) {
       warn_once("--cuda-graphs has no effect here: graphs need --backend cuda and NCCL (or a single rank)");
     }
     if (w.world_rank == 0) {  // the memory a rank holds, as the model cards state it
-      const bool bf16 = backend->device() == Device::kCuda;  // weight matrices in bf16 there
       std::fprintf(stderr, "[linnet-tp] per rank: weights %s (%s), KV cache %s (%lld pages of %lld positions, f32; "
                    "--max-seq-len %lld), backend %s\n",
-                   format_bytes(bf16 ? need.weight_bytes / 2 : need.weight_bytes).c_str(), bf16 ? "bf16" : "f32", format_bytes(engine->kv_cache_bytes()).c_str(),
+                   format_bytes(need.weight_bytes).c_str(), scalar_type_name(held),
+                   format_bytes(engine->kv_cache_bytes()).c_str(),
                    static_cast<long long>(engine->num_pages()), static_cast<long long>(engine->page_size()),
                    static_cast<long long>(max_seq_len), backend->name().c_str());
     }
@@ -411,7 +414,7 @@ int run_generate(const GenerateOptions& o, Job& job) {
          "), backend " + backend->name() + " (" + std::to_string(threads) + " BLAS threads on cpu), KV cache " + std::to_string(engine->num_pages()) +
          " pages x " + std::to_string(engine->page_size()) + " positions = " + format_bytes(engine->kv_cache_bytes()) +
          " (up to " + std::to_string(batch_rows) + " requests at once), weights " +
-         format_bytes(need.weight_bytes) + " (f32); read " + format_bytes(static_cast<int64_t>(files->checkpoint.bytes_read())) +
+         format_bytes(need.weight_bytes) + " (" + scalar_type_name(held) + "); read " + format_bytes(static_cast<int64_t>(files->checkpoint.bytes_read())) +
          " of the checkpoint's " + format_bytes(static_cast<int64_t>(files->checkpoint.total_bytes())));
   });
   if (!loaded) return 1;

@@ -15,7 +15,9 @@
 #include "loader/model_config.h"
 #include "loader/weight_table.h"
 #include "parallel/shard_plan.h"
+#include "runtime/backend_factory.h"
 #include "runtime/model_loader.h"
+#include "runtime/weights.h"
 
 namespace linnet {
 namespace {
@@ -41,6 +43,8 @@ std::optional<InfoOptions> parse_info_options(int argc, char** argv, std::string
     ("tp", "Tensor-parallel size to plan for", cxxopts::value<int>()->default_value("1"))
     ("max-seq-len", "KV cache length in tokens (default: min(max_position_embeddings, 8192))",
      cxxopts::value<int64_t>())
+    ("weight-dtype", "The dtype the weights column counts: auto (the checkpoint's, else config.json's "
+     "torch_dtype), f32, bf16 or f16", cxxopts::value<std::string>())
     ("h,help", "Print this help and exit");
   // clang-format on
   const auto parsed = parse_options(opts, argc, argv, "info", help_text);
@@ -51,6 +55,7 @@ std::optional<InfoOptions> parse_info_options(int argc, char** argv, std::string
   o.model = r["model"].as<std::string>();
   o.tp = r["tp"].as<int>();
   if (o.tp < 1) throw Error("invalid value", "--tp", ">= 1", std::to_string(o.tp));
+  read_weight_dtype(r, o.weight_dtype);
   if (r.count("max-seq-len")) {
     o.max_seq_len = r["max-seq-len"].as<int64_t>();
     if (o.max_seq_len < 1) throw Error("invalid value", "--max-seq-len", ">= 1", std::to_string(o.max_seq_len));
@@ -85,8 +90,10 @@ int run_info(const InfoOptions& o, Job& job) {
     if (c.fused_projections) std::printf(", fused qkv_proj / gate_up_proj");
     std::printf("\n");
 
+    ScalarType held = config_weight_dtype(c);
     if (has_checkpoint(dir)) {
       const Checkpoint ckpt = Checkpoint::open(dir);  // headers only
+      held = from_dtype(ckpt.dominant_dtype());
       const std::vector<std::string> unused = ckpt.validate(tensor_specs(weight_table(c)));
       std::map<std::string, int> dtypes;
       for (const WeightEntry& e : weight_table(c)) dtypes[dtype_name(ckpt.find(e.name).first->dtype)]++;
@@ -99,6 +106,7 @@ int run_info(const InfoOptions& o, Job& job) {
       std::printf("checkpoint: none in this directory; sizes below come from config.json\n");
     }
 
+    held = held_weight_dtype(o.weight_dtype, "cpu", held);
     const int64_t max_seq_len = resolve_max_seq_len(c, o.max_seq_len);
     const ShardPlan first = ShardPlan::make(c, 0, o.tp);  // throws with the tp sizes that work
     std::printf("tp %d (tp sizes that work: %s), KV cache of one sequence of %lld positions (generate --input "
@@ -111,10 +119,10 @@ int run_info(const InfoOptions& o, Job& job) {
       std::printf(", vocabulary padded to %lld", static_cast<long long>(first.vocab_padded));
     }
     std::printf("\n%-5s %-14s %-12s %-18s %-20s %-14s %-12s\n", "rank", "q heads", "KV heads", "MLP units",
-                "vocab rows", "weights(f32)", "KV cache");
+                "vocab rows", (std::string("weights(") + scalar_type_name(held) + ")").c_str(), "KV cache");
     for (int r = 0; r < o.tp; ++r) {
       const ShardPlan p = ShardPlan::make(c, r, o.tp);
-      const RankMemory m = rank_memory(c, p, max_seq_len);
+      const RankMemory m = rank_memory(c, p, max_seq_len, 1, held);
       std::printf("%-5d %-14s %-12s %-18s %-20s %-14s %-12s\n", r, range(p.head_begin, p.num_heads_local).c_str(),
                   range(p.kv_head_begin, p.num_kv_heads_local).c_str(),
                   range(p.intermediate_begin, p.intermediate_local).c_str(),

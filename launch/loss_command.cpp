@@ -20,6 +20,7 @@
 #include "loader/tokenizer.h"
 #include "parallel/mpi_communicator.h"
 #include "runtime/backend_factory.h"
+#include "runtime/weights.h"
 #include "runtime/loss.h"
 #include "runtime/model_loader.h"
 
@@ -153,6 +154,7 @@ std::optional<LossOptions> parse_loss_options(int argc, char** argv, std::string
     ("threads", "BLAS threads per rank (default: cores / ranks on the node)", cxxopts::value<int>())
     ("backend", "cpu or cuda (default: cuda when a CUDA device is visible, else cpu)",
      cxxopts::value<std::string>())
+    ("weight-dtype", kWeightDtypeHelp, cxxopts::value<std::string>())
     ("verbose", "Print the plan and per-rank details to stderr")
     ("h,help", "Print this help and exit");
   // clang-format on
@@ -172,6 +174,7 @@ std::optional<LossOptions> parse_loss_options(int argc, char** argv, std::string
   read_at_least(r, "tp", 1, o.tp);
   read_at_least(r, "threads", 1, o.threads);
   read_backend(r, o.backend);
+  read_weight_dtype(r, o.weight_dtype);
   o.verbose = r.count("verbose") > 0;
   return o;
 }
@@ -205,7 +208,9 @@ int run_loss(const LossOptions& o, Job& job) {
         const ShardPlan plan = ShardPlan::make(files->config, w.tp_rank, w.tp_size);
         pack_len = resolve_max_seq_len(files->config, o.max_seq_len);
         // No KV cache is kept between passes; the packed pass needs one of pack_len rows.
-        const RankMemory need = rank_memory(files->config, plan, pack_len);
+        const ScalarType held =
+            held_weight_dtype(o.weight_dtype, o.backend, from_dtype(files->checkpoint.dominant_dtype()));
+        const RankMemory need = rank_memory(files->config, plan, pack_len, 1, held);
         check_memory(need, available_host_memory(), w.local_size);
         std::unique_ptr<Tokenizer> tok;
         if (std::filesystem::exists(dir / "tokenizer.json")) {
@@ -215,7 +220,7 @@ int run_loss(const LossOptions& o, Job& job) {
           docs.push_back(parse_document(l, o.input + ":" + std::to_string(l.line), tok.get(), files->config.vocab_size));
         }
         packs = pack(docs, pack_len);
-        backend = make_backend(o.backend, o.threads, w.local_rank, w.local_size);
+        backend = make_backend(o.backend, o.threads, w.local_rank, w.local_size, held);
         engine = make_engine(*files, plan, *backend, tp_communicator(*backend, *groups.tp, w.local_size),
                              /*max_seq_len=*/1);
         info("dp group " + std::to_string(w.dp_rank) + "/" + std::to_string(w.dp_size) + ", tp rank " +

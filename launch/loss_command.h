@@ -22,6 +22,7 @@ struct LossOptions {
   int tp = 0;               // --tp: ranks per tensor-parallel group (0: all ranks); dp = world / tp
   int threads = 0;          // --threads: BLAS threads per rank (0: cores / ranks on the node)
   std::string backend;      // --backend cpu|cuda; empty: cuda when a device is visible, else cpu
+  std::string weight_dtype = "auto";  // --weight-dtype auto|f32|bf16|f16 (held_weight_dtype)
   bool verbose = false;
 };
 

@@ -5,6 +5,8 @@
 // ignored, like transformers does.
 #include "loader/checkpoint.h"
 
+#include <algorithm>
+
 #include <set>
 #include <sstream>
 
@@ -154,9 +156,20 @@ std::vector<std::string> Checkpoint::validate(const std::vector<TensorSpec>& spe
 }
 
 void Checkpoint::read_f32(std::string_view name, const Slice2D& slice, float* out) const {
+  read(name, slice, DType::F32, out);
+}
+
+DType Checkpoint::dominant_dtype() const {
+  uint64_t bytes[3] = {0, 0, 0};
+  for (const auto& [name, entry] : index_) bytes[static_cast<int>(entry.first->dtype)] += entry.first->end - entry.first->begin;
+  const int best = static_cast<int>(std::max_element(bytes, bytes + 3) - bytes);
+  return bytes[best] == 0 ? DType::F32 : static_cast<DType>(best);
+}
+
+void Checkpoint::read(std::string_view name, const Slice2D& slice, DType out_dtype, void* out) const {
   const auto [info, file] = find(name);
   if (!info) throw Error("tensor '" + std::string(name) + "' is not in the checkpoint", dir_.string());
-  file->read_f32(*info, slice, out);
+  file->read(*info, slice, out_dtype, out);
   const bool two_d = info->shape.size() == 2;
   const uint64_t rows = two_d ? static_cast<uint64_t>(slice.row_end - slice.row_begin) : 1;
   bytes_read_ += rows * static_cast<uint64_t>(slice.col_end - slice.col_begin) * dtype_size(info->dtype);

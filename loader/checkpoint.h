@@ -51,6 +51,12 @@ class Checkpoint {
   /// read_f32 of the file holding `name`.
   /// @throws Error naming the tensor when it is absent.
   void read_f32(std::string_view name, const Slice2D& slice, float* out) const;
+  /// SafetensorsFile::read of the file holding `name`: the slice as `out_dtype`.
+  /// @throws Error naming the tensor when it is absent.
+  void read(std::string_view name, const Slice2D& slice, DType out_dtype, void* out) const;
+  /// The dtype most of the checkpoint's bytes are stored in (F32 when it is empty): what
+  /// --weight-dtype auto keeps.
+  DType dominant_dtype() const;
 
   /// Bytes of tensor data copied out by read_f32 so far (the slices, in file dtype).
   uint64_t bytes_read() const { return bytes_read_; }

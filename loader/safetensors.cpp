@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <bit>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <utility>
 
@@ -112,6 +113,49 @@ void convert_to_f32(DType dtype, const std::byte* src, int64_t n, float* out) {
         out[i] = bf16_to_float(b);
       }
       return;
+  }
+}
+
+}  // namespace
+
+uint16_t float_to_bf16(float f) {
+  uint32_t b = std::bit_cast<uint32_t>(f);
+  if ((b & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((b >> 16) | 0x40u);  // quiet NaN
+  b += 0x7fffu + ((b >> 16) & 1u);  // round to nearest, ties to even
+  return static_cast<uint16_t>(b >> 16);
+}
+
+uint16_t float_to_half(float f) {
+  const uint32_t b = std::bit_cast<uint32_t>(f);
+  const uint32_t sign = (b >> 16) & 0x8000u;
+  const uint32_t abs = b & 0x7fffffffu;
+  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
+  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds past 65504: inf
+  if (abs < 0x38800000u) {  // below 2^-14: a subnormal half (or zero), rounded to nearest even
+    const float scaled = std::bit_cast<float>(abs) * 16777216.0f;  // in units of 2^-24, exact
+    const uint32_t q = static_cast<uint32_t>(std::nearbyint(scaled));
+    return static_cast<uint16_t>(sign | q);
+  }
+  uint32_t m = abs + 0xfffu + ((abs >> 13) & 1u);  // round the 13 dropped bits, ties to even
+  return static_cast<uint16_t>(sign | ((m - 0x38000000u) >> 13));
+}
+
+namespace {
+
+/// Converts `n` little-endian elements of `src` (dtype `from`, any alignment) into `out`
+/// as dtype `to` (f32 widening exactly; narrowing rounds to nearest even).
+void convert(DType from, const std::byte* src, int64_t n, DType to, void* out) {
+  if (from == to) {
+    std::memcpy(out, src, static_cast<std::size_t>(n) * dtype_size(to));
+    return;
+  }
+  if (to == DType::F32) return convert_to_f32(from, src, n, static_cast<float*>(out));
+  float buf[1024];
+  auto* dst = static_cast<uint16_t*>(out);
+  for (int64_t i = 0; i < n; i += 1024) {
+    const int64_t c = std::min<int64_t>(1024, n - i);
+    convert_to_f32(from, src + static_cast<std::size_t>(i) * dtype_size(from), c, buf);
+    for (int64_t j = 0; j < c; ++j) dst[i + j] = to == DType::BF16 ? float_to_bf16(buf[j]) : float_to_half(buf[j]);
   }
 }
 
@@ -329,10 +373,16 @@ const TensorInfo* SafetensorsFile::find(std::string_view name) const {
 }
 
 void SafetensorsFile::read_f32(const TensorInfo& info, const Slice2D& slice, float* out) const {
+  read(info, slice, DType::F32, out);
+}
+
+void SafetensorsFile::read(const TensorInfo& info, const Slice2D& slice, DType out_dtype, void* out_raw) const {
   const std::string where = path_.string();
   const std::string t = "tensor '" + info.name + "'";
+  auto* out = static_cast<std::byte*>(out_raw);
+  const std::size_t out_item = dtype_size(out_dtype);
   if (info.shape.size() > 2)
-    throw Error(t + ": read_f32 takes 1-D or 2-D tensors", where, "rank <= 2",
+    throw Error(t + ": read takes 1-D or 2-D tensors", where, "rank <= 2",
                 "shape " + shape_str(info.shape));
   // A 0-D tensor is read as one column; a 1-D one as one row.
   const int64_t rows = info.shape.size() == 2 ? info.shape[0] : 1;
@@ -357,13 +407,12 @@ void SafetensorsFile::read_f32(const TensorInfo& info, const Slice2D& slice, flo
   if (n_cols == 0 || r1 == r0) return;
   if (c0 == 0 && c1 == cols) {
     // Whole rows are one contiguous run.
-    convert_to_f32(info.dtype, base + static_cast<std::size_t>(r0 * cols) * item,
-                   (r1 - r0) * cols, out);
+    convert(info.dtype, base + static_cast<std::size_t>(r0 * cols) * item, (r1 - r0) * cols, out_dtype, out);
     return;
   }
   for (int64_t r = r0; r < r1; ++r)
-    convert_to_f32(info.dtype, base + static_cast<std::size_t>(r * cols + c0) * item, n_cols,
-                   out + (r - r0) * n_cols);
+    convert(info.dtype, base + static_cast<std::size_t>(r * cols + c0) * item, n_cols, out_dtype,
+            out + static_cast<std::size_t>((r - r0) * n_cols) * out_item);
 }
 
 }  // namespace linnet

@@ -27,6 +27,11 @@ const char* dtype_name(DType dtype);
 /// Bytes per element: 4, 2, 2.
 std::size_t dtype_size(DType dtype);
 
+/// f32 -> bfloat16 bits, round to nearest even (torch's .to(torch.bfloat16)); NaN stays NaN.
+uint16_t float_to_bf16(float f);
+/// f32 -> IEEE binary16 bits, round to nearest even; overflow to inf, subnormals kept.
+uint16_t float_to_half(float f);
+
 /// One tensor's header entry. begin/end are byte offsets into the data area.
 struct TensorInfo {
   std::string name;
@@ -84,6 +89,10 @@ class SafetensorsFile {
   /// @throws Error naming file and tensor when the slice is outside the shape or the
   ///   tensor has more than 2 dimensions.
   void read_f32(const TensorInfo& info, const Slice2D& slice, float* out) const;
+  /// read_f32 into `out` as `out_dtype` (2 or 4 bytes an element): the file's own
+  /// dtype is copied as stored; f32 from F16/BF16 exactly; BF16/F16 from another dtype
+  /// rounded to nearest even (float_to_bf16 / float_to_half).
+  void read(const TensorInfo& info, const Slice2D& slice, DType out_dtype, void* out) const;
 
  private:
   std::filesystem::path path_;

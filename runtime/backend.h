@@ -5,7 +5,7 @@
 //
 // Memory: every pointer an op takes refers to this backend's memory (host for the CPU
 // backend, the current device for CUDA). Activations and the KV cache are f32; weight
-// matrices are in the backend's weight dtype (f32 on CPU, bf16 on CUDA) and are passed
+// matrices are in the backend's weight dtype (f32, bf16 or f16 on CPU, bf16 on CUDA) and are passed
 // as Tensors so an op can see their dtype; small i32 inputs (token ids, positions, page
 // tables, key ranges) are uploaded once per pass with upload_i32.
 #pragma once
@@ -31,9 +31,14 @@ class Backend {
   /// A zero-filled tensor on this backend's device.
   virtual Tensor zeros(std::vector<int64_t> shape, ScalarType dtype = ScalarType::kF32) = 0;
 
-  /// A weight matrix (host f32, e.g. from load_weights) in this backend's weight dtype
-  /// and memory. The CPU backend returns `host` itself (no copy).
+  /// A weight matrix (host, e.g. from load_weights) in this backend's weight dtype and
+  /// memory. The CPU backend returns `host` itself when it already has the backend's
+  /// weight dtype (no copy), and converts an f32 one (rounding to nearest even).
+  /// @throws Error for a dtype it cannot take.
   virtual Tensor upload_matrix(const Tensor& host) = 0;
+  /// The dtype load_weights should read matrices in for upload_matrix: the CPU
+  /// backend's weight dtype (--weight-dtype); f32 on CUDA (converted on the device).
+  virtual ScalarType host_weight_dtype() const { return ScalarType::kF32; }
   /// A weight vector (norm weights, rotary inverse frequencies; host f32) kept f32 in
   /// this backend's memory.
   virtual Tensor upload_vector(const Tensor& host) = 0;
@@ -120,7 +125,9 @@ class Backend {
 /// `ranks_on_node` ranks (at least 1).
 int blas_threads_per_rank(int requested, int ranks_on_node);
 
-/// f32 host backend: kernels/cpu with `num_threads` BLAS threads.
-std::unique_ptr<Backend> make_cpu_backend(int num_threads);
+/// Host backend: kernels/cpu with `num_threads` threads, weight matrices held in
+/// `weight_dtype` (kF32, kBF16 or kF16; activations, KV cache and sums stay f32).
+/// @throws Error for another dtype.
+std::unique_ptr<Backend> make_cpu_backend(int num_threads, ScalarType weight_dtype = ScalarType::kF32);
 
 }  // namespace linnet

@@ -7,10 +7,12 @@ namespace linnet {
 
 std::string default_backend_kind() { return cuda_device_count() > 0 ? "cuda" : "cpu"; }
 
-std::unique_ptr<Backend> make_backend(const std::string& kind_in, int threads, int local_rank, int local_size) {
+std::unique_ptr<Backend> make_backend(const std::string& kind_in, int threads, int local_rank, int local_size,
+                                      ScalarType weight_dtype) {
   const std::string kind = kind_in.empty() ? default_backend_kind() : kind_in;
-  if (kind == "cpu") return make_cpu_backend(blas_threads_per_rank(threads, local_size));
+  if (kind == "cpu") return make_cpu_backend(blas_threads_per_rank(threads, local_size), weight_dtype);
   if (kind == "cuda") {
+
     const int n = cuda_device_count();
     if (n == 0) {
       throw Error("no CUDA device (" + cuda_device_error() + ")", "--backend cuda", "a visible CUDA device",
@@ -19,6 +21,24 @@ std::unique_ptr<Backend> make_backend(const std::string& kind_in, int threads, i
     return make_cuda_backend(local_rank % n);
   }
   throw Error("unknown backend", "--backend", "cpu or cuda", kind);
+}
+
+ScalarType held_weight_dtype(const std::string& flag, const std::string& backend_kind, ScalarType auto_dtype) {
+  const std::string kind = backend_kind.empty() ? default_backend_kind() : backend_kind;
+  if (flag != "auto" && !flag.empty() && flag != "f32" && flag != "bf16" && flag != "f16") {
+    throw Error("unknown weight dtype", "--weight-dtype", "auto, f32, bf16 or f16", flag);
+  }
+  if (kind == "cuda") {
+    if (flag == "f32" || flag == "f16") {
+      throw Error("the CUDA backend holds weight matrices in bf16", "--weight-dtype",
+                  "auto or bf16 with --backend cuda", flag);
+    }
+    return ScalarType::kBF16;
+  }
+  if (flag == "f32") return ScalarType::kF32;
+  if (flag == "bf16") return ScalarType::kBF16;
+  if (flag == "f16") return ScalarType::kF16;
+  return auto_dtype;
 }
 
 Communicator& tp_communicator(Backend& backend, MpiCommunicator& tp, int local_size) {

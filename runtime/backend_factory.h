@@ -8,6 +8,7 @@
 #include "parallel/communicator.h"
 #include "parallel/mpi_communicator.h"
 #include "runtime/backend.h"
+#include "runtime/tensor.h"
 
 namespace linnet {
 
@@ -18,8 +19,18 @@ std::string default_backend_kind();
 /// `local_rank` of the `local_size` ranks on this node: cpu with `threads` BLAS threads
 /// (blas_threads_per_rank(threads, local_size)); cuda on device local_rank %
 /// cuda_device_count() (ranks share GPUs round-robin when there are fewer GPUs).
+/// `weight_dtype`: the CPU backend's weight matrices (held_weight_dtype); the CUDA
+/// backend always holds bf16 and ignores it.
 /// @throws Error naming --backend on an unknown kind, or cuda without a device.
-std::unique_ptr<Backend> make_backend(const std::string& kind, int threads, int local_rank, int local_size);
+std::unique_ptr<Backend> make_backend(const std::string& kind, int threads, int local_rank, int local_size,
+                                      ScalarType weight_dtype = ScalarType::kF32);
+
+/// The dtype a rank holds weight matrices in: on the CPU backend --weight-dtype `flag`
+/// ("auto" or "": `auto_dtype`, the checkpoint's own or config.json's torch_dtype for
+/// random weights; "f32", "bf16", "f16"); on CUDA ("cuda", or "" with a visible device)
+/// bf16, which "auto" and "bf16" name.
+/// @throws Error naming --weight-dtype for an unknown value, or f32 / f16 on CUDA.
+ScalarType held_weight_dtype(const std::string& flag, const std::string& backend_kind, ScalarType auto_dtype);
 
 /// The communicator an Engine on `backend` uses for the tp group `tp`: `tp` itself on
 /// the CPU backend; on CUDA, cuda_communicator(backend, tp, local_size) (NCCL or

@@ -1,23 +1,51 @@
-// CpuBackend: forwards the Backend ops to kernels/cpu. Everything lives in host memory
-// as f32, so uploads of weights are the tensors themselves.
+// CpuBackend: forwards the Backend ops to kernels/cpu. Everything lives in host memory;
+// weight matrices in the backend's weight dtype (f32, bf16 or f16: --weight-dtype),
+// everything else f32, so uploads of weights in that dtype are the tensors themselves.
 #include <algorithm>
 #include <cstring>
 #include <thread>
 
 #include "kernels/cpu/ops.h"
+#include "loader/safetensors.h"
 #include "runtime/backend.h"
 
 namespace linnet {
 namespace {
 
+cpu::WeightType weight_type(const Tensor& w, const char* op) {
+  switch (w.dtype()) {
+    case ScalarType::kF32: return cpu::WeightType::kF32;
+    case ScalarType::kBF16: return cpu::WeightType::kBF16;
+    case ScalarType::kF16: return cpu::WeightType::kF16;
+    case ScalarType::kI32: break;
+  }
+  throw Error("an i32 tensor is not a weight matrix", std::string("CpuBackend::") + op);
+}
+
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(int num_threads) { cpu::set_num_threads(num_threads); }
+  CpuBackend(int num_threads, ScalarType weight_dtype) : weight_dtype_(weight_dtype) {
+    if (weight_dtype == ScalarType::kI32) throw Error("i32 is not a weight dtype", "make_cpu_backend");
+    cpu::set_num_threads(num_threads);
+  }
   Device device() const override { return Device::kCpu; }
   std::string name() const override { return "cpu"; }
   Tensor zeros(std::vector<int64_t> shape, ScalarType dtype) override { return Tensor::zeros(std::move(shape), dtype); }
 
-  Tensor upload_matrix(const Tensor& host) override { return host; }
+  Tensor upload_matrix(const Tensor& host) override {
+    if (host.dtype() == weight_dtype_) return host;
+    if (host.dtype() != ScalarType::kF32) {
+      throw Error("a weight matrix must be f32 or in the backend's weight dtype", "CpuBackend::upload_matrix",
+                  "f32 or the --weight-dtype", "another dtype");
+    }
+    Tensor out = Tensor::zeros(host.shape(), weight_dtype_);
+    auto* dst = static_cast<uint16_t*>(out.raw());
+    const float* src = host.data();
+    const bool bf16 = weight_dtype_ == ScalarType::kBF16;
+    for (int64_t i = 0; i < host.numel(); ++i) dst[i] = bf16 ? float_to_bf16(src[i]) : float_to_half(src[i]);
+    return out;
+  }
+  ScalarType host_weight_dtype() const override { return weight_dtype_; }
   Tensor upload_vector(const Tensor& host) override { return host; }
   Tensor upload_i32(std::span<const int32_t> values) override {
     return Tensor::from_i32(std::vector<int32_t>(values.begin(), values.end()));
@@ -27,11 +55,12 @@ class CpuBackend final : public Backend {
   }
 
   void matmul_nt(const float* x, const Tensor& w, float* out, int64_t m, int64_t k, int64_t n) override {
-    cpu::matmul_nt(x, w.data(), out, m, k, n);
+    cpu::matmul_nt(x, w.raw(), weight_type(w, "matmul_nt"), out, m, k, n);
   }
   void embedding_lookup(const Tensor& table, int64_t vocab_begin, int64_t vocab_local, int64_t hidden,
                         const int32_t* ids, int64_t n, float* out) override {
-    cpu::embedding_lookup(table.data(), vocab_begin, vocab_local, hidden, ids, n, out);
+    cpu::embedding_lookup_typed(table.raw(), weight_type(table, "embedding_lookup"), vocab_begin, vocab_local, hidden,
+                                ids, n, out);
   }
   void rmsnorm(const float* x, const float* weight, float* out, int64_t rows, int64_t dim,
                float eps) override {
@@ -62,6 +91,9 @@ class CpuBackend final : public Backend {
   void gather_rows(const float* src, int64_t cols, const int32_t* index, int64_t n, float* out) override {
     cpu::gather_rows(src, cols, index, n, out);
   }
+
+ private:
+  ScalarType weight_dtype_;
 };
 
 }  // namespace
@@ -72,8 +104,8 @@ int blas_threads_per_rank(int requested, int ranks_on_node) {
   return std::max(1, cores / std::max(1, ranks_on_node));
 }
 
-std::unique_ptr<Backend> make_cpu_backend(int num_threads) {
-  return std::make_unique<CpuBackend>(num_threads);
+std::unique_ptr<Backend> make_cpu_backend(int num_threads, ScalarType weight_dtype) {
+  return std::make_unique<CpuBackend>(num_threads, weight_dtype);
 }
 
 }  // namespace linnet

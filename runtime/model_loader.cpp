@@ -46,16 +46,17 @@ int64_t resolve_max_seq_len(const ModelConfig& config, int64_t requested) {
 }
 
 RankMemory rank_memory(const ModelConfig& config, const ShardPlan& plan, int64_t max_seq_len,
-                       int64_t batch_rows) {
-  return RankMemory{weight_bytes_local(config, plan),
+                       int64_t batch_rows, ScalarType weight_dtype) {
+  return RankMemory{weight_bytes_local(config, plan, weight_dtype),
                     KvCache::bytes_for(config.num_hidden_layers, max_seq_len * batch_rows,
-                                       plan.num_kv_heads_local, config.head_dim)};
+                                       plan.num_kv_heads_local, config.head_dim),
+                    weight_dtype};
 }
 
 int64_t resolve_kv_cache_tokens(const ModelConfig& config, const ShardPlan& plan, int64_t max_seq_len,
                                 int64_t batch_rows, std::optional<int64_t> tokens,
                                 std::optional<double> memory_fraction, int64_t node_available_bytes,
-                                int ranks_on_node) {
+                                int ranks_on_node, ScalarType weight_dtype) {
   const int64_t page = kKvPageSize;
   const int64_t row_tokens = (max_seq_len + page - 1) / page * page;
   int64_t pool = batch_rows * row_tokens;
@@ -70,11 +71,12 @@ int64_t resolve_kv_cache_tokens(const ModelConfig& config, const ShardPlan& plan
     }
     if (node_available_bytes < 0) throw Error("the available memory cannot be read (/proc/meminfo)", option);
     const int64_t share = node_available_bytes / std::max(1, ranks_on_node);
-    const int64_t free_bytes = share - weight_bytes_local(config, plan);
+    const int64_t weights = weight_bytes_local(config, plan, weight_dtype);
+    const int64_t free_bytes = share - weights;
     const int64_t per_token = KvCache::bytes_for(config.num_hidden_layers, 1, plan.num_kv_heads_local, config.head_dim);
     if (free_bytes <= 0) {
       throw Error("no memory is left for the KV cache after the weights (" + format_bytes(share) +
-                      " per rank, weights " + format_bytes(weight_bytes_local(config, plan)) + ")",
+                      " per rank, weights " + format_bytes(weights) + ")",
                   option);
     }
     pool = static_cast<int64_t>(static_cast<double>(free_bytes) * *memory_fraction) / per_token / page * page;
@@ -116,7 +118,7 @@ void check_memory(const RankMemory& need, int64_t node_available_bytes, int rank
   const int64_t available_bytes = node_available_bytes / std::max(1, ranks_on_node);
   if (need.total() <= available_bytes) return;
   throw Error("not enough memory for this rank: it needs " + format_bytes(need.total()) + " (weights " +
-                  format_bytes(need.weight_bytes) + " in f32, KV cache " + format_bytes(need.kv_cache_bytes) +
+                  format_bytes(need.weight_bytes) + " in " + scalar_type_name(need.weight_dtype) + ", KV cache " + format_bytes(need.kv_cache_bytes) +
                   ") but has " + format_bytes(available_bytes) + " (available memory / " +
                   std::to_string(ranks_on_node) +
                   " ranks on this node); use more ranks over more nodes, or a shorter --max-seq-len",
@@ -126,7 +128,7 @@ void check_memory(const RankMemory& need, int64_t node_available_bytes, int rank
 std::unique_ptr<Engine> make_engine(const ModelFiles& files, const ShardPlan& plan, Backend& backend,
                                     Communicator& tp_comm, int64_t max_seq_len, int64_t max_batch,
                                     int64_t page_size, int64_t num_pages, bool cuda_graphs) {
-  ModelWeights weights = load_weights(files.checkpoint, files.config, plan);
+  ModelWeights weights = load_weights(files.checkpoint, files.config, plan, backend.host_weight_dtype());
   return std::make_unique<Engine>(files.config, plan, std::move(weights), backend, tp_comm, max_seq_len, max_batch,
                                   page_size, num_pages, cuda_graphs);
 }

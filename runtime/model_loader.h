@@ -35,16 +35,19 @@ ModelFiles open_model(const std::filesystem::path& dir);
 /// @throws Error naming --max-seq-len when requested exceeds max_position_embeddings.
 int64_t resolve_max_seq_len(const ModelConfig& config, int64_t requested);
 
-/// What one rank will hold: f32 weights of its slices and its KV cache.
+/// What one rank will hold: the weights of its slices (matrices in weight_dtype, vectors
+/// f32) and its KV cache.
 struct RankMemory {
   int64_t weight_bytes = 0;
   int64_t kv_cache_bytes = 0;
+  ScalarType weight_dtype = ScalarType::kF32;
   int64_t total() const { return weight_bytes + kv_cache_bytes; }
 };
 
-/// The bytes a rank under `plan` will allocate for a `max_seq_len` KV cache.
+/// The bytes a rank under `plan` will allocate for a `max_seq_len` KV cache and weight
+/// matrices in `weight_dtype`.
 RankMemory rank_memory(const ModelConfig& config, const ShardPlan& plan, int64_t max_seq_len,
-                       int64_t batch_rows = 1);
+                       int64_t batch_rows = 1, ScalarType weight_dtype = ScalarType::kF32);
 
 /// Positions of the paged KV pool (a multiple of kKvPageSize) for up to `batch_rows`
 /// requests of `max_seq_len` positions each:
@@ -60,7 +63,7 @@ RankMemory rank_memory(const ModelConfig& config, const ShardPlan& plan, int64_t
 int64_t resolve_kv_cache_tokens(const ModelConfig& config, const ShardPlan& plan, int64_t max_seq_len,
                                 int64_t batch_rows, std::optional<int64_t> tokens,
                                 std::optional<double> memory_fraction, int64_t node_available_bytes,
-                                int ranks_on_node);
+                                int ranks_on_node, ScalarType weight_dtype = ScalarType::kF32);
 
 /// Memory preflight: refuses, before anything is loaded, when `need` exceeds this rank's
 /// share of `node_available_bytes` (the node's available memory, split evenly over its
@@ -74,7 +77,7 @@ int64_t available_host_memory();
 /// "1.23 GiB" / "4.00 MiB" for messages.
 std::string format_bytes(int64_t bytes);
 
-/// Loads this rank's slices per `plan` and builds the Engine over them (page_size,
+/// Loads this rank's slices per `plan` (matrices in backend.host_weight_dtype()) and builds the Engine over them (page_size,
 /// num_pages and cuda_graphs as in Engine's constructor: 0, 0 is a contiguous cache of
 /// max_batch rows).
 std::unique_ptr<Engine> make_engine(const ModelFiles& files, const ShardPlan& plan, Backend& backend,

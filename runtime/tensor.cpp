@@ -8,6 +8,7 @@ int64_t element_size(ScalarType dtype) {
   switch (dtype) {
     case ScalarType::kF32: return 4;
     case ScalarType::kBF16: return 2;
+    case ScalarType::kF16: return 2;
     case ScalarType::kI32: return 4;
   }
   return 4;

@@ -13,9 +13,10 @@ namespace linnet {
 enum class Device { kCpu, kCuda };
 
 /// Element type of a tensor's storage. Activations and the KV cache are f32 on every
-/// backend; weight matrices are f32 on the CPU backend and bf16 on the CUDA backend;
+/// backend; weight matrices are f32, bf16 or f16 on the CPU backend (--weight-dtype) and
+/// bf16 on the CUDA backend;
 /// token ids, positions and page tables are i32.
-enum class ScalarType { kF32, kBF16, kI32 };
+enum class ScalarType { kF32, kBF16, kI32, kF16 };
 
 /// Bytes of one element of `dtype`.
 int64_t element_size(ScalarType dtype);

@@ -40,18 +40,20 @@ Tensor read_vector(const Checkpoint& ckpt, const std::string& name, int64_t n) {
 // Vocab-parallel rows [vocab_begin, vocab_begin + vocab_local), those past vocab_size
 // left zero (padding).
 Tensor read_vocab_rows(const Checkpoint& ckpt, const std::string& name, const ModelConfig& c,
-                       const ShardPlan& p) {
-  Tensor t = Tensor::zeros({p.vocab_local, c.hidden_size});
+                       const ShardPlan& p, ScalarType dtype) {
+  Tensor t = Tensor::zeros({p.vocab_local, c.hidden_size}, dtype);
   const int64_t end = std::min(p.vocab_begin + p.vocab_local, c.vocab_size);
   if (end > p.vocab_begin) {
-    ckpt.read_f32(name, Slice2D{p.vocab_begin, end, 0, c.hidden_size}, t.data());
+    ckpt.read(name, Slice2D{p.vocab_begin, end, 0, c.hidden_size}, to_dtype(dtype), t.raw());
   }
   return t;
 }
 
 }  // namespace
 
-ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& c, const ShardPlan& p) {
+ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& c, const ShardPlan& p, ScalarType dt) {
+  const DType file_dt = to_dtype(dt);
+  const int64_t elem = element_size(dt);
   const int64_t h = c.hidden_size;
   const int64_t hd = c.head_dim;
   const int64_t q_rows = p.num_heads_local * hd;
@@ -61,8 +63,8 @@ ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& c, const Sh
   ModelWeights w;
   w.layers.resize(static_cast<size_t>(c.num_hidden_layers));
   for (LayerWeights& L : w.layers) {
-    L.wqkv = Tensor::zeros({q_rows + 2 * kv_rows, h});
-    L.w_gate_up = Tensor::zeros({2 * inter, h});
+    L.wqkv = Tensor::zeros({q_rows + 2 * kv_rows, h}, dt);
+    L.w_gate_up = Tensor::zeros({2 * inter, h}, dt);
   }
 
   for (const WeightEntry& e : weight_table(c)) {
@@ -73,10 +75,10 @@ ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& c, const Sh
     if (segments.empty()) segments.push_back({e.role, 0, e.shape[0]});
     switch (e.role) {
       case WeightRole::kEmbedding:
-        w.embed_tokens = read_vocab_rows(ckpt, e.name, c, p);
+        w.embed_tokens = read_vocab_rows(ckpt, e.name, c, p, dt);
         break;
       case WeightRole::kLmHead:
-        w.lm_head = read_vocab_rows(ckpt, e.name, c, p);
+        w.lm_head = read_vocab_rows(ckpt, e.name, c, p, dt);
         break;
       case WeightRole::kFinalNorm:
         w.final_norm = read_vector(ckpt, e.name, h);
@@ -104,19 +106,20 @@ ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& c, const Sh
           const ColumnTarget t = column_target(s.role, c, p);
           const bool attn = s.role == WeightRole::kQProj || s.role == WeightRole::kKProj ||
                             s.role == WeightRole::kVProj;
-          float* dst = (attn ? L->wqkv : L->w_gate_up).data() + t.dst_row * h;
+          auto* dst = static_cast<char*>((attn ? L->wqkv : L->w_gate_up).raw()) + t.dst_row * h * elem;
           const int64_t first = s.row_offset + t.shard_begin;
-          ckpt.read_f32(e.name, Slice2D{first, first + t.rows, 0, h}, dst);
+          ckpt.read(e.name, Slice2D{first, first + t.rows, 0, h}, file_dt, dst);
         }
         break;
       case WeightRole::kOProj:
         // Row-parallel: the input columns that meet this rank's heads.
-        L->wo = Tensor::zeros({h, q_rows});
-        ckpt.read_f32(e.name, Slice2D{0, h, p.head_begin * hd, p.head_begin * hd + q_rows}, L->wo.data());
+        L->wo = Tensor::zeros({h, q_rows}, dt);
+        ckpt.read(e.name, Slice2D{0, h, p.head_begin * hd, p.head_begin * hd + q_rows}, file_dt, L->wo.raw());
         break;
       case WeightRole::kDownProj:
-        L->w_down = Tensor::zeros({h, inter});
-        ckpt.read_f32(e.name, Slice2D{0, h, p.intermediate_begin, p.intermediate_begin + inter}, L->w_down.data());
+        L->w_down = Tensor::zeros({h, inter}, dt);
+        ckpt.read(e.name, Slice2D{0, h, p.intermediate_begin, p.intermediate_begin + inter}, file_dt,
+                  L->w_down.raw());
         break;
     }
   }
@@ -124,16 +127,46 @@ ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& c, const Sh
   return w;
 }
 
-int64_t weight_bytes_local(const ModelConfig& c, const ShardPlan& p) {
+int64_t weight_bytes_local(const ModelConfig& c, const ShardPlan& p, ScalarType matrix_dtype) {
   const int64_t h = c.hidden_size;
   const int64_t hd = c.head_dim;
-  const int64_t per_layer = 2 * h                                                   // norms
-                            + (p.num_heads_local + 2 * p.num_kv_heads_local) * hd * h  // wqkv
-                            + (c.qk_norm ? 2 * hd : 0)                                // q_norm, k_norm
+  const int64_t vectors = (2 * h + (c.qk_norm ? 2 * hd : 0)) * c.num_hidden_layers + h;  // norms
+  const int64_t per_layer = (p.num_heads_local + 2 * p.num_kv_heads_local) * hd * h  // wqkv
                             + h * p.num_heads_local * hd                              // wo
                             + 3 * p.intermediate_local * h;                           // gate, up, down
   const int64_t vocab = p.vocab_local * h * (c.tie_word_embeddings ? 1 : 2);
-  return static_cast<int64_t>(sizeof(float)) * (per_layer * c.num_hidden_layers + vocab + h);
+  return element_size(matrix_dtype) * (per_layer * c.num_hidden_layers + vocab) +
+         static_cast<int64_t>(sizeof(float)) * vectors;
+}
+
+DType to_dtype(ScalarType t) {
+  switch (t) {
+    case ScalarType::kF32: return DType::F32;
+    case ScalarType::kBF16: return DType::BF16;
+    case ScalarType::kF16: return DType::F16;
+    case ScalarType::kI32: break;
+  }
+  throw Error("i32 is not a weight dtype", "to_dtype");
+}
+
+const char* scalar_type_name(ScalarType t) {
+  switch (t) {
+    case ScalarType::kF32: return "f32";
+    case ScalarType::kBF16: return "bf16";
+    case ScalarType::kF16: return "f16";
+    case ScalarType::kI32: return "i32";
+  }
+  return "?";
+}
+
+ScalarType from_dtype(DType d) {
+  return d == DType::BF16 ? ScalarType::kBF16 : d == DType::F16 ? ScalarType::kF16 : ScalarType::kF32;
+}
+
+ScalarType config_weight_dtype(const ModelConfig& c) {
+  if (c.torch_dtype == "bfloat16") return ScalarType::kBF16;
+  if (c.torch_dtype == "float16") return ScalarType::kF16;
+  return ScalarType::kF32;
 }
 
 }  // namespace linnet

@@ -3,6 +3,7 @@
 // into one w_gate_up, so each is a single GEMM.
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "loader/checkpoint.h"
@@ -32,15 +33,34 @@ struct ModelWeights {
   std::vector<LayerWeights> layers;
 };
 
-/// Reads this rank's slices (and only those bytes) from `ckpt`, converting to f32,
-/// walking weight_table(config). Fused tensors (Phi-3 qkv_proj, gate_up_proj) are split
-/// into their segments first and each segment is sharded. The checkpoint must already
-/// be validated against the table.
+/// Reads this rank's slices (and only those bytes) from `ckpt`, walking
+/// weight_table(config): weight matrices (embedding, lm_head, wqkv, wo, w_gate_up,
+/// w_down) as `matrix_dtype` (kF32, kBF16 or kF16: the file's dtype copied as stored,
+/// another converted, narrowing rounded to nearest even), norm weights as f32. Fused
+/// tensors (Phi-3 qkv_proj, gate_up_proj) are split into their segments first and each
+/// segment is sharded. The checkpoint must already be validated against the table.
 /// @throws Error from the loader on read failures.
-ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& config, const ShardPlan& plan);
+ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& config, const ShardPlan& plan,
+                          ScalarType matrix_dtype = ScalarType::kF32);
 
-/// Bytes of f32 weights this rank holds under `plan` (for the memory preflight and
-/// `linnet-tp info`); counts a tied lm_head once.
-int64_t weight_bytes_local(const ModelConfig& config, const ShardPlan& plan);
+/// Bytes of weights this rank holds under `plan` with matrices in `matrix_dtype` and
+/// vectors in f32 (for the memory preflight, `linnet-tp info` and the start-up line);
+/// counts a tied lm_head once.
+int64_t weight_bytes_local(const ModelConfig& config, const ShardPlan& plan,
+                           ScalarType matrix_dtype = ScalarType::kF32);
+
+/// The DType of a weight storage ScalarType (kF32, kBF16, kF16).
+/// @throws Error for kI32.
+DType to_dtype(ScalarType t);
+
+/// "f32", "bf16", "f16" (or "i32").
+const char* scalar_type_name(ScalarType t);
+
+/// The weight ScalarType of a checkpoint DType (F32 -> kF32, BF16 -> kBF16, F16 -> kF16).
+ScalarType from_dtype(DType dtype);
+
+/// The weight dtype config.json's torch_dtype names ("bfloat16" -> kBF16, "float16" ->
+/// kF16, else kF32): what auto means for random weights.
+ScalarType config_weight_dtype(const ModelConfig& config);
 
 }  // namespace linnet

@@ -48,6 +48,24 @@ TEST_F(BenchCli, RandomWeightsFromAConfigAtTp1And2) {
   expect_results(run(2, args + " --tp 2"));
 }
 
+// --weight-dtype: random weights made in bf16 / f16 are held so (half the bytes a step
+// reads); an unknown dtype is refused by name.
+TEST_F(BenchCli, WeightDtypeHalvesTheWeightBytes) {
+  const auto config = test::test_data_dir() / "fixtures" / "llama31" / "f32" / "config.json";
+  const std::string args = "bench --config " + quote(config.string()) +
+                           " --random-weights --backend cpu --batch 2 --prompt-len 8 --new-tokens 4";
+  for (const char* dt : {"bf16", "f16"}) {
+    const Result r = run(1, args + " --weight-dtype " + dt);
+    expect_results(r);
+    EXPECT_EQ(value_of(r.out, "weight bytes per decode step"), 2.0 * 82752) << r.out;
+    EXPECT_NE(r.out.find(std::string("weights: random (") + dt), std::string::npos) << r.out;
+  }
+  const Result bad = run(1, args + " --weight-dtype fp8");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.err.find("--weight-dtype"), std::string::npos) << bad.err;
+  EXPECT_NE(bad.err.find("fp8"), std::string::npos) << bad.err;
+}
+
 TEST_F(BenchCli, CheckpointWeights) {
   expect_results(run(1, "bench --model " + quote(test::stories_dir().string()) +
                             " --backend cpu --batch 1 --prompt-len 16 --new-tokens 4"));

@@ -30,9 +30,12 @@ struct Fixture {
   std::string variant;    // f32, bf16, f32_sharded
   std::string logits_key; // golden logits of that checkpoint
   std::string greedy_key;
+  ScalarType held = ScalarType::kF32;  // the CPU backend's --weight-dtype
 };
 
-std::ostream& operator<<(std::ostream& os, const Fixture& f) { return os << f.name << "/" << f.variant; }
+std::ostream& operator<<(std::ostream& os, const Fixture& f) {
+  return os << f.name << "/" << f.variant << (f.held == ScalarType::kBF16 ? " held in bf16" : "");
+}
 
 std::vector<Fixture> all_fixtures() {
   std::vector<Fixture> out;
@@ -41,6 +44,9 @@ std::vector<Fixture> all_fixtures() {
     // bf16 checkpoint: the CPU backend computes in f32 on the bf16 weights, which is
     // what the golden "logits_bf16_weights" is (transformers, float32 on those weights).
     out.push_back({name, "bf16", "logits_bf16_weights", "output_ids_bf16_weights"});
+    // ... and kept in bf16 in memory (--weight-dtype auto on a bf16 checkpoint): the
+    // kernels widen each weight exactly, so the same golden holds.
+    out.push_back({name, "bf16", "logits_bf16_weights", "output_ids_bf16_weights", ScalarType::kBF16});
   }
   out.push_back({"phi3", "f32_sharded", "logits_f32", "output_ids_f32"});
   return out;
@@ -60,7 +66,7 @@ class FixtureTest : public testing::TestWithParam<Fixture> {
     golden_ = test::read_json(dir / "golden.json");
     files_ = std::make_unique<ModelFiles>(open_model(dir / f.variant));
     world_ = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD);
-    backend_ = make_cpu_backend(1);
+    backend_ = make_cpu_backend(1, f.held);
     const int tp = world_->size();
     if (files_->config.num_attention_heads % tp != 0) {
       EXPECT_THROW(ShardPlan::make(files_->config, world_->rank(), tp), Error);
@@ -111,7 +117,10 @@ TEST_P(FixtureTest, GreedyContinuationMatchesTransformers) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Seeds, FixtureTest, testing::ValuesIn(all_fixtures()),
-                         [](const testing::TestParamInfo<Fixture>& i) { return i.param.name + "_" + i.param.variant; });
+                         [](const testing::TestParamInfo<Fixture>& i) {
+                           return i.param.name + "_" + i.param.variant +
+                                  (i.param.held == ScalarType::kBF16 ? "_held_bf16" : "");
+                         });
 
 TEST(Llama3Rope, InverseFrequenciesOfTheRealConfigMatchTransformers) {
   const auto g = test::read_json(test::test_data_dir() / "fixtures" / "llama31_inv_freq.json");

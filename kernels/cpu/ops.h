@@ -1,18 +1,13 @@
-// The CPU op set: f32 kernels over raw pointers and sizes (they know no model structs
-// and no ranks). GEMMs go through OpenBLAS; the rest are plain loops. Each kernel's
-// math follows transformers' modeling_llama.py, cited per function.
+// The CPU op set: kernels over raw pointers and sizes (they know no model structs and
+// no ranks). GEMMs are kernels/cpu/gemm.h (weights f32, bf16 or f16); the rest are f32
+// loops. Each kernel's math follows transformers' modeling_llama.py, cited per function.
 #pragma once
 
 #include <cstdint>
 
+#include "kernels/cpu/gemm.h"
+
 namespace linnet::cpu {
-
-/// Sets the BLAS thread count for this process (OpenBLAS).
-void set_num_threads(int n);
-
-/// out[m, n] = x[m, k] * w[n, k]^T  (nn.Linear with weight [out, in], no bias).
-/// m == 1 takes the GEMV path.
-void matmul_nt(const float* x, const float* w, float* out, int64_t m, int64_t k, int64_t n);
 
 /// Vocab-parallel embedding lookup: out[i, :] = table[ids[i] - vocab_begin, :] when
 /// vocab_begin <= ids[i] < vocab_begin + vocab_local, else zeros (the all_reduce after it

@@ -1,0 +1,181 @@
+// The CPU GEMM (kernels/cpu/gemm.h) on every ISA path this machine runs, plus generic:
+// each weight storage type (f32, bf16, f16) against a double-precision reference on the
+// same weights, over odd shapes (m = 1..33; k, n not multiples of the vector width or
+// the 4 x 3 tile; x, w and out starting one float past an aligned address); and the
+// invariances the engine's batch and tp tests rely on: a row alone equals the same row
+// among others bit for bit, and the thread count changes no bit.
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "kernels/cpu/gemm.h"
+
+namespace linnet::cpu {
+namespace {
+
+std::vector<Isa> paths() {
+  std::vector<Isa> out = {Isa::kGeneric};
+  if (isa_supported(Isa::kAvx2)) out.push_back(Isa::kAvx2);
+  return out;
+}
+
+uint16_t to_bf16(float f) {  // round to nearest even, as torch's .to(bfloat16)
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  b += 0x7fffu + ((b >> 16) & 1u);
+  return static_cast<uint16_t>(b >> 16);
+}
+float from_bf16(uint16_t h) {
+  const uint32_t b = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+
+// Weights of one storage type, with the exact f32 values they stand for.
+struct Weights {
+  std::vector<uint16_t> half;  // bf16 / f16 bits, or empty
+  std::vector<float> f32;      // f32 storage, or empty
+  std::vector<double> value;   // what each element is
+};
+
+Weights make_weights(WeightType wt, size_t n, uint32_t seed) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  Weights w;
+  w.value.resize(n + 1);
+  if (wt == WeightType::kF32) {
+    w.f32.resize(n + 1);
+    for (size_t i = 0; i < n + 1; ++i) w.value[i] = w.f32[i] = d(g);
+  } else if (wt == WeightType::kBF16) {
+    w.half.resize(n + 1);
+    for (size_t i = 0; i < n + 1; ++i) w.value[i] = from_bf16(w.half[i] = to_bf16(d(g)));
+  } else {
+    // f16: values k / 1024 for small integers k are exact halves; include a subnormal.
+    w.half.resize(n + 1);
+    std::uniform_int_distribution<int> e(-2048, 2048);
+    for (size_t i = 0; i < n + 1; ++i) {
+      const int q = e(g);
+      // q / 1024 as IEEE half: build it through float and a reference conversion below.
+      const float f = static_cast<float>(q) / 1024.0f;
+      uint32_t b;
+      std::memcpy(&b, &f, 4);
+      const uint32_t sign = (b >> 16) & 0x8000u;
+      const int exp = static_cast<int>((b >> 23) & 0xff) - 127 + 15;
+      uint16_t h = static_cast<uint16_t>(sign);
+      if (q != 0) h = static_cast<uint16_t>(sign | (exp << 10) | ((b >> 13) & 0x3ffu));
+      w.half[i] = h;
+      w.value[i] = f;
+    }
+    w.half[3] = 0x0001;  // the smallest subnormal, 2^-24
+    w.value[3] = std::ldexp(1.0, -24);
+    w.half[5] = 0x8200;  // -2^-15 (subnormal)
+    w.value[5] = -std::ldexp(1.0, -15);
+  }
+  return w;
+}
+
+const void* data_at(const Weights& w, WeightType wt, size_t offset) {
+  return wt == WeightType::kF32 ? static_cast<const void*>(w.f32.data() + offset)
+                                : static_cast<const void*>(w.half.data() + offset);
+}
+
+const char* name(WeightType wt) { return wt == WeightType::kF32 ? "f32" : wt == WeightType::kBF16 ? "bf16" : "f16"; }
+
+TEST(Gemm, MatchesADoubleReferenceOnOddShapes) {
+  for (Isa isa : paths()) {
+    for (WeightType wt : {WeightType::kF32, WeightType::kBF16, WeightType::kF16}) {
+      for (int64_t m : {1, 2, 3, 4, 5, 7, 8, 13, 31, 32, 33}) {
+        for (auto [k, n] : {std::pair<int64_t, int64_t>{37, 23}, {64, 12}, {7, 5}, {129, 40}}) {
+          std::mt19937 g(static_cast<uint32_t>(m * 1000 + k));
+          std::normal_distribution<float> d(0.0f, 1.0f);
+          std::vector<float> x(static_cast<size_t>(m * k) + 1), out(static_cast<size_t>(m * n) + 1, 99.0f);
+          for (auto& v : x) v = d(g);
+          const Weights w = make_weights(wt, static_cast<size_t>(n * k), static_cast<uint32_t>(k * 7 + n));
+          // One element past the start: no row is aligned to the vector width.
+          matmul_nt_isa(isa, x.data() + 1, data_at(w, wt, 1), wt, out.data() + 1, m, k, n);
+          for (int64_t i = 0; i < m; ++i) {
+            for (int64_t j = 0; j < n; ++j) {
+              double ref = 0, mag = 0;
+              for (int64_t t = 0; t < k; ++t) {
+                const double p = double(x[1 + i * k + t]) * w.value[1 + j * k + t];
+                ref += p;
+                mag += std::fabs(p);
+              }
+              // f32 summation error bound over the lane sums and the tail.
+              const double bound = (double(k) / 8 + 16) * std::ldexp(1.0, -24) * mag + 1e-30;
+              ASSERT_NEAR(out[1 + i * n + j], ref, bound)
+                  << isa_name(isa) << " " << name(wt) << " m " << m << " k " << k << " n " << n << " at " << i
+                  << "," << j;
+            }
+          }
+          EXPECT_EQ(out[0], 99.0f) << "wrote before out";
+        }
+      }
+    }
+  }
+}
+
+TEST(Gemm, ARowAloneEqualsTheSameRowAmongOthersAndThreadsChangeNoBit) {
+  const int64_t k = 203, n = 77, m = 32;
+  std::mt19937 g(5);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> x(m * k);
+  for (auto& v : x) v = d(g);
+  for (Isa isa : paths()) {
+    for (WeightType wt : {WeightType::kF32, WeightType::kBF16, WeightType::kF16}) {
+      const Weights w = make_weights(wt, n * k, 9);
+      set_num_threads(1);
+      std::vector<float> all(m * n), all2(m * n);
+      matmul_nt_isa(isa, x.data(), data_at(w, wt, 0), wt, all.data(), m, k, n);
+      set_num_threads(2);
+      matmul_nt_isa(isa, x.data(), data_at(w, wt, 0), wt, all2.data(), m, k, n);
+      EXPECT_EQ(0, std::memcmp(all.data(), all2.data(), all.size() * 4)) << isa_name(isa) << " " << name(wt);
+      for (int64_t r : {0, 5, 30, 31}) {
+        std::vector<float> one(n);
+        matmul_nt_isa(isa, x.data() + r * k, data_at(w, wt, 0), wt, one.data(), 1, k, n);
+        EXPECT_EQ(0, std::memcmp(one.data(), all.data() + r * n, n * 4)) << isa_name(isa) << " " << name(wt)
+                                                                         << " row " << r;
+      }
+      set_num_threads(1);
+    }
+  }
+}
+
+// A GEMM big enough to be split over threads (the small ones stay on one): the split
+// changes no bit either.
+TEST(Gemm, ThreadSplitOfALargeGemmChangesNoBit) {
+  const int64_t k = 576, n = 1536, m = 9;
+  std::mt19937 g(11);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> x(m * k), w(n * k);
+  for (auto& v : x) v = d(g);
+  for (auto& v : w) v = d(g);
+  for (Isa isa : paths()) {
+    std::vector<float> a(m * n), b(m * n);
+    set_num_threads(1);
+    matmul_nt_isa(isa, x.data(), w.data(), WeightType::kF32, a.data(), m, k, n);
+    set_num_threads(3);
+    matmul_nt_isa(isa, x.data(), w.data(), WeightType::kF32, b.data(), m, k, n);
+    set_num_threads(1);
+    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4)) << isa_name(isa);
+  }
+}
+
+TEST(Gemm, UnknownIsaPathsAreRefusedByName) {
+  if (!isa_supported(Isa::kAvx2)) {
+    EXPECT_THROW(set_isa(Isa::kAvx2), std::exception);
+  }
+  set_isa(Isa::kGeneric);
+  EXPECT_EQ(active_isa(), Isa::kGeneric);
+  std::vector<float> x(8, 1.0f), w(16, 0.5f), out(2);
+  matmul_nt(x.data(), w.data(), out.data(), 1, 8, 2);
+  EXPECT_EQ(out[0], 4.0f);
+}
+
+}  // namespace
+}  // namespace linnet::cpu
