@@ -31,9 +31,10 @@ class Backend {
   /// A zero-filled tensor on this backend's device.
   virtual Tensor zeros(std::vector<int64_t> shape, ScalarType dtype = ScalarType::kF32) = 0;
 
-  /// A weight matrix (host, e.g. from load_weights) in this backend's weight dtype and
-  /// memory. The CPU backend returns `host` itself when it already has the backend's
-  /// weight dtype (no copy), and converts an f32 one (rounding to nearest even).
+  /// A weight matrix (host [n, k] row-major, e.g. from load_weights) in this backend's
+  /// weight dtype, memory and layout: the CPU backend converts an f32 one to its dtype
+  /// (rounding to nearest even) and packs it into panels (kernels/cpu/gemm.h); CUDA
+  /// keeps row-major bf16. Only the backend's own ops read the result.
   /// @throws Error for a dtype it cannot take.
   virtual Tensor upload_matrix(const Tensor& host) = 0;
   /// The dtype load_weights should read matrices in for upload_matrix: the CPU

@@ -1,6 +1,9 @@
 #include "runtime/backend_factory.h"
 
 #include "common/error.h"
+#include "common/log.h"
+#include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/threads.h"
 #include "runtime/cuda_backend.h"
 
 namespace linnet {
@@ -10,7 +13,13 @@ std::string default_backend_kind() { return cuda_device_count() > 0 ? "cuda" : "
 std::unique_ptr<Backend> make_backend(const std::string& kind_in, int threads, int local_rank, int local_size,
                                       ScalarType weight_dtype) {
   const std::string kind = kind_in.empty() ? default_backend_kind() : kind_in;
-  if (kind == "cpu") return make_cpu_backend(blas_threads_per_rank(threads, local_size), weight_dtype);
+  if (kind == "cpu") {
+    const int n = blas_threads_per_rank(threads, local_size);
+    auto backend = make_cpu_backend(n, weight_dtype);
+    info("cpu backend: " + std::to_string(n) + " threads, " + cpu::pin_threads(local_rank, local_size) + ", " +
+         cpu::isa_name(cpu::active_isa()) + " kernels");
+    return backend;
+  }
   if (kind == "cuda") {
 
     const int n = cuda_device_count();

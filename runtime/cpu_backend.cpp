@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 #include <thread>
+#include <vector>
 
 #include "kernels/cpu/ops.h"
 #include "loader/safetensors.h"
@@ -32,18 +33,28 @@ class CpuBackend final : public Backend {
   std::string name() const override { return "cpu"; }
   Tensor zeros(std::vector<int64_t> shape, ScalarType dtype) override { return Tensor::zeros(std::move(shape), dtype); }
 
+  // Every matrix is held packed (kernels/cpu/gemm.h: panels of 16 output columns) in
+  // the weight dtype; the Tensor keeps the logical shape [n, k].
   Tensor upload_matrix(const Tensor& host) override {
-    if (host.dtype() == weight_dtype_) return host;
-    if (host.dtype() != ScalarType::kF32) {
+    if (host.shape().size() != 2) throw Error("a weight matrix must be 2-D", "CpuBackend::upload_matrix");
+    if (host.dtype() != weight_dtype_ && host.dtype() != ScalarType::kF32) {
       throw Error("a weight matrix must be f32 or in the backend's weight dtype", "CpuBackend::upload_matrix",
                   "f32 or the --weight-dtype", "another dtype");
     }
-    Tensor out = Tensor::zeros(host.shape(), weight_dtype_);
-    auto* dst = static_cast<uint16_t*>(out.raw());
-    const float* src = host.data();
-    const bool bf16 = weight_dtype_ == ScalarType::kBF16;
-    for (int64_t i = 0; i < host.numel(); ++i) dst[i] = bf16 ? float_to_bf16(src[i]) : float_to_half(src[i]);
-    return out;
+    const int64_t n = host.dim(0), k = host.dim(1);
+    Tensor src = host;
+    if (host.dtype() != weight_dtype_) {  // f32 -> bf16 / f16, rounded to nearest even
+      src = Tensor::zeros(host.shape(), weight_dtype_);
+      auto* dst = static_cast<uint16_t*>(src.raw());
+      const float* f = host.data();
+      const bool bf16 = weight_dtype_ == ScalarType::kBF16;
+      for (int64_t i = 0; i < host.numel(); ++i) dst[i] = bf16 ? float_to_bf16(f[i]) : float_to_half(f[i]);
+    }
+    const int64_t bytes = cpu::packed_elements(n, k) * element_size(weight_dtype_);
+    auto storage = std::make_shared<std::vector<uint32_t>>(static_cast<size_t>((bytes + 3) / 4));
+    cpu::pack_weight(src.raw(), weight_type(src, "upload_matrix"), n, k, storage->data());
+    void* data = storage->data();
+    return Tensor::wrap(host.shape(), weight_dtype_, Device::kCpu, std::move(storage), data);
   }
   ScalarType host_weight_dtype() const override { return weight_dtype_; }
   Tensor upload_vector(const Tensor& host) override { return host; }
@@ -55,12 +66,12 @@ class CpuBackend final : public Backend {
   }
 
   void matmul_nt(const float* x, const Tensor& w, float* out, int64_t m, int64_t k, int64_t n) override {
-    cpu::matmul_nt(x, w.raw(), weight_type(w, "matmul_nt"), out, m, k, n);
+    cpu::matmul_nt_packed(x, w.raw(), weight_type(w, "matmul_nt"), out, m, k, n);
   }
   void embedding_lookup(const Tensor& table, int64_t vocab_begin, int64_t vocab_local, int64_t hidden,
                         const int32_t* ids, int64_t n, float* out) override {
-    cpu::embedding_lookup_typed(table.raw(), weight_type(table, "embedding_lookup"), vocab_begin, vocab_local, hidden,
-                                ids, n, out);
+    cpu::embedding_lookup_packed(table.raw(), weight_type(table, "embedding_lookup"), vocab_begin, vocab_local,
+                                 hidden, ids, n, out);
   }
   void rmsnorm(const float* x, const float* weight, float* out, int64_t rows, int64_t dim,
                float eps) override {

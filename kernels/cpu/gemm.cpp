@@ -1,60 +1,97 @@
-// matmul_nt: splits the output columns over the rank's OpenMP threads and runs the
-// active ISA path's column kernel on each share (see gemm.h for the design and the
+// matmul_nt_packed: splits the panels over the rank's OpenMP threads and runs the active
+// ISA path's panel kernel on each share (see gemm.h for the layout, the design and the
 // fixed reduction order). Why OpenMP and not a pool of our own: it comes with the
-// compiler (libgomp, no extra package), its parallel regions cost ~1 us, and
-// OMP_PROC_BIND / OMP_PLACES pin threads as users of other runtimes already know.
+// compiler (libgomp, no extra package), a parallel region costs about a microsecond,
+// and OMP_* settings work as users of other runtimes know them; threads.h pins it.
 #include "kernels/cpu/gemm.h"
 
 #include <algorithm>
+#include <cstring>
+#include <vector>
 
-#include <cblas.h>
 #include <omp.h>
 
 #include "common/error.h"
 
 namespace linnet::cpu {
-namespace {
-int g_threads = 1;
-}  // namespace
 
 int weight_type_size(WeightType t) { return t == WeightType::kF32 ? 4 : 2; }
 
-void set_num_threads(int n) {
-  g_threads = std::max(1, n);
-  omp_set_num_threads(g_threads);
-  // The GEMMs no longer use OpenBLAS; one thread keeps its pool from spinning beside ours.
-  openblas_set_num_threads(1);
+void pack_weight(const void* w, WeightType wt, int64_t n, int64_t k, void* packed) {
+  const int64_t es = weight_type_size(wt);
+  const auto* src = static_cast<const char*>(w);
+  auto* dst = static_cast<char*>(packed);
+  std::memset(dst, 0, static_cast<size_t>(packed_elements(n, k) * es));
+  for (int64_t j = 0; j < n; ++j) {
+    char* panel = dst + (j / kPanel) * kPanel * k * es;
+    const int64_t lane = j % kPanel;
+    const char* row = src + j * k * es;
+    for (int64_t c = 0; c < k; ++c) std::memcpy(panel + (c * kPanel + lane) * es, row + c * es, static_cast<size_t>(es));
+  }
 }
 
-int num_threads() { return g_threads; }
-
-void matmul_nt_isa(Isa isa, const float* x, const void* w, WeightType wt, float* out, int64_t m, int64_t k,
-                   int64_t n) {
+void matmul_nt_packed_isa(Isa isa, const float* x, const void* packed, WeightType wt, float* out, int64_t m,
+                          int64_t k, int64_t n) {
   if (m <= 0 || n <= 0) return;
   if (k <= 0) {
     std::fill(out, out + m * n, 0.0f);
     return;
   }
-  auto columns = isa == Isa::kAvx2 ? detail::gemm_columns_avx2 : detail::gemm_columns_generic;
-  // Shares of whole 12-column groups (4 micro-tiles); small GEMMs stay on one thread.
+  if (isa == Isa::kAvx2 && !isa_supported(Isa::kAvx2)) {
+    throw Error("this CPU cannot run the kernel path", "matmul_nt", "generic", isa_name(isa));
+  }
+  auto panels_fn = isa == Isa::kAvx2 ? detail::gemm_panels_avx2 : detail::gemm_panels_generic;
+  const int64_t panels = (n + kPanel - 1) / kPanel;
+  // Small GEMMs stay on one thread (a parallel region costs more than they do).
   const int64_t flops = 2 * m * k * n;
-  const int threads = flops < (int64_t{1} << 17) ? 1 : static_cast<int>(std::min<int64_t>(g_threads, (n + 11) / 12));
+  const int threads = flops < (int64_t{1} << 17) ? 1 : static_cast<int>(std::min<int64_t>(num_threads(), panels));
   if (threads <= 1) {
-    columns(x, w, wt, out, m, k, n, 0, n);
+    panels_fn(x, packed, wt, out, m, k, n, 0, panels);
     return;
   }
-  const int64_t groups = (n + 11) / 12;
 #pragma omp parallel num_threads(threads)
   {
     const int t = omp_get_thread_num(), T = omp_get_num_threads();
-    const int64_t g0 = groups * t / T, g1 = groups * (t + 1) / T;
-    const int64_t j0 = std::min(n, g0 * 12), j1 = std::min(n, g1 * 12);
-    if (j1 > j0) columns(x, w, wt, out, m, k, n, j0, j1);
+    const int64_t p0 = panels * t / T, p1 = panels * (t + 1) / T;
+    if (p1 > p0) panels_fn(x, packed, wt, out, m, k, n, p0, p1);
   }
 }
 
+void matmul_nt_packed(const float* x, const void* packed, WeightType wt, float* out, int64_t m, int64_t k,
+                      int64_t n) {
+  matmul_nt_packed_isa(active_isa(), x, packed, wt, out, m, k, n);
+}
+
 void matmul_nt(const float* x, const void* w, WeightType wt, float* out, int64_t m, int64_t k, int64_t n) {
-  matmul_nt_isa(active_isa(), x, w, wt, out, m, k, n);
+  std::vector<char> packed(static_cast<size_t>(packed_elements(n, k) * weight_type_size(wt)));
+  pack_weight(w, wt, n, k, packed.data());
+  matmul_nt_packed(x, packed.data(), wt, out, m, k, n);
+}
+
+void widen_to_f32(const void* w, WeightType wt, int64_t n, float* out) {
+  if (wt == WeightType::kF32) {
+    std::memcpy(out, w, static_cast<size_t>(n) * sizeof(float));
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) out[i] = detail::load_weight(w, wt, i);
+}
+
+void unpack_row(const void* packed, WeightType wt, int64_t k, int64_t row, float* out) {
+  const int64_t base = (row / kPanel) * kPanel * k + row % kPanel;
+  for (int64_t c = 0; c < k; ++c) out[c] = detail::load_weight(packed, wt, base + c * kPanel);
+}
+
+void embedding_lookup_packed(const void* table, WeightType wt, int64_t vocab_begin, int64_t vocab_local,
+                             int64_t hidden, const int32_t* ids, int64_t n, float* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t row = static_cast<int64_t>(ids[i]) - vocab_begin;
+    float* dst = out + i * hidden;
+    if (row >= 0 && row < vocab_local) {
+      unpack_row(table, wt, hidden, row, dst);
+    } else {
+      std::memset(dst, 0, sizeof(float) * static_cast<size_t>(hidden));
+    }
+  }
 }
 
 }  // namespace linnet::cpu

@@ -1,47 +1,64 @@
 // GEMM / GEMV of the decoder's projections: out[m, n] = x[m, k] * w[n, k]^T, with the
-// weight in nn.Linear [out, in] layout and stored as f32, bf16 or f16 (as the checkpoint
-// holds it); x, out and every accumulation are f32.
+// weight given in nn.Linear [out, in] layout and stored as f32, bf16 or f16 (as the
+// checkpoint holds it); x, out and every accumulation are f32.
 //
-// Design (kernels/cpu/gemm.cpp, gemm_avx2.cpp, gemm_generic.cpp): no packing of the
-// weight per call. A micro-kernel computes a tile of up to 4 rows x 3 columns as 12
-// dot products over k, reading each weight row once for the 4 rows of x beside it, and
-// converting bf16 / f16 weights to f32 in registers. Rows are taken in blocks whose
-// slice of x stays in L2 (so each weight row is streamed once per block: once per step
-// for decode batches and prefill chunks up to the block), columns are split over the
-// rank's threads (OpenMP), each thread owning whole output columns.
+// Layout: the CPU backend repacks each weight matrix once, at load, into panels of
+// kPanel = 16 output columns: panel p holds columns [16p, 16p + 16) as k rows of 16
+// consecutive elements (element (j, c) of w at panel j / 16, offset c * 16 + j % 16; the
+// last panel zero-padded). A panel is one contiguous run, so a GEMV streams the weights
+// front to back, and the micro-kernel needs no horizontal sums. No weight is packed per
+// call.
 //
-// Fixed reduction order: every output element is one dot product computed the same way
-// wherever it lies (any m, any tile position, any thread count): eight f32 lane sums
-// over k (lane l holds the products k = l (mod 8) in ascending k, fused multiply-adds on
-// the AVX2 path), combined as ((l0+l4)+(l2+l6))+((l1+l5)+(l3+l7)), then the k % 8 tail
-// products added in ascending k. So a row computed alone equals the same row among 31
-// others bit for bit, and the result does not depend on the thread count. The generic
-// path uses the same order with separate multiply and add (its results may differ from
-// AVX2's in the last bits; each path is deterministic on its own).
+// Micro-kernel (gemm_avx2.cpp; gemm_generic.cpp is the portable twin): R <= 6 rows x one
+// panel (two ymm of 8 columns), 12 accumulators; per k it loads the panel's 16 weights
+// once (bf16: zero-extend + shift; f16: vcvtph2ps) and broadcasts x[r, k] of each row.
+// GEMV-sized steps (m <= 3) take two panels at a time so enough multiply-add chains are
+// in flight to keep up with DRAM. Rows are taken in blocks whose slice of x stays in L2;
+// panels are split over the rank's threads (OpenMP), each thread owning whole panels.
+//
+// Fixed reduction order: out[r, j] = (...((x[r,0] w[j,0]) + x[r,1] w[j,1]) + ...) +
+// x[r,k-1] w[j,k-1], one f32 chain in ascending k (fused multiply-adds on the AVX2
+// path, multiply then add on the generic one), whatever the tile, the row block, the
+// panel grouping or the thread. So a row computed alone equals the same row among 31
+// others bit for bit, and the thread count changes no bit. The two paths may differ
+// from each other in the last bits (fused vs not); each is deterministic.
 #pragma once
 
 #include <cstdint>
 
 #include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/threads.h"
 
 namespace linnet::cpu {
 
 /// Storage type of a weight matrix.
 enum class WeightType { kF32, kBF16, kF16 };
 
+/// Output columns per packed panel.
+inline constexpr int64_t kPanel = 16;
+
 /// Bytes per element of `t`.
 int weight_type_size(WeightType t);
 
-/// Sets the rank's kernel thread count (OpenMP; also OpenBLAS's, which the remaining
-/// BLAS calls use). n < 1 means 1.
-void set_num_threads(int n);
-/// The rank's kernel thread count.
-int num_threads();
+/// Elements of the packed form of an [n, k] matrix: n rounded up to kPanel, times k.
+inline int64_t packed_elements(int64_t n, int64_t k) { return (n + kPanel - 1) / kPanel * kPanel * k; }
 
-/// out[m, n] = x[m, k] * w[n, k]^T (nn.Linear with weight [out, in], no bias), in f32
-/// with the fixed reduction order of the file comment, on the active ISA path.
-/// w: n * k elements of type `wt` (bf16: the upper 16 bits of an f32; f16: IEEE half).
-/// x, w, out need no alignment; out must not overlap x or w.
+/// Repacks `w` [n, k] row-major (type `wt`) into `packed` (packed_elements(n, k)
+/// elements of `wt`, the layout of the file comment; padding columns are zero).
+void pack_weight(const void* w, WeightType wt, int64_t n, int64_t k, void* packed);
+
+/// out[m, n] = x[m, k] * w[n, k]^T from a packed weight (pack_weight), in f32 with the
+/// fixed reduction order of the file comment, on the active ISA path. x, packed and out
+/// need no alignment; out must not overlap x or packed.
+void matmul_nt_packed(const float* x, const void* packed, WeightType wt, float* out, int64_t m, int64_t k, int64_t n);
+
+/// matmul_nt_packed on a chosen path (tests compare each path with a double reference).
+/// @throws Error when this CPU cannot run `isa`.
+void matmul_nt_packed_isa(Isa isa, const float* x, const void* packed, WeightType wt, float* out, int64_t m,
+                          int64_t k, int64_t n);
+
+/// out[m, n] = x[m, k] * w[n, k]^T with `w` row-major [n, k]: packs a copy, then
+/// matmul_nt_packed (for tests and references; the backend packs once at load).
 void matmul_nt(const float* x, const void* w, WeightType wt, float* out, int64_t m, int64_t k, int64_t n);
 
 /// matmul_nt with f32 weights.
@@ -49,29 +66,29 @@ inline void matmul_nt(const float* x, const float* w, float* out, int64_t m, int
   matmul_nt(x, w, WeightType::kF32, out, m, k, n);
 }
 
-/// matmul_nt on a chosen path (tests compare each path with a double reference).
-/// @throws Error when this CPU cannot run `isa`.
-void matmul_nt_isa(Isa isa, const float* x, const void* w, WeightType wt, float* out, int64_t m, int64_t k,
-                   int64_t n);
-
 /// out[i] = w[i] as f32 for i < n (bf16 / f16 widened exactly).
 void widen_to_f32(const void* w, WeightType wt, int64_t n, float* out);
 
-/// embedding_lookup (ops.h) over a table stored as `wt`: rows widened to f32.
-void embedding_lookup_typed(const void* table, WeightType wt, int64_t vocab_begin, int64_t vocab_local,
-                            int64_t hidden, const int32_t* ids, int64_t n, float* out);
+/// Row `row` of a packed [n, k] matrix, widened to f32: out[c] = w[row, c], c < k.
+void unpack_row(const void* packed, WeightType wt, int64_t k, int64_t row, float* out);
+
+/// embedding_lookup (ops.h) over a packed table [vocab_local, hidden] stored as `wt`.
+void embedding_lookup_packed(const void* table, WeightType wt, int64_t vocab_begin, int64_t vocab_local,
+                             int64_t hidden, const int32_t* ids, int64_t n, float* out);
 
 namespace detail {
-// One thread's share: out[:, j_begin:j_end] over every row, on one path.
-void gemm_columns_generic(const float* x, const void* w, WeightType wt, float* out, int64_t m, int64_t k, int64_t n,
-                          int64_t j_begin, int64_t j_end);
-void gemm_columns_avx2(const float* x, const void* w, WeightType wt, float* out, int64_t m, int64_t k, int64_t n,
-                       int64_t j_begin, int64_t j_end);
+// One thread's share: out[:, 16 p0 : 16 p1) (clipped to n) over every row, one path.
+void gemm_panels_generic(const float* x, const void* packed, WeightType wt, float* out, int64_t m, int64_t k,
+                         int64_t n, int64_t p0, int64_t p1);
+void gemm_panels_avx2(const float* x, const void* packed, WeightType wt, float* out, int64_t m, int64_t k,
+                      int64_t n, int64_t p0, int64_t p1);
 // Rows of x per block, so a block's slice of x (rows * k floats) stays in L2.
 inline int64_t row_block(int64_t k) {
   const int64_t rows = (int64_t{192} << 10) / (k * 4);
-  return rows < 4 ? 4 : rows / 4 * 4;
+  return rows < 6 ? 6 : rows / 6 * 6;
 }
+// Element i of a weight array of type wt, as f32.
+float load_weight(const void* w, WeightType wt, int64_t i);
 }  // namespace detail
 
 }  // namespace linnet::cpu

@@ -1,10 +1,12 @@
-// The AVX2 + FMA + F16C GEMM path (this file alone is compiled with -mavx2 -mfma
-// -mf16c; it runs only when cpu_features says the CPU has them). Micro-kernel: R <= 4
-// rows x C <= 3 columns of out, 12 ymm accumulators, each holding one output element's
-// eight lane sums (gemm.h's fixed order); the C weight vectors of a k-step are loaded
-// (bf16: zero-extend and shift into the f32 high half; f16: vcvtph2ps) once and used for
-// all R rows.
+// The AVX2 + FMA + F16C GEMM path over packed panels (gemm.h). This file alone is built
+// with -mavx2 -mfma -mf16c; it runs only when cpu_features finds them. Micro-kernel: R <=
+// 6 rows x P panels (P = 2 for GEMV-sized steps of m <= 2, else 1), 2P ymm of weights a
+// k-step (bf16: zero-extend and shift into the f32 high half; f16: vcvtph2ps), each x
+// element broadcast once and fused-multiply-added into its row's 2P accumulators: one
+// chain per output element in ascending k, the fixed order of gemm.h.
 #include <immintrin.h>
+
+#include <cstring>
 
 #include "kernels/cpu/gemm.h"
 
@@ -12,96 +14,104 @@ namespace linnet::cpu::detail {
 namespace {
 
 template <WeightType WT>
-inline __m256 load8(const void* w, int64_t i) {
+inline void load16(const void* w, int64_t i, __m256& lo, __m256& hi) {
   if constexpr (WT == WeightType::kF32) {
-    return _mm256_loadu_ps(static_cast<const float*>(w) + i);
-  } else if constexpr (WT == WeightType::kBF16) {
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(w) + i));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    const float* p = static_cast<const float*>(w) + i;
+    lo = _mm256_loadu_ps(p);
+    hi = _mm256_loadu_ps(p + 8);
   } else {
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(w) + i));
-    return _mm256_cvtph_ps(h);
+    const auto* p = reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(w) + i);
+    const __m128i a = _mm_loadu_si128(p), b = _mm_loadu_si128(p + 1);
+    if constexpr (WT == WeightType::kBF16) {
+      lo = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(a), 16));
+      hi = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(b), 16));
+    } else {
+      lo = _mm256_cvtph_ps(a);
+      hi = _mm256_cvtph_ps(b);
+    }
   }
 }
 
-template <WeightType WT>
-inline float load1(const void* w, int64_t i) {
-  if constexpr (WT == WeightType::kF32) {
-    return static_cast<const float*>(w)[i];
-  } else if constexpr (WT == WeightType::kBF16) {
-    const uint32_t bits = static_cast<uint32_t>(static_cast<const uint16_t*>(w)[i]) << 16;
-    return _mm_cvtss_f32(_mm_castsi128_ps(_mm_cvtsi32_si128(static_cast<int>(bits))));
-  } else {
-    return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<const uint16_t*>(w)[i])));
-  }
-}
-
-// ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))
-inline float hsum(__m256 v) {
-  const __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));  // l0+l4 .. l3+l7
-  const __m128 b = _mm_add_ps(a, _mm_movehl_ps(a, a));  // (l0+l4)+(l2+l6), (l1+l5)+(l3+l7)
-  return _mm_cvtss_f32(_mm_add_ss(b, _mm_movehdup_ps(b)));
-}
-
-template <WeightType WT, int R, int C>
-inline void tile(const float* x, const void* w, float* out, int64_t k, int64_t n, int64_t r0, int64_t j0) {
-  __m256 acc[R][C];
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
+template <WeightType WT, int R, int P>
+inline void tile(const float* x, const void* packed, float* out, int64_t k, int64_t n, int64_t r0, int64_t p) {
+  __m256 acc[R][2 * P];
+  for (int i = 0; i < R; ++i)
+    for (int v = 0; v < 2 * P; ++v) acc[i][v] = _mm256_setzero_ps();
   const float* xr[R];
-  for (int r = 0; r < R; ++r) xr[r] = x + (r0 + r) * k;
-  const int64_t kv = k / 8 * 8;
-  for (int64_t kk = 0; kk < kv; kk += 8) {
-    __m256 wv[C];
-    for (int c = 0; c < C; ++c) wv[c] = load8<WT>(w, (j0 + c) * k + kk);
-    for (int r = 0; r < R; ++r) {
-      const __m256 xv = _mm256_loadu_ps(xr[r] + kk);
-      for (int c = 0; c < C; ++c) acc[r][c] = _mm256_fmadd_ps(xv, wv[c], acc[r][c]);
+  for (int i = 0; i < R; ++i) xr[i] = x + (r0 + i) * k;
+  int64_t base[P];
+  for (int q = 0; q < P; ++q) base[q] = (p + q) * kPanel * k;
+  for (int64_t c = 0; c < k; ++c) {
+    __m256 w[2 * P];
+    for (int q = 0; q < P; ++q) load16<WT>(packed, base[q] + c * kPanel, w[2 * q], w[2 * q + 1]);
+    for (int i = 0; i < R; ++i) {
+      const __m256 xv = _mm256_broadcast_ss(xr[i] + c);
+      for (int v = 0; v < 2 * P; ++v) acc[i][v] = _mm256_fmadd_ps(xv, w[v], acc[i][v]);
     }
   }
-  for (int r = 0; r < R; ++r) {
-    for (int c = 0; c < C; ++c) {
-      float s = hsum(acc[r][c]);
-      for (int64_t kk = kv; kk < k; ++kk) s = s + xr[r][kk] * load1<WT>(w, (j0 + c) * k + kk);
-      out[(r0 + r) * n + j0 + c] = s;
+  for (int q = 0; q < P; ++q) {
+    const int64_t j0 = (p + q) * kPanel;
+    const int64_t cols = n - j0 < kPanel ? n - j0 : kPanel;
+    for (int i = 0; i < R; ++i) {
+      float* o = out + (r0 + i) * n + j0;
+      if (cols == kPanel) {
+        _mm256_storeu_ps(o, acc[i][2 * q]);
+        _mm256_storeu_ps(o + 8, acc[i][2 * q + 1]);
+      } else {
+        float tmp[kPanel];
+        _mm256_storeu_ps(tmp, acc[i][2 * q]);
+        _mm256_storeu_ps(tmp + 8, acc[i][2 * q + 1]);
+        std::memcpy(o, tmp, static_cast<size_t>(cols) * sizeof(float));
+      }
     }
   }
 }
 
-template <WeightType WT, int C>
-inline void rows_tile(const float* x, const void* w, float* out, int64_t k, int64_t n, int64_t r0, int64_t r1,
-                      int64_t j0) {
+template <WeightType WT, int P>
+inline void rows(const float* x, const void* packed, float* out, int64_t k, int64_t n, int64_t r0, int64_t r1,
+                 int64_t p) {
   int64_t r = r0;
-  for (; r + 4 <= r1; r += 4) tile<WT, 4, C>(x, w, out, k, n, r, j0);
+  for (; r + 6 <= r1; r += 6) tile<WT, 6, P>(x, packed, out, k, n, r, p);
   switch (r1 - r) {
-    case 3: tile<WT, 3, C>(x, w, out, k, n, r, j0); break;
-    case 2: tile<WT, 2, C>(x, w, out, k, n, r, j0); break;
-    case 1: tile<WT, 1, C>(x, w, out, k, n, r, j0); break;
+    case 5: tile<WT, 5, P>(x, packed, out, k, n, r, p); break;
+    case 4: tile<WT, 4, P>(x, packed, out, k, n, r, p); break;
+    case 3: tile<WT, 3, P>(x, packed, out, k, n, r, p); break;
+    case 2: tile<WT, 2, P>(x, packed, out, k, n, r, p); break;
+    case 1: tile<WT, 1, P>(x, packed, out, k, n, r, p); break;
     default: break;
   }
 }
 
 template <WeightType WT>
-void columns(const float* x, const void* w, float* out, int64_t m, int64_t k, int64_t n, int64_t j_begin,
-             int64_t j_end) {
+void panels(const float* x, const void* packed, float* out, int64_t m, int64_t k, int64_t n, int64_t p0,
+            int64_t p1) {
+  if (m <= 2) {  // GEMV-sized: two panels a tile, enough chains in flight for DRAM
+    int64_t p = p0;
+    for (; p + 2 <= p1; p += 2) {
+      if (m == 2) {
+        tile<WT, 2, 2>(x, packed, out, k, n, 0, p);
+      } else {
+        tile<WT, 1, 2>(x, packed, out, k, n, 0, p);
+      }
+    }
+    if (p < p1) rows<WT, 1>(x, packed, out, k, n, 0, m, p);
+    return;
+  }
   const int64_t mb = row_block(k);
   for (int64_t r0 = 0; r0 < m; r0 += mb) {
     const int64_t r1 = r0 + mb < m ? r0 + mb : m;
-    int64_t j = j_begin;
-    for (; j + 3 <= j_end; j += 3) rows_tile<WT, 3>(x, w, out, k, n, r0, r1, j);
-    if (j_end - j == 2) rows_tile<WT, 2>(x, w, out, k, n, r0, r1, j);
-    if (j_end - j == 1) rows_tile<WT, 1>(x, w, out, k, n, r0, r1, j);
+    for (int64_t p = p0; p < p1; ++p) rows<WT, 1>(x, packed, out, k, n, r0, r1, p);
   }
 }
 
 }  // namespace
 
-void gemm_columns_avx2(const float* x, const void* w, WeightType wt, float* out, int64_t m, int64_t k, int64_t n,
-                       int64_t j_begin, int64_t j_end) {
+void gemm_panels_avx2(const float* x, const void* packed, WeightType wt, float* out, int64_t m, int64_t k,
+                      int64_t n, int64_t p0, int64_t p1) {
   switch (wt) {
-    case WeightType::kF32: return columns<WeightType::kF32>(x, w, out, m, k, n, j_begin, j_end);
-    case WeightType::kBF16: return columns<WeightType::kBF16>(x, w, out, m, k, n, j_begin, j_end);
-    case WeightType::kF16: return columns<WeightType::kF16>(x, w, out, m, k, n, j_begin, j_end);
+    case WeightType::kF32: return panels<WeightType::kF32>(x, packed, out, m, k, n, p0, p1);
+    case WeightType::kBF16: return panels<WeightType::kBF16>(x, packed, out, m, k, n, p0, p1);
+    case WeightType::kF16: return panels<WeightType::kF16>(x, packed, out, m, k, n, p0, p1);
   }
 }
 

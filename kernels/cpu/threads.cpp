@@ -1,0 +1,65 @@
+#include "kernels/cpu/threads.h"
+
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include <cblas.h>
+#include <omp.h>
+
+namespace linnet::cpu {
+namespace {
+int g_threads = 1;
+
+bool pin_to(int core) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(core, &set);
+  return sched_setaffinity(0, sizeof set, &set) == 0;  // 0: the calling thread
+}
+}  // namespace
+
+void set_num_threads(int n) {
+  g_threads = std::max(1, n);
+  omp_set_num_threads(g_threads);
+  // The GEMMs do not use OpenBLAS; one thread keeps its pool from spinning beside ours.
+  openblas_set_num_threads(1);
+}
+
+int num_threads() { return g_threads; }
+
+std::vector<int> core_share(int local_rank, int local_size, int cores) {
+  cores = std::max(1, cores);
+  local_size = std::max(1, local_size);
+  std::vector<int> out;
+  if (local_size >= cores) {
+    out.push_back(local_rank % cores);
+    return out;
+  }
+  const int begin = local_rank * cores / local_size, end = (local_rank + 1) * cores / local_size;
+  for (int c = begin; c < end; ++c) out.push_back(c);
+  return out;
+}
+
+std::string pin_threads(int local_rank, int local_size) {
+  const char* env = std::getenv("LINNET_PIN");
+  if (env && std::strcmp(env, "0") == 0) return "not pinned (LINNET_PIN=0)";
+  const int cores = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+  const std::vector<int> share = core_share(local_rank, local_size, cores);
+  // The whole process first (threads made later inherit it), then each OpenMP thread.
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int c : share) CPU_SET(c, &set);
+  if (sched_setaffinity(0, sizeof set, &set) != 0) return std::string("not pinned: ") + std::strerror(errno);
+  bool ok = true;
+#pragma omp parallel num_threads(g_threads) reduction(&& : ok)
+  ok = pin_to(share[static_cast<size_t>(omp_get_thread_num()) % share.size()]);
+  std::string where = "cores " + std::to_string(share.front());
+  if (share.size() > 1) where += "-" + std::to_string(share.back());
+  return ok ? where : where + " (some threads could not be pinned)";
+}
+
+}  // namespace linnet::cpu

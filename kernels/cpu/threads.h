@@ -1,0 +1,31 @@
+// The rank's CPU threads: one OpenMP team per rank, sized and pinned to the rank's share
+// of the node's cores. Under mpirun, Open MPI binds a rank to one core by default (np
+// <= 2) or to a socket; a rank that then starts T threads would run them all on that
+// one core. So each rank sets its own placement: the node's C cores split evenly over
+// its L ranks, local rank r owning cores [r*C/L, (r+1)*C/L), and OpenMP thread t of the
+// rank pinned to core t of that share (round robin when T exceeds it). LINNET_PIN=0
+// leaves placement to the launcher (mpirun --bind-to ..., OMP_PROC_BIND, taskset).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace linnet::cpu {
+
+/// Sets the rank's kernel thread count (OpenMP; OpenBLAS kept at 1). n < 1 means 1.
+void set_num_threads(int n);
+/// The rank's kernel thread count.
+int num_threads();
+
+/// The cores local rank `local_rank` of `local_size` owns on a node of `cores` cores:
+/// [local_rank * cores / local_size, (local_rank + 1) * cores / local_size), at least
+/// one core (ranks share cores round robin when there are more ranks than cores).
+std::vector<int> core_share(int local_rank, int local_size, int cores);
+
+/// Pins this process and its OpenMP threads to core_share(local_rank, local_size,
+/// online cores), thread t on core t of the share, unless LINNET_PIN=0. Returns what it
+/// did, for the start-up log ("cores 0-1", "not pinned (LINNET_PIN=0)", or why pinning
+/// failed: it never throws).
+std::string pin_threads(int local_rank, int local_size);
+
+}  // namespace linnet::cpu
