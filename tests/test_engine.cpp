@@ -124,9 +124,12 @@ TEST_F(EngineTest, GreedyMatchesTransformersGenerate) {
   }
 }
 
+// Equal up to f32 rounding: the row-parallel GEMMs (o_proj, down_proj) sum each output
+// over k in per-rank parts that the all_reduce then adds, another order than one
+// rank's single chain (logits here reach ~15, so 2e-5 is ~1e-6 relative).
 TEST_F(EngineTest, LogitsAreTpInvariant) {
   const std::vector<int32_t> ids = {1, 403, 407, 261, 378, 432, 383, 286, 261, 376};
-  EXPECT_LT(max_abs_diff(tp_->forward(ids), solo_->forward(ids)), 1e-5f);
+  EXPECT_LT(max_abs_diff(tp_->forward(ids), solo_->forward(ids)), 2e-5f);
 }
 
 TEST_F(EngineTest, SeededSamplingIsReproducibleAndTpInvariant) {

@@ -21,6 +21,7 @@ namespace {
 std::vector<Isa> paths() {
   std::vector<Isa> out = {Isa::kGeneric};
   if (isa_supported(Isa::kAvx2)) out.push_back(Isa::kAvx2);
+  if (isa_supported(Isa::kAvx512)) out.push_back(Isa::kAvx512);
   return out;
 }
 

@@ -13,21 +13,23 @@ std::atomic<int> g_isa{-1};
 std::once_flag g_once;
 
 Isa detect() {
-#if defined(__x86_64__) || defined(__i386__)
+  if (isa_supported(Isa::kAvx512)) return Isa::kAvx512;
   if (isa_supported(Isa::kAvx2)) return Isa::kAvx2;
-#endif
   return Isa::kGeneric;
 }
 
 }  // namespace
 
-const char* isa_name(Isa isa) { return isa == Isa::kAvx2 ? "avx2" : "generic"; }
+const char* isa_name(Isa isa) {
+  return isa == Isa::kAvx512 ? "avx512" : isa == Isa::kAvx2 ? "avx2" : "generic";
+}
 
 bool isa_supported(Isa isa) {
   if (isa == Isa::kGeneric) return true;
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  return isa == Isa::kAvx2 ? avx2 : avx2 && __builtin_cpu_supports("avx512f");
 #else
   return false;
 #endif
@@ -52,9 +54,12 @@ Isa active_isa() {
       }
       isa = Isa::kAvx2;
     } else if (want == "avx512") {
-      throw Error("the AVX-512 kernel path is not built yet", "LINNET_CPU_ISA", "generic or avx2", want);
+      if (!isa_supported(Isa::kAvx512)) {
+        throw Error("this CPU lacks AVX-512F", "LINNET_CPU_ISA", "generic, avx2 (where supported) or unset", want);
+      }
+      isa = Isa::kAvx512;
     } else if (!want.empty()) {
-      throw Error("unknown kernel path", "LINNET_CPU_ISA", "generic, avx2 or unset", want);
+      throw Error("unknown kernel path", "LINNET_CPU_ISA", "generic, avx2, avx512 or unset", want);
     }
     g_isa.store(static_cast<int>(isa));
   });

@@ -37,10 +37,10 @@ void matmul_nt_packed_isa(Isa isa, const float* x, const void* packed, WeightTyp
     std::fill(out, out + m * n, 0.0f);
     return;
   }
-  if (isa == Isa::kAvx2 && !isa_supported(Isa::kAvx2)) {
-    throw Error("this CPU cannot run the kernel path", "matmul_nt", "generic", isa_name(isa));
-  }
-  auto panels_fn = isa == Isa::kAvx2 ? detail::gemm_panels_avx2 : detail::gemm_panels_generic;
+  if (!isa_supported(isa)) throw Error("this CPU cannot run the kernel path", "matmul_nt", "generic", isa_name(isa));
+  auto panels_fn = isa == Isa::kAvx512 ? detail::gemm_panels_avx512
+                   : isa == Isa::kAvx2 ? detail::gemm_panels_avx2
+                                       : detail::gemm_panels_generic;
   const int64_t panels = (n + kPanel - 1) / kPanel;
   // Small GEMMs stay on one thread (a parallel region costs more than they do).
   const int64_t flops = 2 * m * k * n;

@@ -9,11 +9,12 @@
 // front to back, and the micro-kernel needs no horizontal sums. No weight is packed per
 // call.
 //
-// Micro-kernel (gemm_avx2.cpp; gemm_generic.cpp is the portable twin): R <= 6 rows x one
-// panel (two ymm of 8 columns), 12 accumulators; per k it loads the panel's 16 weights
-// once (bf16: zero-extend + shift; f16: vcvtph2ps) and broadcasts x[r, k] of each row.
-// GEMV-sized steps (m <= 3) take two panels at a time so enough multiply-add chains are
-// in flight to keep up with DRAM. Rows are taken in blocks whose slice of x stays in L2;
+// Micro-kernels (gemm_avx512.cpp, gemm_avx2.cpp; gemm_generic.cpp is the portable
+// twin): R rows x P panels of accumulators (AVX-512: 12 x 2 zmm; AVX2: 6 x 1 panel in
+// two ymm); per k they load each panel's 16 weights once (bf16: zero-extend + shift;
+// f16: vcvtph2ps) and broadcast x[r, k] of each row. GEMV-sized steps (m <= 2) take 4
+// (AVX-512) or 2 (AVX2) panels a tile so enough multiply-add chains are in flight to
+// keep up with DRAM. Rows are taken in blocks whose slice of x stays in L2;
 // panels are split over the rank's threads (OpenMP), each thread owning whole panels.
 //
 // Fixed reduction order: out[r, j] = (...((x[r,0] w[j,0]) + x[r,1] w[j,1]) + ...) +
@@ -82,6 +83,8 @@ void gemm_panels_generic(const float* x, const void* packed, WeightType wt, floa
                          int64_t n, int64_t p0, int64_t p1);
 void gemm_panels_avx2(const float* x, const void* packed, WeightType wt, float* out, int64_t m, int64_t k,
                       int64_t n, int64_t p0, int64_t p1);
+void gemm_panels_avx512(const float* x, const void* packed, WeightType wt, float* out, int64_t m, int64_t k,
+                        int64_t n, int64_t p0, int64_t p1);
 // Rows of x per block, so a block's slice of x (rows * k floats) stays in L2.
 inline int64_t row_block(int64_t k) {
   const int64_t rows = (int64_t{192} << 10) / (k * 4);

@@ -53,13 +53,18 @@ std::string pin_threads(int local_rank, int local_size) {
   cpu_set_t set;
   CPU_ZERO(&set);
   for (int c : share) CPU_SET(c, &set);
-  if (sched_setaffinity(0, sizeof set, &set) != 0) return std::string("not pinned: ") + std::strerror(errno);
+  std::string out;  // built by append: GCC 12 warns falsely on "literal" + std::string
+  if (sched_setaffinity(0, sizeof set, &set) != 0) {
+    out.append("not pinned: ").append(std::strerror(errno));
+    return out;
+  }
   bool ok = true;
 #pragma omp parallel num_threads(g_threads) reduction(&& : ok)
   ok = pin_to(share[static_cast<size_t>(omp_get_thread_num()) % share.size()]);
-  std::string where = "cores " + std::to_string(share.front());
-  if (share.size() > 1) where += "-" + std::to_string(share.back());
-  return ok ? where : where + " (some threads could not be pinned)";
+  out.append(share.size() > 1 ? "cores " : "core ").append(std::to_string(share.front()));
+  if (share.size() > 1) out.append("-").append(std::to_string(share.back()));
+  if (!ok) out.append(" (some threads could not be pinned)");
+  return out;
 }
 
 }  // namespace linnet::cpu
