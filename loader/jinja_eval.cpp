@@ -2,6 +2,7 @@
 // they differ from plain Python: a missing key or index is an Undefined value (printed as
 // "", false in tests, an error once used as a value); for-loop bodies get a fresh scope
 // per iteration; dict attribute syntax finds methods before keys (jinja2/sandbox.py).
+#include <algorithm>
 #include <cmath>
 
 #include "common/error.h"
@@ -18,10 +19,44 @@ bool is_intlike(const Value& v) { return v.type == Value::Type::kInt || v.type =
 
 }  // namespace
 
+// One evaluator frame (a statement list, an expression, a macro call) for its lifetime,
+// counted against kMaxEvalDepth so that no template overflows the native stack.
+class EvalNest {
+ public:
+  EvalNest(Evaluator& ev, int line) : ev_(ev) {
+    if (ev_.eval_depth_ >= kMaxEvalDepth) {
+      ev_.fail(line, "the template nests evaluation deeper than " + std::to_string(kMaxEvalDepth) +
+                         " levels (macros calling macros?)");
+    }
+    ++ev_.eval_depth_;
+  }
+  ~EvalNest() { --ev_.eval_depth_; }
+  EvalNest(const EvalNest&) = delete;
+  EvalNest& operator=(const EvalNest&) = delete;
+
+ private:
+  Evaluator& ev_;
+};
+
 Evaluator::Evaluator(const std::string& name, const Value& globals) : name_(name) {
   frames_.emplace_back(builtin_globals());
   if (globals.dict) {
     for (const auto& [k, v] : *globals.dict) assign(k, v);
+  }
+}
+
+void Evaluator::step(int line, int64_t n) {
+  steps_ += n;
+  if (steps_ > kMaxSteps) {
+    fail(line, "the template takes more than " + std::to_string(kMaxSteps) +
+                   " evaluation steps (loop iterations and calls); is a loop unbounded?");
+  }
+}
+
+void Evaluator::check_size(std::size_t bytes, int line, const char* what) const {
+  if (bytes > kMaxOutputBytes) {
+    fail(line, std::string(what) + " would be longer than " + std::to_string(kMaxOutputBytes) + " bytes (" +
+                   std::to_string(bytes) + ")");
   }
 }
 
@@ -53,10 +88,20 @@ void Evaluator::assign(const std::string& name, Value v) {
 }
 
 Evaluator::Flow Evaluator::exec(const std::vector<Node>& nodes, std::string& out) {
+  if (nodes.empty()) return Flow::kNormal;
+  const EvalNest nest(*this, nodes.front().line);
   for (const Node& n : nodes) {
     switch (n.kind) {
-      case Node::Kind::kText: out += n.text; break;
-      case Node::Kind::kOutput: out += to_str(eval(*n.expr)); break;
+      case Node::Kind::kText:
+        check_size(out.size() + n.text.size(), n.line, "the template output");
+        out += n.text;
+        break;
+      case Node::Kind::kOutput: {
+        const std::string text = to_str(eval(*n.expr));
+        check_size(out.size() + text.size(), n.line, "the template output");
+        out += text;
+        break;
+      }
       case Node::Kind::kIf: {
         bool taken = false;
         for (const auto& [cond, body] : n.branches) {
@@ -129,6 +174,7 @@ Evaluator::Flow Evaluator::exec_for(const Node& n, std::string& out) {
   if (items.empty()) return exec(n.else_body, out);
   const auto count = static_cast<int64_t>(items.size());
   for (int64_t k = 0; k < count; ++k) {
+    step(n.line);
     frames_.emplace_back();
     bind(items[static_cast<std::size_t>(k)]);
     Dict loop = {
@@ -183,6 +229,16 @@ Value Evaluator::call_macro(const Node& macro, Args& args, Kwargs& kwargs, int l
     fail(line, "macro '" + macro.targets[0] + "' takes " + std::to_string(macro.params.size()) + " arguments, " +
                    std::to_string(args.size()) + " given");
   }
+  if (call_depth_ >= kMaxNestingDepth) {
+    fail(line, "macro calls nested deeper than " + std::to_string(kMaxNestingDepth) + " levels ('" +
+                   macro.targets[0] + "' calling itself without end?)");
+  }
+  const EvalNest nest(*this, line);
+  ++call_depth_;
+  struct Leave {
+    int& depth;
+    ~Leave() { --depth; }
+  } leave{call_depth_};
   // A macro sees the template's top-level variables, not its caller's locals.
   std::vector<Dict> saved;
   saved.swap(frames_);
@@ -221,10 +277,12 @@ Value Evaluator::call_macro(const Node& macro, Args& args, Kwargs& kwargs, int l
 Value Evaluator::call(const Value& callee, Args& args, Kwargs& kwargs, int line) {
   if (callee.is_undefined()) fail_undefined(line, callee);
   if (callee.type != Value::Type::kFunction) fail(line, std::string("'") + callee.type_name() + "' object is not callable");
+  step(line);
   return (*callee.fn)(*this, args, kwargs, line);
 }
 
 Value Evaluator::eval(const Expr& e) {
+  const EvalNest nest(*this, e.line);
   switch (e.kind) {
     case Expr::Kind::kLiteral: return e.literal;
     case Expr::Kind::kName: return lookup(e.name);
@@ -274,6 +332,7 @@ Value Evaluator::eval(const Expr& e) {
       for (std::size_t k = 1; k < e.args.size(); ++k) args.push_back(eval(*e.args[k]));
       Kwargs kwargs;
       for (const auto& [k, kv] : e.kwargs) kwargs.emplace_back(k, eval(*kv));
+      step(e.line);
       if (e.kind == Expr::Kind::kFilter) return apply_filter(*this, e.name, v, args, kwargs, e.line);
       if (!kwargs.empty()) fail(e.line, "test '" + e.name + "' takes no keyword arguments");
       return Value::boolean(apply_test(*this, e.name, v, args, e.line) != e.negated);
@@ -315,7 +374,12 @@ Value Evaluator::eval(const Expr& e) {
 }
 
 Value Evaluator::binary(const std::string& op, const Value& a, const Value& b, int line) {
-  if (op == "~") return Value::string(to_str(a) + to_str(b));
+  if (op == "~") {
+    std::string text = to_str(a);
+    const std::string right = to_str(b);
+    check_size(text.size() + right.size(), line, "the result of '~'");
+    return Value::string(text + right);
+  }
   if (a.is_undefined()) fail_undefined(line, a);
   if (b.is_undefined()) fail_undefined(line, b);
   const bool nums = a.is_number() && b.is_number();
@@ -326,8 +390,15 @@ Value Evaluator::binary(const std::string& op, const Value& a, const Value& b, i
   if (op == "+") {
     if (ints) return Value::integer(as_int(a) + as_int(b));
     if (nums) return Value::real(as_double(a) + as_double(b));
-    if (a.is_string() && b.is_string()) return Value::string(a.s + b.s);
+    if (a.is_string() && b.is_string()) {
+      check_size(a.s.size() + b.s.size(), line, "the result of '+'");
+      return Value::string(a.s + b.s);
+    }
     if (a.type == Value::Type::kList && b.type == Value::Type::kList) {
+      if (a.list->size() + b.list->size() > kMaxListItems) {
+        fail(line, "the result of '+' would have more than " + std::to_string(kMaxListItems) + " items");
+      }
+      step(line, static_cast<int64_t>(a.list->size() + b.list->size()));
       List items = *a.list;
       items.insert(items.end(), b.list->begin(), b.list->end());
       return Value::make_list(std::move(items));
@@ -337,22 +408,44 @@ Value Evaluator::binary(const std::string& op, const Value& a, const Value& b, i
   if (op == "*") {
     if (ints) return Value::integer(as_int(a) * as_int(b));
     if (nums) return Value::real(as_double(a) * as_double(b));
-    const Value* s = a.is_string() ? &a : b.is_string() ? &b : nullptr;
+    // Python's sequence repetition; a count below 1 gives an empty sequence.
+    const Value* s = a.is_string() || a.type == Value::Type::kList ? &a
+                     : b.is_string() || b.type == Value::Type::kList ? &b
+                                                                     : nullptr;
     const Value* n = is_intlike(a) ? &a : is_intlike(b) ? &b : nullptr;
-    if (s && n) {
+    if (!s || !n) return bad();
+    const auto times = static_cast<uint64_t>(std::max<int64_t>(0, as_int(*n)));
+    const std::size_t unit = s->is_string() ? s->s.size() : s->list->size();
+    const std::size_t limit = s->is_string() ? kMaxRepeatBytes : kMaxListItems;
+    if (unit != 0 && times > limit / unit) {
+      fail(line, std::string("the result of '*' would be longer than ") + std::to_string(limit) +
+                     (s->is_string() ? " bytes" : " items") + " (" + std::to_string(unit) + " x " +
+                     std::to_string(times) + ")");
+    }
+    if (s->is_string()) {
       std::string out;
-      for (int64_t k = 0; k < as_int(*n); ++k) out += s->s;
+      out.reserve(unit * times);
+      for (uint64_t k = 0; k < times && unit != 0; ++k) out += s->s;
       return Value::string(std::move(out));
     }
-    return bad();
+    step(line, static_cast<int64_t>(unit * times));
+    List items;
+    items.reserve(unit * times);
+    for (uint64_t k = 0; k < times && unit != 0; ++k) items.insert(items.end(), s->list->begin(), s->list->end());
+    return Value::make_list(std::move(items));
   }
   if (!nums) return bad();
   if (op == "-") return ints ? Value::integer(as_int(a) - as_int(b)) : Value::real(as_double(a) - as_double(b));
   if (op == "**") {
     if (ints && as_int(b) >= 0) {
-      int64_t r = 1;
-      for (int64_t k = 0; k < as_int(b); ++k) r *= as_int(a);
-      return Value::integer(r);
+      // By squaring: a loop of b multiplications would run for ages on `2 ** 10**12`.
+      // Wraps like the two's-complement int64 it is, where Python would grow the integer.
+      uint64_t r = 1, base = static_cast<uint64_t>(as_int(a));
+      for (uint64_t e = static_cast<uint64_t>(as_int(b)); e != 0; e >>= 1) {
+        if (e & 1) r *= base;
+        base *= base;
+      }
+      return Value::integer(static_cast<int64_t>(r));
     }
     return Value::real(std::pow(as_double(a), as_double(b)));
   }
