@@ -45,6 +45,11 @@ inline constexpr std::size_t kMaxListItems = std::size_t{1} << 20;
 inline constexpr int kMaxEvalDepth = 4 * kMaxNestingDepth;
 /// Items of one range().
 inline constexpr int64_t kMaxRangeItems = 100'000;
+/// Bytes one render may copy: every string an expression yields (a variable's value is a
+/// copy too), the items a loop or filter iterates, list `+` and `*`. With kMaxSteps this
+/// bounds time and memory where each step is cheap but its data is large (a loop over
+/// a 16 MiB string's `~`); a long conversation copies a few MiB.
+inline constexpr std::size_t kMaxCopyBytes = std::size_t{1} << 30;
 
 struct Value;
 class Evaluator;
@@ -182,6 +187,9 @@ class Evaluator {
   /// Counts `n` evaluation steps at `line`.
   /// @throws Error "... more than kMaxSteps evaluation steps" naming the line.
   void step(int line, int64_t n = 1);
+  /// Counts `bytes` copied at `line`.
+  /// @throws Error "... copies more than kMaxCopyBytes bytes" naming the line.
+  void copied(std::size_t bytes, int line);
   /// Checks that a string of `bytes` may be built at `line` (`what` names the operation).
   /// @throws Error "... longer than kMaxOutputBytes" naming the line.
   void check_size(std::size_t bytes, int line, const char* what) const;
@@ -192,6 +200,7 @@ class Evaluator {
   [[noreturn]] void fail_undefined(int line, const Value& v) const;
 
  private:
+  Value eval_expr(const Expr& e);
   Value lookup(const std::string& name) const;
   void assign(const std::string& name, Value v);
   Flow exec_for(const Node& n, std::string& out);
@@ -206,6 +215,7 @@ class Evaluator {
   const std::string& name_;
   std::vector<Dict> frames_;
   int64_t steps_ = 0;     // counted against kMaxSteps
+  std::size_t copied_ = 0;  // bytes, counted against kMaxCopyBytes
   int call_depth_ = 0;    // macro calls in progress, against kMaxNestingDepth
   int eval_depth_ = 0;    // exec / eval / call_macro frames in progress, against kMaxEvalDepth
   friend class EvalNest;
@@ -222,6 +232,9 @@ Dict builtin_globals();
 bool contains(Evaluator& ev, const Value& container, const Value& item, int line);
 /// The items a for loop visits (list items, dict keys, string characters).
 List iterate(Evaluator& ev, const Value& v, int line);
+/// The bytes a copy of `items` takes: each Value and its string (lists and dicts inside
+/// are shared, not copied).
+std::size_t list_bytes(const List& items);
 /// Python's len() in code points for strings.
 int64_t length(Evaluator& ev, const Value& v, int line);
 /// UTF-8 <-> code points.

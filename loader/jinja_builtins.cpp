@@ -256,9 +256,15 @@ std::string from_u32(const std::u32string& s) {
 List iterate(Evaluator& ev, const Value& v, int line) {
   switch (v.type) {
     case Value::Type::kUndefined: return {};
-    case Value::Type::kList: ev.step(line, static_cast<int64_t>(v.list->size())); return *v.list;
+    case Value::Type::kList:
+      ev.step(line, static_cast<int64_t>(v.list->size()));
+      ev.copied(list_bytes(*v.list), line);
+      return *v.list;
     case Value::Type::kDict: {
       ev.step(line, static_cast<int64_t>(v.dict->size()));
+      std::size_t bytes = 0;
+      for (const auto& [k, e] : *v.dict) bytes += sizeof(Value) + k.size();
+      ev.copied(bytes, line);
       List keys;
       for (const auto& [k, e] : *v.dict) keys.push_back(Value::string(k));
       return keys;
@@ -266,12 +272,19 @@ List iterate(Evaluator& ev, const Value& v, int line) {
     case Value::Type::kString: {
       const std::u32string u = to_u32(v.s);
       ev.step(line, static_cast<int64_t>(u.size()));
+      ev.copied(u.size() * (sizeof(Value) + 4), line);
       List chars;
       for (char32_t c : u) chars.push_back(Value::string(from_u32(std::u32string(1, c))));
       return chars;
     }
     default: ev.fail(line, std::string("'") + v.type_name() + "' object is not iterable");
   }
+}
+
+std::size_t list_bytes(const List& items) {
+  std::size_t bytes = 0;
+  for (const Value& v : items) bytes += sizeof(Value) + v.s.size();
+  return bytes;
 }
 
 int64_t length(Evaluator& ev, const Value& v, int line) {

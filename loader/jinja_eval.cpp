@@ -53,6 +53,14 @@ void Evaluator::step(int line, int64_t n) {
   }
 }
 
+void Evaluator::copied(std::size_t bytes, int line) {
+  copied_ += bytes;
+  if (copied_ > kMaxCopyBytes) {
+    fail(line, "the template copies more than " + std::to_string(kMaxCopyBytes) +
+                   " bytes of strings and lists; does a loop build ever longer text?");
+  }
+}
+
 void Evaluator::check_size(std::size_t bytes, int line, const char* what) const {
   if (bytes > kMaxOutputBytes) {
     fail(line, std::string(what) + " would be longer than " + std::to_string(kMaxOutputBytes) + " bytes (" +
@@ -283,6 +291,12 @@ Value Evaluator::call(const Value& callee, Args& args, Kwargs& kwargs, int line)
 
 Value Evaluator::eval(const Expr& e) {
   const EvalNest nest(*this, e.line);
+  Value v = eval_expr(e);
+  if (v.is_string()) copied(v.s.size(), e.line);
+  return v;
+}
+
+Value Evaluator::eval_expr(const Expr& e) {
   switch (e.kind) {
     case Expr::Kind::kLiteral: return e.literal;
     case Expr::Kind::kName: return lookup(e.name);
@@ -378,7 +392,8 @@ Value Evaluator::binary(const std::string& op, const Value& a, const Value& b, i
     std::string text = to_str(a);
     const std::string right = to_str(b);
     check_size(text.size() + right.size(), line, "the result of '~'");
-    return Value::string(text + right);
+    text += right;
+    return Value::string(std::move(text));
   }
   if (a.is_undefined()) fail_undefined(line, a);
   if (b.is_undefined()) fail_undefined(line, b);
@@ -399,6 +414,7 @@ Value Evaluator::binary(const std::string& op, const Value& a, const Value& b, i
         fail(line, "the result of '+' would have more than " + std::to_string(kMaxListItems) + " items");
       }
       step(line, static_cast<int64_t>(a.list->size() + b.list->size()));
+      copied(list_bytes(*a.list) + list_bytes(*b.list), line);
       List items = *a.list;
       items.insert(items.end(), b.list->begin(), b.list->end());
       return Value::make_list(std::move(items));
@@ -429,6 +445,7 @@ Value Evaluator::binary(const std::string& op, const Value& a, const Value& b, i
       return Value::string(std::move(out));
     }
     step(line, static_cast<int64_t>(unit * times));
+    copied(list_bytes(*s->list) * times, line);
     List items;
     items.reserve(unit * times);
     for (uint64_t k = 0; k < times && unit != 0; ++k) items.insert(items.end(), s->list->begin(), s->list->end());

@@ -280,6 +280,12 @@ TEST(ChatTemplate, HostileTemplatesHitTheLimits) {
       {"{{ [[[1]]] | tojson(indent=100000000) }}", "line 1", "the result of tojson would be longer"},
       {"{{ range(1000000) }}", "line 1", "range() too big (more than 100000 items)"},
       {"{% for c in 'a' * 16000000 %}{% endfor %}", "line 1", "more than 10000000 evaluation steps"},
+      // Cheap steps on big data: bounded by the bytes copied.
+      {"{% set s = 'a' * 10000000 %}{% for i in range(1000) %}\n{% set t = s ~ '' %}{% endfor %}", "line 2",
+       "copies more than 1073741824 bytes"},
+      {"{% set ns = namespace(l=['a' * 10000000]) %}{% for i in range(20) %}{% set ns.l = ns.l + ns.l %}{% endfor %}",
+       "line 1", "copies more than 1073741824 bytes"},
+      {"{{ ['a' * 10000000] * 1000 }}", "line 1", "copies more than 1073741824 bytes"},
   };
   for (const auto& [source, line, what_part] : cases) {
     SCOPED_TRACE(source.substr(0, 120));
