@@ -196,6 +196,9 @@ class Evaluator {
 
   /// Throws Error(what, "<template> line N").
   [[noreturn]] void fail(int line, const std::string& what) const;
+  /// Throws Error "integer overflow in '<op>'" naming the line (Python's ints are
+  /// unbounded; the interpreter's are int64, so a result past them is refused).
+  [[noreturn]] void fail_overflow(int line, const std::string& op) const;
   /// Throws the UndefinedError of using `v` (an undefined value) as a value.
   [[noreturn]] void fail_undefined(int line, const Value& v) const;
 

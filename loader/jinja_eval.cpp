@@ -72,6 +72,10 @@ void Evaluator::fail(int line, const std::string& what) const {
   throw Error(what, name_ + " line " + std::to_string(line));
 }
 
+void Evaluator::fail_overflow(int line, const std::string& op) const {
+  fail(line, "integer overflow in '" + op + "' (the result does not fit in 64 bits)");
+}
+
 void Evaluator::fail_undefined(int line, const Value& v) const {
   fail(line, "undefined value: " + (v.s.empty() ? std::string("a value is undefined") : v.s));
 }
@@ -357,7 +361,10 @@ Value Evaluator::eval_expr(const Expr& e) {
       if (v.is_undefined()) fail_undefined(e.line, v);
       if (!v.is_number()) fail(e.line, "bad operand type for unary " + std::string(e.kind == Expr::Kind::kNeg ? "-" : "+") + ": '" + v.type_name() + "'");
       if (e.kind == Expr::Kind::kPos) return is_intlike(v) ? Value::integer(as_int(v)) : v;
-      return is_intlike(v) ? Value::integer(-as_int(v)) : Value::real(-v.f);
+      if (!is_intlike(v)) return Value::real(-v.f);
+      int64_t r = 0;
+      if (__builtin_sub_overflow(int64_t{0}, as_int(v), &r)) fail_overflow(e.line, "-");
+      return Value::integer(r);
     }
     case Expr::Kind::kNot: return Value::boolean(!eval(*e.args[0]).truthy());
     case Expr::Kind::kAnd: {
@@ -402,8 +409,12 @@ Value Evaluator::binary(const std::string& op, const Value& a, const Value& b, i
   const auto bad = [&]() -> Value {
     fail(line, "unsupported operand type(s) for " + op + ": '" + a.type_name() + "' and '" + b.type_name() + "'");
   };
+  int64_t r = 0;  // an int result, checked: Python's ints are unbounded, ours are int64
   if (op == "+") {
-    if (ints) return Value::integer(as_int(a) + as_int(b));
+    if (ints) {
+      if (__builtin_add_overflow(as_int(a), as_int(b), &r)) fail_overflow(line, op);
+      return Value::integer(r);
+    }
     if (nums) return Value::real(as_double(a) + as_double(b));
     if (a.is_string() && b.is_string()) {
       check_size(a.s.size() + b.s.size(), line, "the result of '+'");
@@ -422,7 +433,10 @@ Value Evaluator::binary(const std::string& op, const Value& a, const Value& b, i
     return bad();
   }
   if (op == "*") {
-    if (ints) return Value::integer(as_int(a) * as_int(b));
+    if (ints) {
+      if (__builtin_mul_overflow(as_int(a), as_int(b), &r)) fail_overflow(line, op);
+      return Value::integer(r);
+    }
     if (nums) return Value::real(as_double(a) * as_double(b));
     // Python's sequence repetition; a count below 1 gives an empty sequence.
     const Value* s = a.is_string() || a.type == Value::Type::kList ? &a
@@ -452,17 +466,22 @@ Value Evaluator::binary(const std::string& op, const Value& a, const Value& b, i
     return Value::make_list(std::move(items));
   }
   if (!nums) return bad();
-  if (op == "-") return ints ? Value::integer(as_int(a) - as_int(b)) : Value::real(as_double(a) - as_double(b));
+  if (op == "-") {
+    if (!ints) return Value::real(as_double(a) - as_double(b));
+    if (__builtin_sub_overflow(as_int(a), as_int(b), &r)) fail_overflow(line, op);
+    return Value::integer(r);
+  }
   if (op == "**") {
     if (ints && as_int(b) >= 0) {
-      // By squaring: a loop of b multiplications would run for ages on `2 ** 10**12`.
-      // Wraps like the two's-complement int64 it is, where Python would grow the integer.
-      uint64_t r = 1, base = static_cast<uint64_t>(as_int(a));
-      for (uint64_t e = static_cast<uint64_t>(as_int(b)); e != 0; e >>= 1) {
-        if (e & 1) r *= base;
-        base *= base;
+      // By squaring: a loop of b multiplications would run for ages on `1 ** 10**12`.
+      int64_t base = as_int(a);
+      r = 1;
+      for (int64_t e = as_int(b); e != 0;) {
+        if ((e & 1) && __builtin_mul_overflow(r, base, &r)) fail_overflow(line, op);
+        e >>= 1;
+        if (e != 0 && __builtin_mul_overflow(base, base, &base)) fail_overflow(line, op);
       }
-      return Value::integer(static_cast<int64_t>(r));
+      return Value::integer(r);
     }
     return Value::real(std::pow(as_double(a), as_double(b)));
   }
@@ -471,6 +490,7 @@ Value Evaluator::binary(const std::string& op, const Value& a, const Value& b, i
   if (op == "//") {
     if (ints) {
       const int64_t x = as_int(a), y = as_int(b);
+      if (x == INT64_MIN && y == -1) fail_overflow(line, op);  // the one quotient int64 cannot hold
       int64_t q = x / y;
       if ((x % y != 0) && ((x < 0) != (y < 0))) --q;
       return Value::integer(q);
@@ -480,7 +500,8 @@ Value Evaluator::binary(const std::string& op, const Value& a, const Value& b, i
   if (op == "%") {
     if (ints) {
       const int64_t x = as_int(a), y = as_int(b);
-      int64_t r = x % y;
+      if (y == -1) return Value::integer(0);  // INT64_MIN % -1 traps on x86
+      r = x % y;
       if (r != 0 && ((r < 0) != (y < 0))) r += y;
       return Value::integer(r);
     }
@@ -588,12 +609,13 @@ Value Evaluator::slice(const Value& obj, const Value& start_v, const Value& stop
   const int64_t stop = adjust(stop_v, step < 0 ? -1 : n);
   std::u32string out_s;
   List out_l;
-  for (int64_t k = start; step > 0 ? k < stop : k > stop; k += step) {
+  for (int64_t k = start; step > 0 ? k < stop : k > stop;) {
     if (is_str) {
       out_s += s[static_cast<std::size_t>(k)];
     } else {
       out_l.push_back((*obj.list)[static_cast<std::size_t>(k)]);
     }
+    if (__builtin_add_overflow(k, step, &k)) break;  // a step past int64 leaves the sequence
   }
   return is_str ? Value::string(from_u32(out_s)) : Value::make_list(std::move(out_l));
 }

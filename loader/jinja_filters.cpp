@@ -187,7 +187,14 @@ Value apply_filter(Evaluator& ev, const std::string& f, const Value& v, Args& ar
   if (f == "int" || f == "float") {
     const bool is_int = f == "int";
     if (v.type == T::kInt || v.type == T::kBool) return is_int ? Value::integer(v.type == T::kBool ? v.b : v.i) : Value::real(static_cast<double>(v.type == T::kBool ? v.b : v.i));
-    if (v.type == T::kFloat) return is_int ? Value::integer(static_cast<int64_t>(std::trunc(v.f))) : v;
+    if (v.type == T::kFloat) {
+      if (!is_int) return v;
+      // [-2^63, 2^63): the floats int64 holds (the cast of any other is undefined).
+      if (!(std::trunc(v.f) >= -9223372036854775808.0 && std::trunc(v.f) < 9223372036854775808.0)) {
+        ev.fail(line, "filter 'int': " + float_repr(v.f) + " does not fit in 64 bits");
+      }
+      return Value::integer(static_cast<int64_t>(std::trunc(v.f)));
+    }
     const Value* def = arg(args, kwargs, 0, "default");
     if (v.is_string()) {
       try {
@@ -205,7 +212,11 @@ Value apply_filter(Evaluator& ev, const std::string& f, const Value& v, Args& ar
     return def ? *def : (is_int ? Value::integer(0) : Value::real(0.0));
   }
   if (f == "abs") {
-    if (v.type == T::kInt || v.type == T::kBool) return Value::integer(std::llabs(v.type == T::kBool ? v.b : v.i));
+    if (v.type == T::kInt || v.type == T::kBool) {
+      const int64_t x = v.type == T::kBool ? v.b : v.i;
+      if (x == INT64_MIN) ev.fail_overflow(line, "abs");
+      return Value::integer(x < 0 ? -x : x);
+    }
     if (v.type == T::kFloat) return Value::real(std::fabs(v.f));
     ev.fail(line, std::string("bad operand type for abs(): '") + v.type_name() + "'");
   }
@@ -279,11 +290,12 @@ Dict builtin_globals() {
                    }
                    if (step == 0) ev.fail(line, "range() step must not be zero");
                    List out;
-                   for (int64_t k = start; step > 0 ? k < stop : k > stop; k += step) {
+                   for (int64_t k = start; step > 0 ? k < stop : k > stop;) {
                      if (static_cast<int64_t>(out.size()) >= kMaxRangeItems) {
                        ev.fail(line, "range() too big (more than " + std::to_string(kMaxRangeItems) + " items)");
                      }
                      out.push_back(Value::integer(k));
+                     if (__builtin_add_overflow(k, step, &k)) break;  // past int64: past stop too
                    }
                    return Value::make_list(std::move(out));
                  }));

@@ -286,6 +286,15 @@ TEST(ChatTemplate, HostileTemplatesHitTheLimits) {
       {"{% set ns = namespace(l=['a' * 10000000]) %}{% for i in range(20) %}{% set ns.l = ns.l + ns.l %}{% endfor %}",
        "line 1", "copies more than 1073741824 bytes"},
       {"{{ ['a' * 10000000] * 1000 }}", "line 1", "copies more than 1073741824 bytes"},
+      // int64 arithmetic past its range (Python's ints would grow): an error, not a wrap or a trap.
+      {"{{ 9223372036854775807 + 1 }}", "line 1", "integer overflow in '+'"},
+      {"{{ -9223372036854775807 - 2 }}", "line 1", "integer overflow in '-'"},
+      {"{{ 4294967296 * 4294967296 }}", "line 1", "integer overflow in '*'"},
+      {"{{ 2 ** 64 }}", "line 1", "integer overflow in '**'"},
+      {"{{ (-9223372036854775807 - 1) // -1 }}", "line 1", "integer overflow in '//'"},
+      {"{{ -(-9223372036854775807 - 1) }}", "line 1", "integer overflow in '-'"},
+      {"{{ (-9223372036854775807 - 1) | abs }}", "line 1", "integer overflow in 'abs'"},
+      {"{{ 1e300 | int }}", "line 1", "does not fit in 64 bits"},
   };
   for (const auto& [source, line, what_part] : cases) {
     SCOPED_TRACE(source.substr(0, 120));
@@ -300,7 +309,14 @@ TEST(ChatTemplate, HostileTemplatesHitTheLimits) {
   }
   // Within the limits: a big exponent is computed by squaring (it wraps like int64), and
   // nesting that real templates use parses.
-  EXPECT_EQ(ChatTemplate::parse("{{ 1 ** 100000000000000 }}").render(ojson::object()), "1");
+  EXPECT_EQ(ChatTemplate::parse("{{ 1 ** 100000000000000 }} {{ (-1) ** 100000000000001 }} {{ 3 ** 39 }}")
+                .render(ojson::object()),
+            "1 -1 4052555153018976267");
+  EXPECT_EQ(ChatTemplate::parse("{{ (-9223372036854775807 - 1) % -1 }} {{ (-9223372036854775807 - 1) is "
+                                "divisibleby(-1) }} {{ 'abc'[1::9223372036854775807] }} "
+                                "{{ range(0, 9223372036854775807, 4611686018427387904) | list }}")
+                .render(ojson::object()),
+            "0 True b [0, 4611686018427387904]");
   EXPECT_EQ(ChatTemplate::parse("{{ " + repeat("(", 200) + "1" + repeat(")", 200) + " }}").render(ojson::object()), "1");
   EXPECT_EQ(ChatTemplate::parse(repeat("{% if true %}", 200) + "x" + repeat("{% endif %}", 200)).render(ojson::object()),
             "x");
