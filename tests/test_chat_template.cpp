@@ -350,6 +350,10 @@ TEST(ChatTemplate, ErrorsNameTheJinjaFileTheTemplateCameFrom) {
   const fs::path dir = fs::temp_directory_path() / ("linnet_jinja_source_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
+  struct Cleanup {
+    fs::path dir;
+    ~Cleanup() { fs::remove_all(dir); }
+  } cleanup{dir};
   for (const char* file : {"tokenizer.json", "tokenizer_config.json"}) {
     fs::copy_file(test::stories_dir() / file, dir / file);
   }
@@ -375,7 +379,6 @@ TEST(ChatTemplate, ErrorsNameTheJinjaFileTheTemplateCameFrom) {
   what = message();
   EXPECT_EQ(what.rfind((dir / "tokenizer_config.json").string() + " chat_template line 1: the template raised", 0), 0u)
       << what;
-  fs::remove_all(dir);
 }
 
 // --- the linnet-tp executable: `template` and `generate --chat` -------------------------
