@@ -1,9 +1,9 @@
 #include "launch/generate_requests.h"
 
 #include <algorithm>
-#include <iterator>
 
 #include "common/error.h"
+#include "launch/jsonl_input.h"
 #include "loader/chat_template.h"
 
 namespace linnet {
@@ -64,16 +64,10 @@ std::string prompt_text(const ordered_json& line, bool chat_flag, const Tokenize
     }
     // A misspelt key would otherwise silently fall back to its default. (A "messages"
     // line's other keys are template variables, so those are not checked.)
-    static const char* const kKeys[] = {"prompt", "temperature", "top_k", "top_p", "min_p", "repetition_penalty",
-                                        "seed", "max_new_tokens", "stop", "stop_token_ids", "logprobs",
-                                        "top_logprobs"};
-    for (const auto& [key, value] : line.items()) {
-      if (std::find(std::begin(kKeys), std::end(kKeys), key) == std::end(kKeys)) {
-        std::string known;
-        for (const char* k : kKeys) known += std::string(known.empty() ? "" : ", ") + k;
-        throw Error("unknown key \"" + key + "\" (a \"prompt\" line may have: " + known + ")", where);
-      }
-    }
+    check_known_keys(line,
+                     {"prompt", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed",
+                      "max_new_tokens", "stop", "stop_token_ids", "logprobs", "top_logprobs"},
+                     "a \"prompt\" line", where);
     if (!chat_flag) {
       is_chat = false;
       return it->get<std::string>();

@@ -1,5 +1,6 @@
 #include "launch/jsonl_input.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -35,12 +36,22 @@ nlohmann::ordered_json parse_jsonl_line(const std::string& text, const std::stri
   check_json_text_depth(text, kMaxJsonlDepth, where);
   nlohmann::ordered_json value;
   try {
-    value = nlohmann::ordered_json::parse(text);
+    value = parse_ordered_json_unique_keys(text, where);
   } catch (const nlohmann::json::exception& e) {
     throw Error(std::string("not valid JSON: ") + e.what(), where);
   }
   if (!value.is_object()) throw Error("each line must be a JSON object", where);
   return value;
+}
+
+void check_known_keys(const nlohmann::ordered_json& line, std::initializer_list<const char*> known,
+                      const std::string& kind, const std::string& where) {
+  for (const auto& [key, value] : line.items()) {
+    if (std::find(known.begin(), known.end(), key) != known.end()) continue;
+    std::string names;
+    for (const char* k : known) names += std::string(names.empty() ? "" : ", ") + k;
+    throw Error("unknown key \"" + key + "\" (" + kind + " may have: " + names + ")", where);
+  }
 }
 
 void broadcast_strings(Communicator& comm, std::vector<std::string>& strings) {

@@ -2,6 +2,7 @@
 // files exist only there) and broadcasts the lines, so every rank parses the same text.
 #pragma once
 
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -24,8 +25,17 @@ struct JsonlLine {
 /// Parses one line into a JSON object, keys in file order (tojson in chat templates
 /// shows them).
 /// @throws Error naming `where` when the line holds a NUL byte, nests deeper than
-///   kMaxJsonlDepth, is not valid JSON or is not an object.
+///   kMaxJsonlDepth, is not valid JSON, repeats a key in an object ("duplicate key ..."),
+///   or is not an object.
 nlohmann::ordered_json parse_jsonl_line(const std::string& text, const std::string& where);
+
+/// Refuses a key of the object `line` that is not one of `known`: a misspelt key would
+/// otherwise silently fall back to its default. `kind` names the line in the message,
+/// e.g. "a \"prompt\" line".
+/// @throws Error "unknown key \"k\" (<kind> may have: <known, comma-separated>)" naming
+///   `where`.
+void check_known_keys(const nlohmann::ordered_json& line, std::initializer_list<const char*> known,
+                      const std::string& kind, const std::string& where);
 
 /// Reads `path` (a regular file, or a pipe such as /dev/stdin), skipping blank lines.
 /// Returns the raw lines and their numbers.
@@ -35,7 +45,7 @@ std::vector<std::pair<int, std::string>> read_jsonl_lines(const std::string& pat
 
 /// Parses lines read by read_jsonl_lines; each must be a JSON object.
 /// @throws Error naming "file:line" when a line is not a JSON object, holds a NUL byte,
-///   or nests deeper than kMaxJsonlDepth.
+///   repeats a key, or nests deeper than kMaxJsonlDepth.
 std::vector<JsonlLine> parse_jsonl(const std::string& path, const std::vector<std::pair<int, std::string>>& lines);
 
 /// Copies rank 0's `strings` to every rank of `comm` (a collective).

@@ -56,6 +56,7 @@ std::vector<int32_t> int_list(const nlohmann::json& v, const char* field, const 
 // {"text": ...} (tokenized with the special tokens the tokenizer adds, e.g. BOS) or
 // {"ids": [...]} with optional "labels" of the same length.
 Document parse_document(const JsonlLine& l, const std::string& where, const Tokenizer* tok, int64_t vocab_size) {
+  check_known_keys(l.value, {"text", "ids", "labels"}, "a loss line", where);
   Document d;
   const auto text = l.value.find("text");
   const auto ids = l.value.find("ids");

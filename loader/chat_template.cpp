@@ -5,6 +5,7 @@
 #include "common/error.h"
 #include "loader/jinja.h"
 #include "loader/tokenizer.h"
+#include "loader/tokenizer_parts.h"
 
 namespace linnet {
 
@@ -19,7 +20,18 @@ ChatTemplate ChatTemplate::parse(std::string_view source, std::string name) {
 std::string ChatTemplate::render(const nlohmann::ordered_json& variables) const {
   if (!nodes_) throw Error("render() of an empty ChatTemplate (use ChatTemplate::parse)", "chat template");
   if (!variables.is_object()) throw Error("the template variables must be a JSON object", *name_);
-  return jinja::render(*nodes_, jinja::Value::from_json(variables), *name_);
+  std::string text = jinja::render(*nodes_, jinja::Value::from_json(variables), *name_);
+  // Strings the template slices by byte (or the model's own text) can split a character;
+  // refused here, naming the template, rather than by the JSON writer of the output line.
+  for (std::size_t i = 0; i < text.size();) {
+    const std::size_t len = tok::utf8_length_at(text, i);
+    if (len == 0) {
+      throw Error("the rendered text is not valid UTF-8 (invalid UTF-8 at byte offset " + std::to_string(i) + ")",
+                  *name_);
+    }
+    i += len;
+  }
+  return text;
 }
 
 nlohmann::ordered_json chat_variables(const nlohmann::ordered_json& request, const ChatSpecialTokens& tokens,
@@ -78,10 +90,7 @@ ModelChatTemplate load_chat_template(const Tokenizer& tok, const std::filesystem
                 "give a raw --prompt instead)",
                 config, "a \"chat_template\" in tokenizer_config.json or a chat_template.jinja beside it", "none");
   }
-  const std::filesystem::path jinja_file = model_dir / "chat_template.jinja";
-  std::error_code ec;
-  const std::string name = std::filesystem::exists(config, ec) ? config + " chat_template" : jinja_file.string();
-  ModelChatTemplate m{ChatTemplate::parse(tok.chat_template(), name), {}};
+  ModelChatTemplate m{ChatTemplate::parse(tok.chat_template(), tok.chat_template_source()), {}};
   // The strings of the tokens (for added tokens the vocabulary string is the content).
   if (auto id = tok.bos_token_id()) m.special_tokens.bos_token = tok.id_to_token(*id);
   if (auto id = tok.eos_token_id()) m.special_tokens.eos_token = tok.id_to_token(*id);

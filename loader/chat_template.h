@@ -29,13 +29,16 @@ struct Node;
 class ChatTemplate {
  public:
   /// Parses `source`. `name` (e.g. the file it came from) starts every error message.
-  /// @throws Error "<name> line N: unsupported Jinja construct ..." or "syntax error ...".
+  /// @throws Error "<name> line N: unsupported Jinja construct ..." or "syntax error ...",
+  ///   or "... nests deeper than 256 levels" (jinja::kMaxNestingDepth).
   static ChatTemplate parse(std::string_view source, std::string name = "chat template");
 
   /// Renders with `variables` (a JSON object; each key becomes a template variable, JSON
   /// values map to Python's: object -> dict in key order, array -> list, null -> None).
   /// @throws Error "<name> line N: ..." on a runtime error, including the template's own
-  ///   raise_exception("...") (its message is kept).
+  ///   raise_exception("...") (its message is kept), and on passing a limit of
+  ///   loader/jinja.h (nesting, output size, evaluation steps, repetition, range());
+  ///   Error "<name>: the rendered text is not valid UTF-8 ..." when the output is not.
   std::string render(const nlohmann::ordered_json& variables) const;
 
   const std::string& name() const { return *name_; }

@@ -8,6 +8,7 @@
 // use is implemented; anything else fails at parse time naming the line and construct.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -18,6 +19,37 @@
 #include <nlohmann/json.hpp>
 
 namespace linnet::jinja {
+
+// --- limits ---------------------------------------------------------------------------
+// Bounds that keep a hostile template from exhausting the stack, memory or time of the
+// process that renders it. Each is far above what real chat templates need (the largest
+// nest ~10 levels, render a few KiB, and take ~10^4 steps for a long conversation).
+// Passing one is an Error naming the template and the line, like any template error.
+
+/// Nesting of expressions (parentheses, brackets, operators) and blocks (if / for / macro /
+/// set / generation) together at parse time, and of macro calls at render time.
+inline constexpr int kMaxNestingDepth = 256;
+/// Bytes of one render's output, and of any string built while rendering (`~`, `+`, join,
+/// replace, a set block or a macro's output).
+inline constexpr std::size_t kMaxOutputBytes = std::size_t{16} << 20;
+/// Evaluation steps of one render: loop iterations, items iterated, and calls (macros,
+/// filters, methods, globals).
+inline constexpr int64_t kMaxSteps = 10'000'000;
+/// Bytes of the result of `str * n`.
+inline constexpr std::size_t kMaxRepeatBytes = std::size_t{16} << 20;
+/// Items of the result of `list * n` and `list + list`.
+inline constexpr std::size_t kMaxListItems = std::size_t{1} << 20;
+/// Evaluator recursion (statement lists, expressions and macro calls in progress), which
+/// bounds the native stack a render uses: a macro nesting kMaxNestingDepth deep may not
+/// also recurse kMaxNestingDepth times.
+inline constexpr int kMaxEvalDepth = 4 * kMaxNestingDepth;
+/// Items of one range().
+inline constexpr int64_t kMaxRangeItems = 100'000;
+/// Bytes one render may copy: every string an expression yields (a variable's value is a
+/// copy too), the items a loop or filter iterates, list `+` and `*`. With kMaxSteps this
+/// bounds time and memory where each step is cheap but its data is large (a loop over
+/// a 16 MiB string's `~`); a long conversation copies a few MiB.
+inline constexpr std::size_t kMaxCopyBytes = std::size_t{1} << 30;
 
 struct Value;
 class Evaluator;
@@ -72,9 +104,10 @@ std::string to_repr(const Value& v);
 /// Python's repr(float).
 std::string float_repr(double d);
 /// json.dumps(v, ensure_ascii, indent, separators, sort_keys); indent < 0: none.
-/// @throws Error (via the caller's line) for values JSON cannot hold: returns false.
+/// Returns false for values JSON cannot hold, and when `out` would pass kMaxOutputBytes
+/// (then `*too_long` is set, where given; the caller reports it with its line).
 bool to_json(const Value& v, bool ensure_ascii, int indent, const std::string& item_sep, const std::string& key_sep,
-             bool sort_keys, std::string& out);
+             bool sort_keys, std::string& out, bool* too_long = nullptr);
 /// Python ==.
 bool equal(const Value& a, const Value& b);
 
@@ -109,6 +142,7 @@ struct Expr {
   std::vector<std::unique_ptr<Expr>> args;  // operands; kSlice: obj, start, stop, step (null = absent)
   std::vector<std::pair<std::string, std::unique_ptr<Expr>>> kwargs;  // kCall / kFilter / kTest; kDict keys
   bool negated = false;                     // kTest: `is not`
+  int height = 1;                           // levels of the tree from here down (<= kMaxNestingDepth)
 };
 
 struct Node {
@@ -127,7 +161,8 @@ struct Node {
 };
 
 /// Parses tokens into the node list of a template.
-/// @throws Error "unsupported Jinja construct ..." / "syntax error ..." naming `name` and the line.
+/// @throws Error "unsupported Jinja construct ..." / "syntax error ..." naming `name` and the line,
+///   or "the template nests deeper than kMaxNestingDepth levels" (blocks and expressions).
 std::vector<Node> parse(const std::vector<Token>& tokens, const std::string& name);
 
 /// True when `filter` / `test` are known to the evaluator (checked at parse time).
@@ -149,12 +184,26 @@ class Evaluator {
   Value eval(const Expr& e);
   Value call(const Value& callee, Args& args, Kwargs& kwargs, int line);
 
+  /// Counts `n` evaluation steps at `line`.
+  /// @throws Error "... more than kMaxSteps evaluation steps" naming the line.
+  void step(int line, int64_t n = 1);
+  /// Counts `bytes` copied at `line`.
+  /// @throws Error "... copies more than kMaxCopyBytes bytes" naming the line.
+  void copied(std::size_t bytes, int line);
+  /// Checks that a string of `bytes` may be built at `line` (`what` names the operation).
+  /// @throws Error "... longer than kMaxOutputBytes" naming the line.
+  void check_size(std::size_t bytes, int line, const char* what) const;
+
   /// Throws Error(what, "<template> line N").
   [[noreturn]] void fail(int line, const std::string& what) const;
+  /// Throws Error "integer overflow in '<op>'" naming the line (Python's ints are
+  /// unbounded; the interpreter's are int64, so a result past them is refused).
+  [[noreturn]] void fail_overflow(int line, const std::string& op) const;
   /// Throws the UndefinedError of using `v` (an undefined value) as a value.
   [[noreturn]] void fail_undefined(int line, const Value& v) const;
 
  private:
+  Value eval_expr(const Expr& e);
   Value lookup(const std::string& name) const;
   void assign(const std::string& name, Value v);
   Flow exec_for(const Node& n, std::string& out);
@@ -168,6 +217,11 @@ class Evaluator {
 
   const std::string& name_;
   std::vector<Dict> frames_;
+  int64_t steps_ = 0;     // counted against kMaxSteps
+  std::size_t copied_ = 0;  // bytes, counted against kMaxCopyBytes
+  int call_depth_ = 0;    // macro calls in progress, against kMaxNestingDepth
+  int eval_depth_ = 0;    // exec / eval / call_macro frames in progress, against kMaxEvalDepth
+  friend class EvalNest;
 };
 
 // Builtins (jinja_builtins.cpp).
@@ -181,6 +235,9 @@ Dict builtin_globals();
 bool contains(Evaluator& ev, const Value& container, const Value& item, int line);
 /// The items a for loop visits (list items, dict keys, string characters).
 List iterate(Evaluator& ev, const Value& v, int line);
+/// The bytes a copy of `items` takes: each Value and its string (lists and dicts inside
+/// are shared, not copied).
+std::size_t list_bytes(const List& items);
 /// Python's len() in code points for strings.
 int64_t length(Evaluator& ev, const Value& v, int line);
 /// UTF-8 <-> code points.
@@ -188,7 +245,9 @@ std::u32string to_u32(const std::string& s);
 std::string from_u32(const std::u32string& s);
 
 /// Renders `nodes` with `globals` (a dict value) as the template's variables.
-/// @throws Error naming `name` and the line for runtime errors (raise_exception, type errors).
+/// @throws Error naming `name` and the line for runtime errors (raise_exception, type errors)
+///   and for passing a limit above (evaluation depth, macro call depth, output and string
+///   size, steps, repetition, list size, range()).
 std::string render(const std::vector<Node>& nodes, const Value& globals, const std::string& name);
 
 }  // namespace linnet::jinja

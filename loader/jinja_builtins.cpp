@@ -77,15 +77,19 @@ std::string ascii_case(std::string s, bool upper) {
   return s;
 }
 
-std::string py_replace(const std::string& s, const std::string& old, const std::string& with, int64_t count) {
+std::string py_replace(Evaluator& ev, const std::string& s, const std::string& old, const std::string& with,
+                       int64_t count, int line) {
   std::string out;
   std::size_t at = 0;
   int64_t done = 0;
   if (old.empty()) return s;
   for (std::size_t hit; (count < 0 || done < count) && (hit = s.find(old, at)) != std::string::npos; ++done) {
-    out += s.substr(at, hit - at) + with;
+    ev.check_size(out.size() + (hit - at) + with.size(), line, "the result of replace()");
+    out.append(s, at, hit - at);
+    out += with;
     at = hit + old.size();
   }
+  ev.check_size(out.size() + (s.size() - at), line, "the result of replace()");
   return out + s.substr(at);
 }
 
@@ -136,8 +140,8 @@ Value str_method(Evaluator& ev, const std::string& s, const std::string& name, A
     const Value* with = arg(args, kwargs, 1, "new");
     const Value* count = arg(args, kwargs, 2, "count");
     if (!old || !with) ev.fail(line, what + " needs two arguments");
-    return Value::string(py_replace(s, need_string(ev, *old, what, line).s, need_string(ev, *with, what, line).s,
-                                    count ? need_int(ev, *count, what, line) : -1));
+    return Value::string(py_replace(ev, s, need_string(ev, *old, what, line).s, need_string(ev, *with, what, line).s,
+                                    count ? need_int(ev, *count, what, line) : -1, line));
   }
   if (name == "find") {
     const Value* x = arg(args, kwargs, 0, "sub");
@@ -151,9 +155,11 @@ Value str_method(Evaluator& ev, const std::string& s, const std::string& name, A
     std::string out;
     bool first = true;
     for (const Value& item : iterate(ev, *x, line)) {
+      const std::string& text = need_string(ev, item, what, line).s;
+      ev.check_size(out.size() + (first ? 0 : s.size()) + text.size(), line, "the result of join()");
       if (!first) out += s;
       first = false;
-      out += need_string(ev, item, what, line).s;
+      out += text;
     }
     return Value::string(std::move(out));
   }
@@ -250,19 +256,35 @@ std::string from_u32(const std::u32string& s) {
 List iterate(Evaluator& ev, const Value& v, int line) {
   switch (v.type) {
     case Value::Type::kUndefined: return {};
-    case Value::Type::kList: return *v.list;
+    case Value::Type::kList:
+      ev.step(line, static_cast<int64_t>(v.list->size()));
+      ev.copied(list_bytes(*v.list), line);
+      return *v.list;
     case Value::Type::kDict: {
+      ev.step(line, static_cast<int64_t>(v.dict->size()));
+      std::size_t bytes = 0;
+      for (const auto& [k, e] : *v.dict) bytes += sizeof(Value) + k.size();
+      ev.copied(bytes, line);
       List keys;
       for (const auto& [k, e] : *v.dict) keys.push_back(Value::string(k));
       return keys;
     }
     case Value::Type::kString: {
+      const std::u32string u = to_u32(v.s);
+      ev.step(line, static_cast<int64_t>(u.size()));
+      ev.copied(u.size() * (sizeof(Value) + 4), line);
       List chars;
-      for (char32_t c : to_u32(v.s)) chars.push_back(Value::string(from_u32(std::u32string(1, c))));
+      for (char32_t c : u) chars.push_back(Value::string(from_u32(std::u32string(1, c))));
       return chars;
     }
     default: ev.fail(line, std::string("'") + v.type_name() + "' object is not iterable");
   }
+}
+
+std::size_t list_bytes(const List& items) {
+  std::size_t bytes = 0;
+  for (const Value& v : items) bytes += sizeof(Value) + v.s.size();
+  return bytes;
 }
 
 int64_t length(Evaluator& ev, const Value& v, int line) {
@@ -356,6 +378,7 @@ bool apply_test(Evaluator& ev, const std::string& t, const Value& v, Args& args,
     if (t == "divisibleby") {
       const int64_t d = need_int(ev, need_arg(), "test 'divisibleby'", line);
       if (d == 0) ev.fail(line, "division by zero");
+      if (d == -1) return true;  // INT64_MIN % -1 traps on x86
       return x % d == 0;
     }
     return (x % 2 != 0) == (t == "odd");

@@ -2,6 +2,7 @@
 // they differ from plain Python: a missing key or index is an Undefined value (printed as
 // "", false in tests, an error once used as a value); for-loop bodies get a fresh scope
 // per iteration; dict attribute syntax finds methods before keys (jinja2/sandbox.py).
+#include <algorithm>
 #include <cmath>
 
 #include "common/error.h"
@@ -18,6 +19,25 @@ bool is_intlike(const Value& v) { return v.type == Value::Type::kInt || v.type =
 
 }  // namespace
 
+// One evaluator frame (a statement list, an expression, a macro call) for its lifetime,
+// counted against kMaxEvalDepth so that no template overflows the native stack.
+class EvalNest {
+ public:
+  EvalNest(Evaluator& ev, int line) : ev_(ev) {
+    if (ev_.eval_depth_ >= kMaxEvalDepth) {
+      ev_.fail(line, "the template nests evaluation deeper than " + std::to_string(kMaxEvalDepth) +
+                         " levels (macros calling macros?)");
+    }
+    ++ev_.eval_depth_;
+  }
+  ~EvalNest() { --ev_.eval_depth_; }
+  EvalNest(const EvalNest&) = delete;
+  EvalNest& operator=(const EvalNest&) = delete;
+
+ private:
+  Evaluator& ev_;
+};
+
 Evaluator::Evaluator(const std::string& name, const Value& globals) : name_(name) {
   frames_.emplace_back(builtin_globals());
   if (globals.dict) {
@@ -25,8 +45,35 @@ Evaluator::Evaluator(const std::string& name, const Value& globals) : name_(name
   }
 }
 
+void Evaluator::step(int line, int64_t n) {
+  steps_ += n;
+  if (steps_ > kMaxSteps) {
+    fail(line, "the template takes more than " + std::to_string(kMaxSteps) +
+                   " evaluation steps (loop iterations and calls); is a loop unbounded?");
+  }
+}
+
+void Evaluator::copied(std::size_t bytes, int line) {
+  copied_ += bytes;
+  if (copied_ > kMaxCopyBytes) {
+    fail(line, "the template copies more than " + std::to_string(kMaxCopyBytes) +
+                   " bytes of strings and lists; does a loop build ever longer text?");
+  }
+}
+
+void Evaluator::check_size(std::size_t bytes, int line, const char* what) const {
+  if (bytes > kMaxOutputBytes) {
+    fail(line, std::string(what) + " would be longer than " + std::to_string(kMaxOutputBytes) + " bytes (" +
+                   std::to_string(bytes) + ")");
+  }
+}
+
 void Evaluator::fail(int line, const std::string& what) const {
   throw Error(what, name_ + " line " + std::to_string(line));
+}
+
+void Evaluator::fail_overflow(int line, const std::string& op) const {
+  fail(line, "integer overflow in '" + op + "' (the result does not fit in 64 bits)");
 }
 
 void Evaluator::fail_undefined(int line, const Value& v) const {
@@ -53,10 +100,20 @@ void Evaluator::assign(const std::string& name, Value v) {
 }
 
 Evaluator::Flow Evaluator::exec(const std::vector<Node>& nodes, std::string& out) {
+  if (nodes.empty()) return Flow::kNormal;
+  const EvalNest nest(*this, nodes.front().line);
   for (const Node& n : nodes) {
     switch (n.kind) {
-      case Node::Kind::kText: out += n.text; break;
-      case Node::Kind::kOutput: out += to_str(eval(*n.expr)); break;
+      case Node::Kind::kText:
+        check_size(out.size() + n.text.size(), n.line, "the template output");
+        out += n.text;
+        break;
+      case Node::Kind::kOutput: {
+        const std::string text = to_str(eval(*n.expr));
+        check_size(out.size() + text.size(), n.line, "the template output");
+        out += text;
+        break;
+      }
       case Node::Kind::kIf: {
         bool taken = false;
         for (const auto& [cond, body] : n.branches) {
@@ -129,6 +186,7 @@ Evaluator::Flow Evaluator::exec_for(const Node& n, std::string& out) {
   if (items.empty()) return exec(n.else_body, out);
   const auto count = static_cast<int64_t>(items.size());
   for (int64_t k = 0; k < count; ++k) {
+    step(n.line);
     frames_.emplace_back();
     bind(items[static_cast<std::size_t>(k)]);
     Dict loop = {
@@ -183,6 +241,16 @@ Value Evaluator::call_macro(const Node& macro, Args& args, Kwargs& kwargs, int l
     fail(line, "macro '" + macro.targets[0] + "' takes " + std::to_string(macro.params.size()) + " arguments, " +
                    std::to_string(args.size()) + " given");
   }
+  if (call_depth_ >= kMaxNestingDepth) {
+    fail(line, "macro calls nested deeper than " + std::to_string(kMaxNestingDepth) + " levels ('" +
+                   macro.targets[0] + "' calling itself without end?)");
+  }
+  const EvalNest nest(*this, line);
+  ++call_depth_;
+  struct Leave {
+    int& depth;
+    ~Leave() { --depth; }
+  } leave{call_depth_};
   // A macro sees the template's top-level variables, not its caller's locals.
   std::vector<Dict> saved;
   saved.swap(frames_);
@@ -221,10 +289,18 @@ Value Evaluator::call_macro(const Node& macro, Args& args, Kwargs& kwargs, int l
 Value Evaluator::call(const Value& callee, Args& args, Kwargs& kwargs, int line) {
   if (callee.is_undefined()) fail_undefined(line, callee);
   if (callee.type != Value::Type::kFunction) fail(line, std::string("'") + callee.type_name() + "' object is not callable");
+  step(line);
   return (*callee.fn)(*this, args, kwargs, line);
 }
 
 Value Evaluator::eval(const Expr& e) {
+  const EvalNest nest(*this, e.line);
+  Value v = eval_expr(e);
+  if (v.is_string()) copied(v.s.size(), e.line);
+  return v;
+}
+
+Value Evaluator::eval_expr(const Expr& e) {
   switch (e.kind) {
     case Expr::Kind::kLiteral: return e.literal;
     case Expr::Kind::kName: return lookup(e.name);
@@ -274,6 +350,7 @@ Value Evaluator::eval(const Expr& e) {
       for (std::size_t k = 1; k < e.args.size(); ++k) args.push_back(eval(*e.args[k]));
       Kwargs kwargs;
       for (const auto& [k, kv] : e.kwargs) kwargs.emplace_back(k, eval(*kv));
+      step(e.line);
       if (e.kind == Expr::Kind::kFilter) return apply_filter(*this, e.name, v, args, kwargs, e.line);
       if (!kwargs.empty()) fail(e.line, "test '" + e.name + "' takes no keyword arguments");
       return Value::boolean(apply_test(*this, e.name, v, args, e.line) != e.negated);
@@ -284,7 +361,10 @@ Value Evaluator::eval(const Expr& e) {
       if (v.is_undefined()) fail_undefined(e.line, v);
       if (!v.is_number()) fail(e.line, "bad operand type for unary " + std::string(e.kind == Expr::Kind::kNeg ? "-" : "+") + ": '" + v.type_name() + "'");
       if (e.kind == Expr::Kind::kPos) return is_intlike(v) ? Value::integer(as_int(v)) : v;
-      return is_intlike(v) ? Value::integer(-as_int(v)) : Value::real(-v.f);
+      if (!is_intlike(v)) return Value::real(-v.f);
+      int64_t r = 0;
+      if (__builtin_sub_overflow(int64_t{0}, as_int(v), &r)) fail_overflow(e.line, "-");
+      return Value::integer(r);
     }
     case Expr::Kind::kNot: return Value::boolean(!eval(*e.args[0]).truthy());
     case Expr::Kind::kAnd: {
@@ -315,7 +395,13 @@ Value Evaluator::eval(const Expr& e) {
 }
 
 Value Evaluator::binary(const std::string& op, const Value& a, const Value& b, int line) {
-  if (op == "~") return Value::string(to_str(a) + to_str(b));
+  if (op == "~") {
+    std::string text = to_str(a);
+    const std::string right = to_str(b);
+    check_size(text.size() + right.size(), line, "the result of '~'");
+    text += right;
+    return Value::string(std::move(text));
+  }
   if (a.is_undefined()) fail_undefined(line, a);
   if (b.is_undefined()) fail_undefined(line, b);
   const bool nums = a.is_number() && b.is_number();
@@ -323,11 +409,23 @@ Value Evaluator::binary(const std::string& op, const Value& a, const Value& b, i
   const auto bad = [&]() -> Value {
     fail(line, "unsupported operand type(s) for " + op + ": '" + a.type_name() + "' and '" + b.type_name() + "'");
   };
+  int64_t r = 0;  // an int result, checked: Python's ints are unbounded, ours are int64
   if (op == "+") {
-    if (ints) return Value::integer(as_int(a) + as_int(b));
+    if (ints) {
+      if (__builtin_add_overflow(as_int(a), as_int(b), &r)) fail_overflow(line, op);
+      return Value::integer(r);
+    }
     if (nums) return Value::real(as_double(a) + as_double(b));
-    if (a.is_string() && b.is_string()) return Value::string(a.s + b.s);
+    if (a.is_string() && b.is_string()) {
+      check_size(a.s.size() + b.s.size(), line, "the result of '+'");
+      return Value::string(a.s + b.s);
+    }
     if (a.type == Value::Type::kList && b.type == Value::Type::kList) {
+      if (a.list->size() + b.list->size() > kMaxListItems) {
+        fail(line, "the result of '+' would have more than " + std::to_string(kMaxListItems) + " items");
+      }
+      step(line, static_cast<int64_t>(a.list->size() + b.list->size()));
+      copied(list_bytes(*a.list) + list_bytes(*b.list), line);
       List items = *a.list;
       items.insert(items.end(), b.list->begin(), b.list->end());
       return Value::make_list(std::move(items));
@@ -335,23 +433,54 @@ Value Evaluator::binary(const std::string& op, const Value& a, const Value& b, i
     return bad();
   }
   if (op == "*") {
-    if (ints) return Value::integer(as_int(a) * as_int(b));
+    if (ints) {
+      if (__builtin_mul_overflow(as_int(a), as_int(b), &r)) fail_overflow(line, op);
+      return Value::integer(r);
+    }
     if (nums) return Value::real(as_double(a) * as_double(b));
-    const Value* s = a.is_string() ? &a : b.is_string() ? &b : nullptr;
+    // Python's sequence repetition; a count below 1 gives an empty sequence.
+    const Value* s = a.is_string() || a.type == Value::Type::kList ? &a
+                     : b.is_string() || b.type == Value::Type::kList ? &b
+                                                                     : nullptr;
     const Value* n = is_intlike(a) ? &a : is_intlike(b) ? &b : nullptr;
-    if (s && n) {
+    if (!s || !n) return bad();
+    const auto times = static_cast<uint64_t>(std::max<int64_t>(0, as_int(*n)));
+    const std::size_t unit = s->is_string() ? s->s.size() : s->list->size();
+    const std::size_t limit = s->is_string() ? kMaxRepeatBytes : kMaxListItems;
+    if (unit != 0 && times > limit / unit) {
+      fail(line, std::string("the result of '*' would be longer than ") + std::to_string(limit) +
+                     (s->is_string() ? " bytes" : " items") + " (" + std::to_string(unit) + " x " +
+                     std::to_string(times) + ")");
+    }
+    if (s->is_string()) {
       std::string out;
-      for (int64_t k = 0; k < as_int(*n); ++k) out += s->s;
+      out.reserve(unit * times);
+      for (uint64_t k = 0; k < times && unit != 0; ++k) out += s->s;
       return Value::string(std::move(out));
     }
-    return bad();
+    step(line, static_cast<int64_t>(unit * times));
+    copied(list_bytes(*s->list) * times, line);
+    List items;
+    items.reserve(unit * times);
+    for (uint64_t k = 0; k < times && unit != 0; ++k) items.insert(items.end(), s->list->begin(), s->list->end());
+    return Value::make_list(std::move(items));
   }
   if (!nums) return bad();
-  if (op == "-") return ints ? Value::integer(as_int(a) - as_int(b)) : Value::real(as_double(a) - as_double(b));
+  if (op == "-") {
+    if (!ints) return Value::real(as_double(a) - as_double(b));
+    if (__builtin_sub_overflow(as_int(a), as_int(b), &r)) fail_overflow(line, op);
+    return Value::integer(r);
+  }
   if (op == "**") {
     if (ints && as_int(b) >= 0) {
-      int64_t r = 1;
-      for (int64_t k = 0; k < as_int(b); ++k) r *= as_int(a);
+      // By squaring: a loop of b multiplications would run for ages on `1 ** 10**12`.
+      int64_t base = as_int(a);
+      r = 1;
+      for (int64_t e = as_int(b); e != 0;) {
+        if ((e & 1) && __builtin_mul_overflow(r, base, &r)) fail_overflow(line, op);
+        e >>= 1;
+        if (e != 0 && __builtin_mul_overflow(base, base, &base)) fail_overflow(line, op);
+      }
       return Value::integer(r);
     }
     return Value::real(std::pow(as_double(a), as_double(b)));
@@ -361,6 +490,7 @@ Value Evaluator::binary(const std::string& op, const Value& a, const Value& b, i
   if (op == "//") {
     if (ints) {
       const int64_t x = as_int(a), y = as_int(b);
+      if (x == INT64_MIN && y == -1) fail_overflow(line, op);  // the one quotient int64 cannot hold
       int64_t q = x / y;
       if ((x % y != 0) && ((x < 0) != (y < 0))) --q;
       return Value::integer(q);
@@ -370,7 +500,8 @@ Value Evaluator::binary(const std::string& op, const Value& a, const Value& b, i
   if (op == "%") {
     if (ints) {
       const int64_t x = as_int(a), y = as_int(b);
-      int64_t r = x % y;
+      if (y == -1) return Value::integer(0);  // INT64_MIN % -1 traps on x86
+      r = x % y;
       if (r != 0 && ((r < 0) != (y < 0))) r += y;
       return Value::integer(r);
     }
@@ -478,12 +609,13 @@ Value Evaluator::slice(const Value& obj, const Value& start_v, const Value& stop
   const int64_t stop = adjust(stop_v, step < 0 ? -1 : n);
   std::u32string out_s;
   List out_l;
-  for (int64_t k = start; step > 0 ? k < stop : k > stop; k += step) {
+  for (int64_t k = start; step > 0 ? k < stop : k > stop;) {
     if (is_str) {
       out_s += s[static_cast<std::size_t>(k)];
     } else {
       out_l.push_back((*obj.list)[static_cast<std::size_t>(k)]);
     }
+    if (__builtin_add_overflow(k, step, &k)) break;  // a step past int64 leaves the sequence
   }
   return is_str ? Value::string(from_u32(out_s)) : Value::make_list(std::move(out_l));
 }

@@ -3,6 +3,7 @@
 // sort_keys=False), so non-ASCII text stays as it is and `indent` switches the item
 // separator from ", " to "," (Python's json rules). Globals are the ones transformers
 // adds to its environment: raise_exception, strftime_now, namespace, dict; and range.
+#include <algorithm>
 #include <cmath>
 #include <ctime>
 #include <set>
@@ -101,7 +102,7 @@ Value apply_filter(Evaluator& ev, const std::string& f, const Value& v, Args& ar
     int ind = -1;
     if (indent && !indent->is_none()) {
       if (indent->type != T::kInt) ev.fail(line, "tojson: indent must be an integer");
-      ind = static_cast<int>(std::max<int64_t>(0, indent->i));
+      ind = static_cast<int>(std::clamp<int64_t>(indent->i, 0, static_cast<int64_t>(kMaxOutputBytes)));
     }
     std::string item_sep = ind >= 0 ? "," : ", ";
     std::string key_sep = ": ";
@@ -114,9 +115,11 @@ Value apply_filter(Evaluator& ev, const std::string& f, const Value& v, Args& ar
       key_sep = (*separators->list)[1].s;
     }
     std::string out;
+    bool too_long = false;
     if (!to_json(v, ensure_ascii && ensure_ascii->truthy(), ind, item_sep, key_sep, sort_keys && sort_keys->truthy(),
-                 out)) {
+                 out, &too_long)) {
       if (v.is_undefined()) ev.fail_undefined(line, v);
+      if (too_long) ev.check_size(kMaxOutputBytes + 1, line, "the result of tojson");
       ev.fail(line, std::string("tojson: a value of type '") + v.type_name() + "' (or inside it) is not JSON serializable");
     }
     return Value::string(std::move(out));
@@ -139,10 +142,13 @@ Value apply_filter(Evaluator& ev, const std::string& f, const Value& v, Args& ar
     const Value* attr = arg(args, kwargs, 1, "attribute");
     std::string out;
     bool first = true;
+    const std::string separator = sep ? to_str(*sep) : "";
     for (const Value& item : iterate(ev, v, line)) {
-      if (!first) out += sep ? to_str(*sep) : "";
+      const std::string text = to_str(attr ? attribute_of(item, to_str(*attr)) : item);
+      ev.check_size(out.size() + (first ? 0 : separator.size()) + text.size(), line, "the result of join");
+      if (!first) out += separator;
       first = false;
-      out += to_str(attr ? attribute_of(item, to_str(*attr)) : item);
+      out += text;
     }
     return Value::string(std::move(out));
   }
@@ -181,7 +187,14 @@ Value apply_filter(Evaluator& ev, const std::string& f, const Value& v, Args& ar
   if (f == "int" || f == "float") {
     const bool is_int = f == "int";
     if (v.type == T::kInt || v.type == T::kBool) return is_int ? Value::integer(v.type == T::kBool ? v.b : v.i) : Value::real(static_cast<double>(v.type == T::kBool ? v.b : v.i));
-    if (v.type == T::kFloat) return is_int ? Value::integer(static_cast<int64_t>(std::trunc(v.f))) : v;
+    if (v.type == T::kFloat) {
+      if (!is_int) return v;
+      // [-2^63, 2^63): the floats int64 holds (the cast of any other is undefined).
+      if (!(std::trunc(v.f) >= -9223372036854775808.0 && std::trunc(v.f) < 9223372036854775808.0)) {
+        ev.fail(line, "filter 'int': " + float_repr(v.f) + " does not fit in 64 bits");
+      }
+      return Value::integer(static_cast<int64_t>(std::trunc(v.f)));
+    }
     const Value* def = arg(args, kwargs, 0, "default");
     if (v.is_string()) {
       try {
@@ -199,7 +212,11 @@ Value apply_filter(Evaluator& ev, const std::string& f, const Value& v, Args& ar
     return def ? *def : (is_int ? Value::integer(0) : Value::real(0.0));
   }
   if (f == "abs") {
-    if (v.type == T::kInt || v.type == T::kBool) return Value::integer(std::llabs(v.type == T::kBool ? v.b : v.i));
+    if (v.type == T::kInt || v.type == T::kBool) {
+      const int64_t x = v.type == T::kBool ? v.b : v.i;
+      if (x == INT64_MIN) ev.fail_overflow(line, "abs");
+      return Value::integer(x < 0 ? -x : x);
+    }
     if (v.type == T::kFloat) return Value::real(std::fabs(v.f));
     ev.fail(line, std::string("bad operand type for abs(): '") + v.type_name() + "'");
   }
@@ -273,9 +290,12 @@ Dict builtin_globals() {
                    }
                    if (step == 0) ev.fail(line, "range() step must not be zero");
                    List out;
-                   for (int64_t k = start; step > 0 ? k < stop : k > stop; k += step) {
-                     if (out.size() >= 100000) ev.fail(line, "range() too big (more than 100000 items)");
+                   for (int64_t k = start; step > 0 ? k < stop : k > stop;) {
+                     if (static_cast<int64_t>(out.size()) >= kMaxRangeItems) {
+                       ev.fail(line, "range() too big (more than " + std::to_string(kMaxRangeItems) + " items)");
+                     }
                      out.push_back(Value::integer(k));
+                     if (__builtin_add_overflow(k, step, &k)) break;  // past int64: past stop too
                    }
                    return Value::make_list(std::move(out));
                  }));

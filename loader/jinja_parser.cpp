@@ -4,6 +4,11 @@
 // `|` and tests `is`. Statements: if/elif/else, for (tuple targets, `if` filter, else),
 // set (name, tuple, namespace attribute, block), macro, break/continue, generation.
 // Anything else is an error naming the line and the construct.
+// Nesting is bounded (kMaxNestingDepth) both in the parser's own recursion and in the
+// height of each expression tree, which left-associative chains (`a + a + ...`,
+// `x.a.a...`) grow without recursing, so that neither parsing, evaluating nor freeing a
+// template can overflow the stack.
+#include <algorithm>
 #include <set>
 
 #include "common/error.h"
@@ -34,6 +39,41 @@ class Parser {
     return peek(ahead).kind == Token::Kind::kName && peek(ahead).text == word;
   }
   [[noreturn]] void fail(const std::string& what) const { fail_at(what, peek().line); }
+  [[noreturn]] void fail_nesting(int line) const {
+    fail_at("the template nests deeper than " + std::to_string(kMaxNestingDepth) +
+                " levels (parentheses, brackets, operators and blocks together)",
+            line);
+  }
+
+  // One level of the parser's recursion (a block, a nested expression) for its lifetime.
+  class Nest {
+   public:
+    explicit Nest(Parser& p) : p_(p) {
+      if (p_.depth_ >= kMaxNestingDepth) p_.fail_nesting(p_.peek().line);
+      ++p_.depth_;
+    }
+    ~Nest() { --p_.depth_; }
+    Nest(const Nest&) = delete;
+    Nest& operator=(const Nest&) = delete;
+
+   private:
+    Parser& p_;
+  };
+
+  // `e` with its height set from its children's, refused past kMaxNestingDepth. Every node
+  // with children goes through here once they are attached.
+  ExprPtr sealed(ExprPtr e) const {
+    int below = 0;
+    for (const auto& a : e->args) {
+      if (a) below = std::max(below, a->height);
+    }
+    for (const auto& kv : e->kwargs) {
+      if (kv.second) below = std::max(below, kv.second->height);
+    }
+    e->height = below + 1;
+    if (e->height > kMaxNestingDepth) fail_nesting(e->line);
+    return e;
+  }
   [[noreturn]] void fail_at(const std::string& what, int line) const {
     throw Error(what, name_ + " line " + std::to_string(line));
   }
@@ -99,6 +139,7 @@ class Parser {
   }
 
   Node parse_statement() {
+    const Nest nest(*this);
     const int line = next().line;  // '{%'
     if (peek().kind != Token::Kind::kName) fail("syntax error: expected a statement after '{%'");
     const std::string word = next().text;
@@ -231,10 +272,11 @@ class Parser {
       if (peek().kind == Token::Kind::kBlockEnd || peek().kind == Token::Kind::kVarEnd) break;
       tuple->args.push_back(parse_expr());
     }
-    return tuple;
+    return sealed(std::move(tuple));
   }
 
   ExprPtr parse_expr(bool no_cond = false) {
+    const Nest nest(*this);
     ExprPtr e = parse_or();
     if (no_cond) return e;
     while (is_name("if")) {
@@ -249,7 +291,7 @@ class Parser {
       c->args.push_back(std::move(e));
       c->args.push_back(std::move(cond));
       c->args.push_back(std::move(other));
-      e = std::move(c);
+      e = sealed(std::move(c));
     }
     return e;
   }
@@ -259,7 +301,7 @@ class Parser {
     e->name = std::move(op);
     e->args.push_back(std::move(a));
     e->args.push_back(std::move(b));
-    return e;
+    return sealed(std::move(e));
   }
 
   ExprPtr parse_or() {
@@ -280,10 +322,11 @@ class Parser {
   }
   ExprPtr parse_not() {
     if (is_name("not")) {
+      const Nest nest(*this);
       const int line = next().line;
       ExprPtr e = make(Expr::Kind::kNot, line);
       e->args.push_back(parse_not());
-      return e;
+      return sealed(std::move(e));
     }
     return parse_compare();
   }
@@ -311,7 +354,7 @@ class Parser {
       cmp->ops.push_back(op);
       cmp->args.push_back(parse_math1());
     }
-    return cmp ? std::move(cmp) : std::move(first);
+    return cmp ? sealed(std::move(cmp)) : std::move(first);
   }
   ExprPtr parse_math1() {
     ExprPtr e = parse_concat();
@@ -348,9 +391,11 @@ class Parser {
   ExprPtr parse_unary(bool with_filter) {
     ExprPtr e;
     if (is_op("-") || is_op("+")) {
+      const Nest nest(*this);
       const Token& op = next();
       e = make(op.text == "-" ? Expr::Kind::kNeg : Expr::Kind::kPos, op.line);
       e->args.push_back(parse_unary(false));
+      e = sealed(std::move(e));
     } else {
       e = parse_primary();
     }
@@ -409,7 +454,7 @@ class Parser {
             tuple->args.push_back(parse_expr());
           }
           expect_op(")");
-          return tuple;
+          return sealed(std::move(tuple));
         }
         if (tok.text == "[") {
           ExprPtr list = make(Expr::Kind::kList, tok.line);
@@ -419,7 +464,7 @@ class Parser {
             ++i_;
           }
           expect_op("]");
-          return list;
+          return sealed(std::move(list));
         }
         if (tok.text == "{") {
           ExprPtr dict = make(Expr::Kind::kDict, tok.line);
@@ -431,7 +476,7 @@ class Parser {
             ++i_;
           }
           expect_op("}");
-          return dict;
+          return sealed(std::move(dict));
         }
         break;
       default: break;
@@ -471,7 +516,7 @@ class Parser {
           g->name = expect_name();
           g->args.push_back(std::move(e));
         }
-        e = std::move(g);
+        e = sealed(std::move(g));
       } else if (is_op("[")) {
         const int line = next().line;
         ExprPtr parts[3];
@@ -490,12 +535,12 @@ class Parser {
         g->args.push_back(std::move(e));
         if (!slice && !parts[0]) fail_at("syntax error: empty subscript '[]'", line);
         for (int k = 0; k < (slice ? 3 : 1); ++k) g->args.push_back(std::move(parts[k]));
-        e = std::move(g);
+        e = sealed(std::move(g));
       } else if (is_op("(")) {
         ExprPtr c = make(Expr::Kind::kCall, peek().line);
         c->args.push_back(std::move(e));
         parse_call_args(*c);
-        e = std::move(c);
+        e = sealed(std::move(c));
       } else {
         return e;
       }
@@ -516,7 +561,7 @@ class Parser {
         if (!has_filter(f->name)) fail_at("unsupported Jinja construct: filter '" + f->name + "'", line);
         f->args.push_back(std::move(e));
         if (is_op("(")) parse_call_args(*f);
-        e = std::move(f);
+        e = sealed(std::move(f));
       } else if (is_name("is")) {
         const int line = next().line;
         ExprPtr t = make(Expr::Kind::kTest, line);
@@ -537,12 +582,12 @@ class Parser {
           ExprPtr arg = parse_primary();
           t->args.push_back(parse_postfix(std::move(arg)));
         }
-        e = std::move(t);
+        e = sealed(std::move(t));
       } else if (is_op("(")) {
         ExprPtr c = make(Expr::Kind::kCall, peek().line);
         c->args.push_back(std::move(e));
         parse_call_args(*c);
-        e = std::move(c);
+        e = sealed(std::move(c));
       } else {
         return e;
       }
@@ -552,6 +597,7 @@ class Parser {
   const std::vector<Token>& t_;
   const std::string& name_;
   std::size_t i_ = 0;
+  int depth_ = 0;  // blocks and nested expressions being parsed, against kMaxNestingDepth
 };
 
 }  // namespace

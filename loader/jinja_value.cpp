@@ -247,31 +247,54 @@ void json_string(const std::string& s, bool ensure_ascii, std::string& out) {
 
 }  // namespace
 
-std::string to_repr(const Value& v) {
+namespace {
+
+// repr() with Python's guard for containers that hold themselves (Py_ReprEnter): a list
+// or dict already being shown prints as [...] / {...}. Only a namespace can close such
+// a cycle (`{% set ns.me = ns %}`); without the guard it would recurse until the stack
+// overflows.
+std::string repr_guarded(const Value& v, std::vector<const void*>& active) {
+  const auto enter = [&](const void* p) {
+    if (std::find(active.begin(), active.end(), p) != active.end()) return false;
+    active.push_back(p);
+    return true;
+  };
   switch (v.type) {
     case Value::Type::kString: return repr_string(v.s);
     case Value::Type::kList: {
+      if (!enter(v.list.get())) return v.tuple ? "(...)" : "[...]";
       std::string out = v.tuple ? "(" : "[";
       for (std::size_t k = 0; k < v.list->size(); ++k) {
         if (k > 0) out += ", ";
-        out += to_repr((*v.list)[k]);
+        out += repr_guarded((*v.list)[k], active);
       }
       if (v.tuple && v.list->size() == 1) out += ",";
+      active.pop_back();
       return out + (v.tuple ? ")" : "]");
     }
-    case Value::Type::kDict: {
-      std::string out = "{";
+    case Value::Type::kDict:
+    case Value::Type::kNamespace: {
+      const bool ns = v.type == Value::Type::kNamespace;
+      if (!enter(v.dict.get())) return ns ? "<Namespace {...}>" : "{...}";
+      std::string out = ns ? "<Namespace {" : "{";
       bool first = true;
       for (const auto& [k, e] : *v.dict) {
         if (!first) out += ", ";
         first = false;
-        out += repr_string(k) + ": " + to_repr(e);
+        out += repr_string(k) + ": " + repr_guarded(e, active);
       }
-      return out + "}";
+      active.pop_back();
+      return out + (ns ? "}>" : "}");
     }
-    case Value::Type::kNamespace: return "<Namespace " + to_repr(Value::make_dict(*v.dict)) + ">";
     default: return to_str(v);
   }
+}
+
+}  // namespace
+
+std::string to_repr(const Value& v) {
+  std::vector<const void*> active;
+  return repr_guarded(v, active);
 }
 
 std::string to_str(const Value& v) {
@@ -296,14 +319,24 @@ struct JsonWriter {
   const std::string& key_sep;
   bool sort_keys;
   std::string& out;
+  bool too_long = false;  // out would pass kMaxOutputBytes: writing stopped
 
   void newline(int level) {
     if (indent < 0) return;
+    const std::size_t pad = static_cast<std::size_t>(indent) * static_cast<std::size_t>(level);
+    if (out.size() + 1 + pad > kMaxOutputBytes) {
+      too_long = true;
+      return;
+    }
     out += '\n';
-    out.append(static_cast<std::size_t>(indent) * static_cast<std::size_t>(level), ' ');
+    out.append(pad, ' ');
   }
 
   bool write(const Value& x, int level) {
+    if (too_long || out.size() > kMaxOutputBytes) {
+      too_long = true;
+      return false;
+    }
     switch (x.type) {
       case Value::Type::kNone: out += "null"; return true;
       case Value::Type::kBool: out += x.b ? "true" : "false"; return true;
@@ -357,9 +390,12 @@ struct JsonWriter {
 }  // namespace
 
 bool to_json(const Value& v, bool ensure_ascii, int indent, const std::string& item_sep, const std::string& key_sep,
-             bool sort_keys, std::string& out) {
+             bool sort_keys, std::string& out, bool* too_long) {
   JsonWriter w{ensure_ascii, indent, item_sep, key_sep, sort_keys, out};
-  return w.write(v, 0);
+  const bool ok = w.write(v, 0);
+  w.too_long = w.too_long || out.size() > kMaxOutputBytes;
+  if (too_long) *too_long = w.too_long;
+  return ok && !w.too_long;
 }
 
 bool equal(const Value& a, const Value& b) {

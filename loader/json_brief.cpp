@@ -1,6 +1,7 @@
 #include "loader/json_brief.h"
 
 #include <algorithm>
+#include <set>
 #include <utility>
 #include <vector>
 
@@ -69,6 +70,46 @@ void check_json_text_depth(std::string_view text, std::size_t max_depth, const s
       --depth;
     }
   }
+}
+
+namespace {
+
+template <class Json>
+Json parse_unique_keys(std::string_view text, const std::string& where) {
+  // One entry per object being parsed: its keys so far, and the key it is the value of.
+  struct Open {
+    std::set<std::string> keys;
+    std::string parent;
+  };
+  std::vector<Open> open;
+  std::string last_key;
+  const auto callback = [&](int /*depth*/, nlohmann::detail::parse_event_t event, Json& parsed) {
+    using E = nlohmann::detail::parse_event_t;
+    if (event == E::object_start) {
+      open.push_back({{}, open.empty() ? std::string() : last_key});
+    } else if (event == E::object_end) {
+      open.pop_back();
+    } else if (event == E::key) {
+      last_key = parsed.template get<std::string>();
+      if (!open.back().keys.insert(last_key).second) {
+        std::string what = "duplicate key " + json_brief(nlohmann::json(last_key));
+        if (open.size() > 1) what += " in " + json_brief(nlohmann::json(open.back().parent));
+        throw Error(what + " (a JSON object may not repeat a key)", where);
+      }
+    }
+    return true;
+  };
+  return Json::parse(text, callback);
+}
+
+}  // namespace
+
+nlohmann::json parse_json_unique_keys(std::string_view text, const std::string& where) {
+  return parse_unique_keys<nlohmann::json>(text, where);
+}
+
+nlohmann::ordered_json parse_ordered_json_unique_keys(std::string_view text, const std::string& where) {
+  return parse_unique_keys<nlohmann::ordered_json>(text, where);
 }
 
 }  // namespace linnet

@@ -163,37 +163,47 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
   c.fused_projections = c.model_type == "phi3";
 
   // RoPE: transformers 4 writes rope_theta + rope_scaling, transformers 5 rope_parameters
-  // (rope_type, rope_theta and the scaling fields in one object).
-  const char* rope_field = f.get("rope_parameters") ? "rope_parameters" : "rope_scaling";
+  // (rope_type, rope_theta and the scaling fields in one object). A config may carry both:
+  // rope_parameters is the one used, but a scaling we do not implement in either (under
+  // "rope_type" or the older "type") is refused rather than silently ignored.
   double theta_from_parameters = 0.0;
-  if (const json* rs = f.get(rope_field)) {
-    if (!rs->is_object()) f.type_error(rope_field, "an object or null", *rs);
+  const auto parse_rope = [&](const char* rope_field, const json& rs) -> std::optional<RopeScaling> {
+    if (!rs.is_object()) f.type_error(rope_field, "an object or null", rs);
     const std::string nested_source = source + " " + rope_field;
-    const Fields r(*rs, nested_source);
-    const std::string type =
-        r.opt_string("rope_type").value_or(r.opt_string("type").value_or("default"));
-    if (type == "llama3") {
-      RopeScaling s;
-      s.rope_type = type;
-      s.factor = r.positive_double_or("factor", 0.0);
-      s.low_freq_factor = r.positive_double_or("low_freq_factor", 0.0);
-      s.high_freq_factor = r.positive_double_or("high_freq_factor", 0.0);
-      s.original_max_position_embeddings = r.positive_int_or("original_max_position_embeddings", 0);
-      if (s.factor == 0.0 || s.low_freq_factor == 0.0 || s.high_freq_factor == 0.0 ||
-          s.original_max_position_embeddings == 0) {
-        f.fail(rope_field, "llama3 rope scaling needs factor, low_freq_factor, high_freq_factor and "
-                           "original_max_position_embeddings", "all four > 0", json_brief(*rs));
-      }
-      if (!(s.high_freq_factor > s.low_freq_factor)) {
-        f.fail(rope_field, "high_freq_factor must exceed low_freq_factor", "high > low", json_brief(*rs));
-      }
-      c.rope_scaling = s;
-    } else if (type != "default") {
-      f.not_implemented(rope_field, "null, \"default\" or rope_type \"llama3\"", *rs);
+    const Fields r(rs, nested_source);
+    const std::optional<std::string> rope_type = r.opt_string("rope_type");
+    const std::optional<std::string> old_type = r.opt_string("type");
+    if (rope_type && old_type && *rope_type != *old_type) {
+      f.fail(rope_field, "\"rope_type\" and \"type\" disagree", *rope_type, *old_type);
     }
+    const std::string type = rope_type.value_or(old_type.value_or("default"));
     if (std::string(rope_field) == "rope_parameters") {
       theta_from_parameters = r.positive_double_or("rope_theta", 0.0);
     }
+    if (type == "default") return std::nullopt;
+    if (type != "llama3") f.not_implemented(rope_field, "null, \"default\" or rope_type \"llama3\"", rs);
+    RopeScaling s;
+    s.rope_type = type;
+    s.factor = r.positive_double_or("factor", 0.0);
+    s.low_freq_factor = r.positive_double_or("low_freq_factor", 0.0);
+    s.high_freq_factor = r.positive_double_or("high_freq_factor", 0.0);
+    s.original_max_position_embeddings = r.positive_int_or("original_max_position_embeddings", 0);
+    if (s.factor == 0.0 || s.low_freq_factor == 0.0 || s.high_freq_factor == 0.0 ||
+        s.original_max_position_embeddings == 0) {
+      f.fail(rope_field, "llama3 rope scaling needs factor, low_freq_factor, high_freq_factor and "
+                         "original_max_position_embeddings", "all four > 0", json_brief(rs));
+    }
+    if (!(s.high_freq_factor > s.low_freq_factor)) {
+      f.fail(rope_field, "high_freq_factor must exceed low_freq_factor", "high > low", json_brief(rs));
+    }
+    return s;
+  };
+  std::optional<RopeScaling> from_scaling;
+  if (const json* rs = f.get("rope_scaling")) from_scaling = parse_rope("rope_scaling", *rs);
+  if (const json* rp = f.get("rope_parameters")) {
+    c.rope_scaling = parse_rope("rope_parameters", *rp);
+  } else {
+    c.rope_scaling = from_scaling;
   }
   if (f.opt_bool("attention_bias").value_or(false))
     f.not_implemented("attention_bias", "false", j["attention_bias"]);

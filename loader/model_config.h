@@ -55,7 +55,9 @@ struct ModelConfig {
   ///   (num_hidden_layers > 2^20; hidden_size, intermediate_size, vocab_size, head counts
   ///   or head_dim > 2^26), or when the config uses something this
   ///   build does not implement: model_type other than llama / mistral / qwen3 / phi3,
-  ///   a rope_scaling type other than llama3, attention_bias or mlp_bias true,
+  ///   a rope_scaling or rope_parameters type (rope_type, or the older "type") other than
+  ///   default / llama3 in either field, even when both are given (rope_parameters is
+  ///   the one used), attention_bias or mlp_bias true,
   ///   hidden_act other than "silu", Qwen3's use_sliding_window.
   static ModelConfig from_json(const nlohmann::json& j, const std::string& source);
 

@@ -329,7 +329,7 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path
     check_json_text_depth(std::string_view(h, n), kMaxHeaderDepth, file);
     json header;
     try {
-      header = json::parse(h, h + n);
+      header = parse_json_unique_keys(std::string_view(h, n), file);
     } catch (const json::exception& e) {
       throw Error("safetensors header is not valid JSON", file, "a JSON object", e.what());
     }

@@ -64,7 +64,9 @@ class SafetensorsFile {
   ///   not a JSON object; an entry lacks dtype/shape/data_offsets or has
   ///   them of the wrong JSON type; a dtype is not F32/F16/BF16 (the error names the
   ///   tensor and dtype); prod(shape) * itemsize != end - begin; a range lies outside
-  ///   the data area; two ranges overlap; __metadata__ is not a map of strings.
+  ///   the data area; two ranges overlap; __metadata__ is not a map of strings (the
+  ///   error names the key); the header repeats a key, such as a tensor name
+  ///   ("duplicate key ...", which JSON parsers would otherwise resolve to the last).
   explicit SafetensorsFile(const std::filesystem::path& path);
   ~SafetensorsFile();
   SafetensorsFile(SafetensorsFile&& other) noexcept;

@@ -188,6 +188,7 @@ void apply_config(Tokenizer::Impl& impl, const Json& c, const std::string& where
     } else {
       throw Error("'chat_template' is neither a string nor a list", where, "string", t.type_name());
     }
+    if (!impl.chat_template.empty()) impl.chat_template_source = where + " chat_template";
   }
 }
 
@@ -348,6 +349,7 @@ Tokenizer Tokenizer::from_dir(const std::filesystem::path& model_dir) {
   const auto jinja = model_dir / "chat_template.jinja";
   if (impl->chat_template.empty() && std::filesystem::exists(jinja)) {
     impl->chat_template = read_text_file(jinja, "chat template");
+    impl->chat_template_source = jinja.string();
   }
   return Tokenizer(std::move(impl));
 }
@@ -381,5 +383,7 @@ bool Tokenizer::is_special(int32_t id) const {
 }
 
 const std::string& Tokenizer::chat_template() const { return impl_->chat_template; }
+
+const std::string& Tokenizer::chat_template_source() const { return impl_->chat_template_source; }
 
 }  // namespace linnet

@@ -87,6 +87,10 @@ class Tokenizer {
   /// The Jinja chat template from the config, or "" when there is none.
   const std::string& chat_template() const;
 
+  /// Where chat_template() came from, as template errors name it: "<tokenizer_config.json>
+  /// chat_template" or the path of chat_template.jinja; "" when there is no template.
+  const std::string& chat_template_source() const;
+
   struct Impl;  // tokenizer_parts.h
 
  private:

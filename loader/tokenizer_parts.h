@@ -339,6 +339,7 @@ struct Tokenizer::Impl {
   std::optional<int32_t> eos_id;
   std::optional<int32_t> pad_id;
   std::string chat_template;
+  std::string chat_template_source;  // where chat_template came from, for error messages
 
   explicit Impl(tok::BpeModel m) : model(std::move(m)) {}
   /// The token string of `id`; throws Error naming the id when there is none.

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -232,6 +233,154 @@ TEST(ChatTemplate, GarbageTemplatesFailCleanly) {
   }
 }
 
+// Issue 14: templates that would overflow the stack, exhaust memory or run for minutes
+// are refused by the interpreter's limits (loader/jinja.h), naming the template and line.
+TEST(ChatTemplate, HostileTemplatesHitTheLimits) {
+  const auto repeat = [](const std::string& s, int n) {
+    std::string out;
+    for (int k = 0; k < n; ++k) out += s;
+    return out;
+  };
+  const std::vector<std::tuple<std::string, std::string, std::string>> cases = {
+      // {source, line, what}
+      {"x\n{{ " + repeat("(", 100000) + "1" + repeat(")", 100000) + " }}", "line 2", "nests deeper than 256"},
+      {repeat("{% if true %}", 20000) + repeat("{% endif %}", 20000), "line 1", "nests deeper than 256"},
+      {"{{ " + repeat("[", 100000) + repeat("]", 100000) + " }}", "line 1", "nests deeper than 256"},
+      {"{{ 1" + repeat(" + 1", 100000) + " }}", "line 1", "nests deeper than 256"},
+      {"{{ x" + repeat(".a", 100000) + " }}", "line 1", "nests deeper than 256"},
+      {"{{ x" + repeat("|string", 100000) + " }}", "line 1", "nests deeper than 256"},
+      {"{{ " + repeat("not ", 100000) + "x }}", "line 1", "nests deeper than 256"},
+      {"{{ " + repeat("- ", 100000) + "1 }}", "line 1", "nests deeper than 256"},
+      {"{{ 1" + repeat(" if x else 1", 100000) + " }}", "line 1", "nests deeper than 256"},
+      {"{% macro f() %}\n{{ f() }}{% endmacro %}{{ f() }}", "line 2", "macro calls nested deeper than 256"},
+      // A macro nesting ~200 levels that also recurses: bounded by the evaluation depth.
+      {"{% macro f(n) %}" + repeat("{% if true %}", 200) + "{{ f(n + 1) }}" + repeat("{% endif %}", 200) +
+           "{% endmacro %}{{ f(0) }}",
+       "line 1", "nests evaluation deeper than 1024"},
+      {"\n{{ 'a' * 100000000000 }}", "line 2", "the result of '*' would be longer than 16777216 bytes"},
+      {"{{ 100000000000 * 'ab' }}", "line 1", "the result of '*' would be longer than 16777216 bytes"},
+      {"{{ [1, 2] * 100000000000 }}", "line 1", "the result of '*' would be longer than 1048576 items"},
+      {"{% set l = [1] * 600000 %}{{ (l + l) | length }}", "line 1",
+       "the result of '+' would have more than 1048576 items"},
+      {"{% for i in range(100000) %}\n{% for j in range(100000) %}{% endfor %}{% endfor %}", "line 2",
+       "more than 10000000 evaluation steps"},
+      {"{% macro f() %}{% endmacro %}{% for i in range(100000) %}{% for j in range(100) %}{{ f() }}{% endfor %}"
+       "{% endfor %}",
+       "line 1", "more than 10000000 evaluation steps"},
+      {"{% set s = 'a' * 16000000 %}{{ s }}\n{{ s }}", "line 2", "the template output would be longer than 16777216"},
+      {"{% set s = 'a' * 16000000 %}{% set t %}{{ s }}{{ s }}{% endset %}", "line 1", "the template output"},
+      {"{% set ns = namespace(s='a') %}{% for i in range(30) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}", "line 1",
+       "the result of '~' would be longer than 16777216"},
+      {"{% set ns = namespace(s='a') %}{% for i in range(30) %}{% set ns.s = ns.s + ns.s %}{% endfor %}", "line 1",
+       "the result of '+' would be longer than 16777216"},
+      {"{{ ('a' * 1000000).replace('a', 'bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb') }}", "line 1",
+       "the result of replace() would be longer"},
+      {"{{ ('a' * 1000).join(['x' * 100000] * 1000) }}", "line 1", "the result of join() would be longer"},
+      {"{{ (['x' * 100000] * 1000) | join('y' * 100000) }}", "line 1", "the result of join would be longer"},
+      {"{{ [[[1]]] | tojson(indent=100000000) }}", "line 1", "the result of tojson would be longer"},
+      {"{{ range(1000000) }}", "line 1", "range() too big (more than 100000 items)"},
+      {"{% for c in 'a' * 16000000 %}{% endfor %}", "line 1", "more than 10000000 evaluation steps"},
+      // Cheap steps on big data: bounded by the bytes copied.
+      {"{% set s = 'a' * 10000000 %}{% for i in range(1000) %}\n{% set t = s ~ '' %}{% endfor %}", "line 2",
+       "copies more than 1073741824 bytes"},
+      {"{% set ns = namespace(l=['a' * 10000000]) %}{% for i in range(20) %}{% set ns.l = ns.l + ns.l %}{% endfor %}",
+       "line 1", "copies more than 1073741824 bytes"},
+      {"{{ ['a' * 10000000] * 1000 }}", "line 1", "copies more than 1073741824 bytes"},
+      // int64 arithmetic past its range (Python's ints would grow): an error, not a wrap or a trap.
+      {"{{ 9223372036854775807 + 1 }}", "line 1", "integer overflow in '+'"},
+      {"{{ -9223372036854775807 - 2 }}", "line 1", "integer overflow in '-'"},
+      {"{{ 4294967296 * 4294967296 }}", "line 1", "integer overflow in '*'"},
+      {"{{ 2 ** 64 }}", "line 1", "integer overflow in '**'"},
+      {"{{ (-9223372036854775807 - 1) // -1 }}", "line 1", "integer overflow in '//'"},
+      {"{{ -(-9223372036854775807 - 1) }}", "line 1", "integer overflow in '-'"},
+      {"{{ (-9223372036854775807 - 1) | abs }}", "line 1", "integer overflow in 'abs'"},
+      {"{{ 1e300 | int }}", "line 1", "does not fit in 64 bits"},
+  };
+  for (const auto& [source, line, what_part] : cases) {
+    SCOPED_TRACE(source.substr(0, 120));
+    try {
+      ChatTemplate::parse(source, "t.jinja").render(ojson::object());
+      ADD_FAILURE() << "rendered";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("t.jinja " + line + ": "), std::string::npos) << what.substr(0, 300);
+      EXPECT_NE(what.find(what_part), std::string::npos) << what.substr(0, 300);
+    }
+  }
+  // Within the limits: a big exponent is computed by squaring (it wraps like int64), and
+  // nesting that real templates use parses.
+  EXPECT_EQ(ChatTemplate::parse("{{ 1 ** 100000000000000 }} {{ (-1) ** 100000000000001 }} {{ 3 ** 39 }}")
+                .render(ojson::object()),
+            "1 -1 4052555153018976267");
+  EXPECT_EQ(ChatTemplate::parse("{{ (-9223372036854775807 - 1) % -1 }} {{ (-9223372036854775807 - 1) is "
+                                "divisibleby(-1) }} {{ 'abc'[1::9223372036854775807] }} "
+                                "{{ range(0, 9223372036854775807, 4611686018427387904) | list }}")
+                .render(ojson::object()),
+            "0 True b [0, 4611686018427387904]");
+  EXPECT_EQ(ChatTemplate::parse("{{ " + repeat("(", 200) + "1" + repeat(")", 200) + " }}").render(ojson::object()), "1");
+  EXPECT_EQ(ChatTemplate::parse(repeat("{% if true %}", 200) + "x" + repeat("{% endif %}", 200)).render(ojson::object()),
+            "x");
+  EXPECT_EQ(ChatTemplate::parse("{{ 'ab' * 3 }}{{ [1] * 2 }}{{ 'a' * -1 }}{{ [1] * 0 }}").render(ojson::object()),
+            "ababab[1, 1][]");
+  // A namespace that holds itself prints as Python does ({...}), not until the stack ends.
+  EXPECT_EQ(ChatTemplate::parse("{% set ns = namespace(a=1) %}{% set ns.me = ns %}{% set ns.l = [ns] %}{{ ns }}")
+                .render(ojson::object()),
+            "<Namespace {'a': 1, 'me': <Namespace {...}>, 'l': [<Namespace {...}>]}>");
+}
+
+// Output that is not UTF-8 (here bytes of the template itself) is an error naming the
+// template, not the JSON writer's error naming no file.
+TEST(ChatTemplate, OutputThatIsNotUtf8NamesTheTemplate) {
+  for (const std::string source : {"ok \xff", "{{ 'a\xc3' }}", "\xed\xa0\x80"}) {
+    try {
+      ChatTemplate::parse(source, "t.jinja").render(ojson::object());
+      ADD_FAILURE() << "rendered";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_EQ(what.rfind("t.jinja: the rendered text is not valid UTF-8", 0), 0u) << what;
+    }
+  }
+  EXPECT_EQ(ChatTemplate::parse("h\xc3\xa9 {{ 'h\xc3\xa9'[1] }}").render(ojson::object()), "h\xc3\xa9 \xc3\xa9");
+}
+
+// A template from chat_template.jinja is named by that file in errors, even when a
+// tokenizer_config.json (without a chat_template) is beside it.
+TEST(ChatTemplate, ErrorsNameTheJinjaFileTheTemplateCameFrom) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("linnet_jinja_source_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  struct Cleanup {
+    fs::path dir;
+    ~Cleanup() { fs::remove_all(dir); }
+  } cleanup{dir};
+  for (const char* file : {"tokenizer.json", "tokenizer_config.json"}) {
+    fs::copy_file(test::stories_dir() / file, dir / file);
+  }
+  const auto message = [&] {
+    try {
+      const Tokenizer tok = Tokenizer::from_dir(dir);
+      load_chat_template(tok, dir).chat_template.render(ojson::object());
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  std::ofstream(dir / "chat_template.jinja") << "x\n{% frobnicate %}";
+  std::string what = message();
+  EXPECT_EQ(what.rfind((dir / "chat_template.jinja").string() + " line 2: unsupported Jinja construct", 0), 0u) << what;
+  std::ofstream(dir / "chat_template.jinja") << "x\n\n{{ raise_exception('no') }}";
+  what = message();
+  EXPECT_EQ(what.rfind((dir / "chat_template.jinja").string() + " line 3: the template raised", 0), 0u) << what;
+  // From tokenizer_config.json, that file names it.
+  nlohmann::json config = test::read_json(test::stories_dir() / "tokenizer_config.json");
+  config["chat_template"] = "{{ raise_exception('no') }}";
+  std::ofstream(dir / "tokenizer_config.json") << config.dump();
+  what = message();
+  EXPECT_EQ(what.rfind((dir / "tokenizer_config.json").string() + " chat_template line 1: the template raised", 0), 0u)
+      << what;
+}
+
 // --- the linnet-tp executable: `template` and `generate --chat` -------------------------
 // (run directly, no mpirun: an MPI singleton; skipped when LINNET_BIN is not built)
 
@@ -338,3 +487,4 @@ TEST_F(ChatCli, GenerateChatDoesNotAddASecondBos) {
 
 }  // namespace
 }  // namespace linnet
+

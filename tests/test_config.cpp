@@ -172,6 +172,34 @@ TEST(ModelConfig, RefusedFeaturesNameTheField) {
   }
 }
 
+// Issue 14: config.json may carry both keys; an unsupported scaling in either one is
+// refused naming it, not ignored because the other key is the one used.
+TEST(ModelConfig, UnsupportedRopeScalingIsRefusedBesideRopeParameters) {
+  const json parameters = json::parse(R"({"rope_type": "default", "rope_theta": 10000.0})");
+  for (const char* scaling : {R"({"type": "yarn", "factor": 4.0})", R"({"rope_type": "yarn", "factor": 4.0})",
+                              R"({"type": "dynamic", "factor": 2.0})"}) {
+    SCOPED_TRACE(scaling);
+    json j = base_config();
+    j["rope_parameters"] = parameters;
+    j["rope_scaling"] = json::parse(scaling);
+    const std::string msg = config_error(j);
+    EXPECT_CONTAINS(msg, "field \"rope_scaling\"");
+    EXPECT_CONTAINS(msg, "not implemented");
+  }
+  json j = base_config();
+  j["rope_scaling"] = json::parse(R"({"rope_type": "default"})");
+  j["rope_parameters"] = json::parse(R"({"type": "yarn", "rope_theta": 10000.0})");
+  EXPECT_CONTAINS(config_error(j), "field \"rope_parameters\"");
+  j["rope_parameters"] = json::parse(R"({"rope_type": "default", "type": "yarn"})");
+  EXPECT_CONTAINS(config_error(j), "\"rope_type\" and \"type\" disagree");
+  // Both supported: rope_parameters is the one used.
+  j["rope_scaling"] = json::parse(R"({"type": "default"})");
+  j["rope_parameters"] = parameters;
+  const ModelConfig c = ModelConfig::from_json(j, "x");
+  EXPECT_FALSE(c.rope_scaling.has_value());
+  EXPECT_EQ(c.rope_theta, 10000.0);
+}
+
 TEST(ModelConfig, DeeplyNestedValueGivesAnErrorNotACrash) {
   json j = base_config();
   j["rope_scaling"] = json::parse(std::string(200000, '[') + std::string(200000, ']'));

@@ -13,6 +13,7 @@
 
 #include "common/error.h"
 #include "launch/cli_options.h"
+#include "launch/jsonl_input.h"
 #include "launch/jsonl_output.h"
 #include "launch/progress.h"
 
@@ -110,6 +111,38 @@ TEST(RequestKeys, BadValuesNameTheLineAndTheKey) {
     const std::string e = error_of(line);
     EXPECT_NE(e.find("in.jsonl:3"), std::string::npos) << line << ": " << e;
     EXPECT_NE(e.find("\"" + key + "\""), std::string::npos) << line << ": " << e;
+  }
+}
+
+// Issue 14: a repeated key would let the last value win silently (nlohmann keeps it),
+// so a line that repeats one, at any depth, is refused naming the line and the key.
+TEST(JsonlInput, DuplicateKeysNameTheLineAndTheKey) {
+  const std::vector<std::pair<int, std::string>> ok = {{1, R"({"prompt": "a", "top_k": 5})"},
+                                                      {2, R"({"messages": [{"role": "user"}, {"role": "assistant"}]})"}};
+  EXPECT_EQ(parse_jsonl("in.jsonl", ok).size(), 2u);
+  for (const auto& [text, message] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"prompt": "a", "temperature": 0, "prompt": "b"})", "in.jsonl:4: duplicate key \"prompt\""},
+           {R"({"messages": [{"role": "user", "content": "x", "role": "system"}]})",
+            "in.jsonl:4: duplicate key \"role\" in \"messages\""},
+           {R"({"ids": [1], "labels": [1], "ids": [2]})", "in.jsonl:4: duplicate key \"ids\""}}) {
+    try {
+      parse_jsonl("in.jsonl", {{1, R"({"prompt": "a"})"}, {4, text}});
+      ADD_FAILURE() << "accepted: " << text;
+    } catch (const Error& e) {
+      EXPECT_EQ(std::string(e.what()).rfind(message, 0), 0u) << e.what();
+    }
+  }
+}
+
+TEST(JsonlInput, UnknownKeysListTheKnownOnes) {
+  const ordered_json line = ordered_json::parse(R"({"ids": [1], "label": [1]})");
+  EXPECT_NO_THROW(check_known_keys(ordered_json::parse(R"({"ids": [1]})"), {"text", "ids", "labels"}, "a loss line",
+                                   "in.jsonl:2"));
+  try {
+    check_known_keys(line, {"text", "ids", "labels"}, "a loss line", "in.jsonl:2");
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "in.jsonl:2: unknown key \"label\" (a loss line may have: text, ids, labels)");
   }
 }
 

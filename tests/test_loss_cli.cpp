@@ -113,6 +113,21 @@ TEST_F(LossCli, BadLabelsAndTpSizesAreRefused) {
   r = run(4, "loss --model " + quote(test::stories_dir().string()) + " --input " + quote(in.string()) + " --tp 3");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("--tp"), std::string::npos) << r.err;
+  // A misspelt key is refused as generate refuses one, not ignored (here "label" would
+  // have scored every token instead of the ones the labels select).
+  std::ofstream(in) << "{\"ids\": [1, 2, 3]}\n{\"ids\": [1, 2, 3], \"label\": [-100, 2, 3]}\n";
+  r = run(1, "loss --model " + quote(test::stories_dir().string()) + " --input " + quote(in.string()) +
+                 " --output " + quote(out.string()));
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("bad.jsonl:2: unknown key \"label\" (a loss line may have: text, ids, labels)"),
+            std::string::npos)
+      << r.err;
+  EXPECT_FALSE(fs::exists(out));
+  std::ofstream(in) << "{\"ids\": [1, 2, 3], \"ids\": [4, 5, 6]}\n";
+  r = run(1, "loss --model " + quote(test::stories_dir().string()) + " --input " + quote(in.string()) +
+                 " --output " + quote(out.string()));
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("bad.jsonl:1: duplicate key \"ids\""), std::string::npos) << r.err;
   // Nothing to score (one-token documents): an error, not a NaN loss.
   std::ofstream(in) << "{\"ids\": [5]}\n{\"ids\": [7]}\n";
   r = run(2, "loss --model " + quote(test::stories_dir().string()) + " --input " + quote(in.string()) +

@@ -421,6 +421,33 @@ TEST(SafetensorsMalformed, MetadataNotAStringMap) {
   EXPECT_CONTAINS(open_error(raw_file(R"({"__metadata__": {"format": "pt", "step": 3}})")),
                   "'step'");
   EXPECT_CONTAINS(open_error(raw_file(R"({"__metadata__": ["pt"]})")), "__metadata__");
+  EXPECT_CONTAINS(open_error(raw_file(R"({"__metadata__": null})")), "__metadata__");
+  EXPECT_CONTAINS(open_error(raw_file(R"({"__metadata__": {"nested": {"a": "b"}}})")), "'nested'");
+  EXPECT_CONTAINS(open_error(raw_file(R"({"__metadata__": "pt"})")), "__metadata__");
+}
+
+// Issue 14: a repeated key would let the last entry win silently (JSON parsers keep it),
+// so the same tensor name given twice, or a key repeated inside an entry or __metadata__,
+// is refused naming the key.
+TEST(SafetensorsMalformed, DuplicateKeysAreRefused) {
+  const std::string entry = R"({"dtype": "F32", "shape": [1], "data_offsets": [0, 4]})";
+  const std::string twice = R"({"w": )" + entry + R"(, "w": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})";
+  std::string msg = open_error(raw_file(twice, std::string(8, '\0')));
+  EXPECT_CONTAINS(msg, "duplicate key \"w\"");
+  EXPECT_CONTAINS(msg, ".safetensors");
+  msg = open_error(raw_file(R"({"w": {"dtype": "F32", "dtype": "F16", "shape": [1], "data_offsets": [0, 4]}})",
+                            std::string(4, '\0')));
+  EXPECT_CONTAINS(msg, "duplicate key \"dtype\" in \"w\"");
+  msg = open_error(raw_file(R"({"__metadata__": {"format": "pt", "format": "np"}})"));
+  EXPECT_CONTAINS(msg, "duplicate key \"format\" in \"__metadata__\"");
+  msg = open_error(raw_file(R"({"__metadata__": {}, "__metadata__": {"format": "pt"}})"));
+  EXPECT_CONTAINS(msg, "duplicate key \"__metadata__\"");
+  // The same keys in different objects are fine.
+  TempDir dir;
+  write_file(dir.path / "ok.safetensors",
+             raw_file(R"({"a": )" + entry + R"(, "b": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})",
+                      std::string(8, '\0')));
+  EXPECT_EQ(SafetensorsFile(dir.path / "ok.safetensors").tensors().size(), 2u);
 }
 
 // ---------------------------------------------------------------- checkpoints
