@@ -16,6 +16,9 @@
 #include "loader/model_config.h"
 #include "parallel/mpi_communicator.h"
 #include "parallel/shard_plan.h"
+#include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/roofline.h"
+#include "kernels/cpu/threads.h"
 #include "runtime/backend_factory.h"
 #include "runtime/batch_generate.h"
 #include "runtime/kv_cache.h"
@@ -60,6 +63,8 @@ std::optional<BenchOptions> parse_bench_options(int argc, char** argv, std::stri
     ("threads", "BLAS threads per rank, CPU backend (default: cores / ranks on the node)",
      cxxopts::value<int>())
     ("seed", "Seed of the random weights and prompt tokens (default 1)", cxxopts::value<uint64_t>())
+    ("limits", "Also measure this rank's two CPU limits first: DRAM read GB/s and f32 fma GFLOP/s, with 1 "
+     "thread and with --threads (kernels/cpu/roofline.h)")
     ("cuda-graphs", "Record decode steps as CUDA graphs (one per batch-size bucket) and replay them "
      "(also LINNET_CUDA_GRAPHS=1; CUDA backend with NCCL or one rank)")
     ("h,help", "Print this help and exit");
@@ -83,6 +88,7 @@ std::optional<BenchOptions> parse_bench_options(int argc, char** argv, std::stri
   read_at_least(r, "threads", 1, o.threads);
   if (r.count("seed")) o.seed = r["seed"].as<uint64_t>();
   o.cuda_graphs = r.count("cuda-graphs") > 0;
+  o.limits = r.count("limits") > 0;
   return o;
 }
 
@@ -146,6 +152,7 @@ int run_bench(const BenchOptions& o, Job& job) {
       std::printf("weights: %s (%s, %s per rank, %s in %.1f s)\n", o.random_weights ? "random" : "checkpoint",
                   scalar_type_name(held), format_bytes(weight_bytes_local(config, plan, held)).c_str(),
                   o.random_weights ? "made" : "loaded", load_s);
+      std::printf("cpu kernels: %s, %d threads per rank\n", cpu::isa_name(cpu::active_isa()), cpu::num_threads());
       std::printf("kv cache: %s per rank (%lld rows x %lld positions, f32)\n",
                   format_bytes(engine.kv_cache_bytes()).c_str(), static_cast<long long>(o.batch),
                   static_cast<long long>(max_seq_len));
@@ -153,6 +160,17 @@ int run_bench(const BenchOptions& o, Job& job) {
                                         : o.cuda_graphs ? "off (they need --backend cuda and NCCL or one rank)"
                                                         : "off");
       std::fflush(stdout);
+    }
+
+    if (o.limits && backend->device() == Device::kCpu) {
+      const int T = cpu::num_threads();
+      const double bw1 = cpu::dram_read_gbps(1), bwT = cpu::dram_read_gbps(T);
+      const double fma1 = cpu::fma_peak_gflops(1), fmaT = cpu::fma_peak_gflops(T);
+      if (w.world_rank == 0) {
+        std::printf("dram read GB/s: %.1f (1 thread), %.1f (%d threads)\n", bw1, bwT, T);
+        std::printf("fma peak GFLOP/s: %.1f (1 thread), %.1f (%d threads)\n", fma1, fmaT, T);
+        std::fflush(stdout);
+      }
     }
 
     // B prompts packed end to end: row b holds positions 0..P-1.
@@ -196,6 +214,9 @@ int run_bench(const BenchOptions& o, Job& job) {
       const double step_ms = o.new_tokens > 0 ? 1e3 * decode_s / static_cast<double>(o.new_tokens) : 0.0;
       std::printf("prefill tokens/s: %.1f (%lld tokens in %.2f ms)\n", static_cast<double>(B * P) / prefill_s,
                   static_cast<long long>(B * P), 1e3 * prefill_s);
+      // 2 flops per weight per token in the projections and lm_head (attention not counted).
+      const double matmul_flops = 2.0 * static_cast<double>(step_bytes / elem) * static_cast<double>(B * P);
+      std::printf("prefill matmul GFLOP/s: %.1f per rank\n", matmul_flops / prefill_s / 1e9);
       std::printf("decode tokens/s: %.1f\n",
                   decode_s > 0 ? static_cast<double>(B * o.new_tokens) / decode_s : 0.0);
       std::printf("decode ms/step: %.3f\n", step_ms);

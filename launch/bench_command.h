@@ -31,6 +31,7 @@ struct BenchOptions {
   int threads = 0;            // --threads: BLAS threads per rank (CPU backend)
   uint64_t seed = 1;          // --seed: random weights and prompt tokens
   bool cuda_graphs = false;   // --cuda-graphs: decode steps replay CUDA graphs (Engine::cuda_graphs)
+  bool limits = false;        // --limits: also measure DRAM read bandwidth and fma peak (CPU)
 };
 
 /// Parses `argv` after the word "bench". Sets `help_text` and returns nullopt for --help.

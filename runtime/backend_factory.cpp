@@ -16,8 +16,12 @@ std::unique_ptr<Backend> make_backend(const std::string& kind_in, int threads, i
   if (kind == "cpu") {
     const int n = blas_threads_per_rank(threads, local_size);
     auto backend = make_cpu_backend(n, weight_dtype);
-    info("cpu backend: " + std::to_string(n) + " threads, " + cpu::pin_threads(local_rank, local_size) + ", " +
-         cpu::isa_name(cpu::active_isa()) + " kernels");
+    const std::string placement = cpu::pin_threads(local_rank, local_size);
+    info("cpu backend: " + std::to_string(n) + " threads, " + placement + ", " + cpu::isa_name(cpu::active_isa()) +
+         " kernels");
+    if (local_rank == 0 && placement.find("--bind-to none") != std::string::npos) {
+      warn("cpu backend: " + placement.substr(placement.find("the launcher")));
+    }
     return backend;
   }
   if (kind == "cuda") {

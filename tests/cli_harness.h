@@ -91,7 +91,7 @@ class CliTest : public testing::Test {
     std::string exe = quote(bin_.string());
     if (!wrapper.empty()) exe = wrapper + " " + exe;
     const std::string cmd = "timeout -k 5 60 " + quote(mpiexec_.string()) +
-                            " --oversubscribe --allow-run-as-root -np " + std::to_string(ranks) + " " + exe +
+                            " --oversubscribe --bind-to none --allow-run-as-root -np " + std::to_string(ranks) + " " + exe +
                             " " + args + " >" + quote(out.string()) + " 2>" + quote(err.string()) + " <" + quote(stdin_file);
     const auto t0 = std::chrono::steady_clock::now();
     const int status = std::system(cmd.c_str());

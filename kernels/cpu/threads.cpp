@@ -49,6 +49,9 @@ std::string pin_threads(int local_rank, int local_size) {
   if (env && std::strcmp(env, "0") == 0) return "not pinned (LINNET_PIN=0)";
   const int cores = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
   const std::vector<int> share = core_share(local_rank, local_size, cores);
+  cpu_set_t before;
+  CPU_ZERO(&before);
+  const int launcher_cores = sched_getaffinity(0, sizeof before, &before) == 0 ? CPU_COUNT(&before) : cores;
   // The whole process first (threads made later inherit it), then each OpenMP thread.
   cpu_set_t set;
   CPU_ZERO(&set);
@@ -64,6 +67,15 @@ std::string pin_threads(int local_rank, int local_size) {
   out.append(share.size() > 1 ? "cores " : "core ").append(std::to_string(share.front()));
   if (share.size() > 1) out.append("-").append(std::to_string(share.back()));
   if (!ok) out.append(" (some threads could not be pinned)");
+  if (launcher_cores < g_threads) {
+    // libgomp read the launcher's mask at start-up and waits on futexes (not spinning)
+    // when it has more threads than cores it saw: every parallel region then pays a
+    // wake-up. Say so; the fix is the launcher's.
+    out.append("; the launcher had bound this rank to ")
+        .append(std::to_string(launcher_cores))
+        .append(launcher_cores == 1 ? " core" : " cores")
+        .append(", which slows OpenMP here: run mpirun with --bind-to none (scripts/mpirun.sh does)");
+  }
   return out;
 }
 

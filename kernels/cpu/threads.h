@@ -5,6 +5,11 @@
 // its L ranks, local rank r owning cores [r*C/L, (r+1)*C/L), and OpenMP thread t of the
 // rank pinned to core t of that share (round robin when T exceeds it). LINNET_PIN=0
 // leaves placement to the launcher (mpirun --bind-to ..., OMP_PROC_BIND, taskset).
+// Launch with `mpirun --bind-to none`: libgomp reads the process's cores once, at
+// start-up, and when it then has more threads than it saw (Open MPI bound the rank to
+// one core) it parks idle threads on futexes instead of spinning, so every parallel
+// region pays a wake-up (measured: decode of the 135M shape 32-40 tok/s bound vs 43-62
+// with --bind-to none). pin_threads says so in its result when it finds that.
 #pragma once
 
 #include <string>
