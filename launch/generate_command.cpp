@@ -181,13 +181,14 @@ int run_batch(Engine& engine, const BatchRun& b, const std::vector<int64_t>& eos
                "[linnet-tp] requests: %zu (%zu failed)%s, dp groups: %d x tp %d, batch rows: %lld, new tokens: %zu, "
                "%.2f s, %.1f tokens/s, time to first token p50/p90/p99: %s ms, inter-token latency "
                "p50/p90/p99: %s ms, KV pages%s: peak %lld of %lld (%lld positions each), prefix cache hits: "
-               "%lld tokens\n",
+               "%lld tokens, peak RSS %s (rank 0)\n",
                fresh.size(), failed, kept_note.c_str(), w.dp_size, w.tp_size,
                static_cast<long long>(engine.max_batch()), new_tokens, seconds,
                seconds > 0 ? static_cast<double>(new_tokens) / seconds : 0.0, percentiles_ms(ttft).c_str(),
                percentiles_ms(itl).c_str(), w.dp_size > 1 ? " (dp group 0)" : "",
                static_cast<long long>(kv.peak_used_pages), static_cast<long long>(engine.num_pages()),
-               static_cast<long long>(engine.page_size()), static_cast<long long>(kv.prefix_hit_tokens));
+               static_cast<long long>(engine.page_size()), static_cast<long long>(kv.prefix_hit_tokens),
+               format_bytes(peak_resident_bytes()).c_str());
   if (interrupted) {
     const size_t done = fresh.size() + b.kept.size();
     if (output) output->commit();

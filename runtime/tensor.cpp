@@ -1,6 +1,13 @@
 #include "runtime/tensor.h"
 
+#include <sys/mman.h>
+#include <sys/resource.h>
+
+#include <cerrno>
 #include <cstring>
+#include <string>
+
+#include "common/error.h"
 
 namespace linnet {
 
@@ -18,12 +25,33 @@ Tensor Tensor::zeros(std::vector<int64_t> shape, ScalarType dtype) {
   Tensor t;
   t.shape_ = std::move(shape);
   t.dtype_ = dtype;
+  const int64_t bytes = t.numel() * element_size(dtype);
+  if (bytes >= kLazyZeroBytes) {
+    // Anonymous pages read as zero and are committed only when first written, so a
+    // large KV pool takes resident memory as its pages are used, not at start-up.
+    void* p = mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) {
+      throw Error("cannot reserve " + std::to_string(bytes) + " bytes of address space: " + std::strerror(errno),
+                  "Tensor::zeros");
+    }
+    const size_t len = static_cast<size_t>(bytes);
+    t.storage_ = std::shared_ptr<void>(p, [len](void* q) { munmap(q, len); });
+    t.data_ = p;
+    return t;
+  }
   // 4-byte words cover every element type and keep f32 / i32 data aligned.
-  const int64_t words = (t.numel() * element_size(dtype) + 3) / 4;
+  const int64_t words = (bytes + 3) / 4;
   auto buf = std::make_shared<std::vector<uint32_t>>(static_cast<size_t>(words), 0u);
   t.data_ = buf->data();
   t.storage_ = std::move(buf);
   return t;
+}
+
+int64_t peak_resident_bytes() {
+  struct rusage u {};
+  if (getrusage(RUSAGE_SELF, &u) != 0) return -1;
+  return static_cast<int64_t>(u.ru_maxrss) * 1024;  // Linux: KiB
 }
 
 Tensor Tensor::from_i32(const std::vector<int32_t>& values) {

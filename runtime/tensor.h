@@ -18,6 +18,12 @@ enum class Device { kCpu, kCuda };
 /// token ids, positions and page tables are i32.
 enum class ScalarType { kF32, kBF16, kI32, kF16 };
 
+/// Size from which Tensor::zeros maps its storage lazily (1 MiB).
+inline constexpr int64_t kLazyZeroBytes = int64_t{1} << 20;
+
+/// This process's peak resident set size in bytes (getrusage), or -1.
+int64_t peak_resident_bytes();
+
 /// Bytes of one element of `dtype`.
 int64_t element_size(ScalarType dtype);
 
@@ -26,7 +32,10 @@ int64_t element_size(ScalarType dtype);
 class Tensor {
  public:
   Tensor() = default;
-  /// Zero-filled host tensor of `shape`.
+  /// Zero-filled host tensor of `shape`. From kLazyZeroBytes up, the storage is an
+  /// anonymous mapping whose pages are committed when first written (resident memory
+  /// follows use: a KV pool costs what its used pages hold).
+  /// @throws Error when the address space cannot be reserved.
   static Tensor zeros(std::vector<int64_t> shape, ScalarType dtype = ScalarType::kF32);
   /// Host i32 tensor holding `values` (shape [values.size()]).
   static Tensor from_i32(const std::vector<int32_t>& values);

@@ -172,6 +172,48 @@ TEST_P(AttentionTest, PagedLayoutMatchesContiguous) {
   EXPECT_EQ(got, want);
 }
 
+// Long key ranges cross several key blocks of the online softmax: still the double
+// reference; and the thread count and the rows beside a query change no bit.
+TEST(Kernels, AttentionOverManyKeyBlocksIsExactAndInvariant) {
+  for (int64_t hd : {64, 12}) {
+    const int64_t heads = 6, kv_heads = 2, len = 300, rows = 5;
+    const int64_t kvw = kv_heads * hd;
+    auto q = randn(rows * heads * hd, 31), k = randn(len * kvw, 32), v = randn(len * kvw, 33);
+    for (auto& x : q) x *= 2.0f;  // peaked softmax: the running max moves between blocks
+    const std::vector<int32_t> begin = {0, 0, 70, 0, 10}, end = {300, 1, 199, 129, 300};
+    const std::vector<int32_t> one_page(rows, 0);
+    auto run = [&](int threads, int64_t n_rows, int64_t first) {
+      set_num_threads(threads);
+      std::vector<float> out(n_rows * heads * hd);
+      attention(q.data() + first * heads * hd, heads * hd, k.data(), v.data(), out.data(), n_rows, heads, kv_heads,
+                hd, one_page.data(), 1, len, begin.data() + first, end.data() + first);
+      set_num_threads(1);
+      return out;
+    };
+    const auto one = run(1, rows, 0), two = run(2, rows, 0);
+    EXPECT_EQ(one, two) << "head_dim " << hd;
+    const auto alone = run(2, 1, 3);
+    EXPECT_TRUE(std::equal(alone.begin(), alone.end(), one.begin() + 3 * heads * hd)) << "head_dim " << hd;
+    std::vector<double> ref(one.size());
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t h = 0; h < heads; ++h) {
+        const int64_t g = h / (heads / kv_heads);
+        std::vector<double> s;
+        double mx = -1e300, sum = 0;
+        for (int64_t t = begin[r]; t < end[r]; ++t) {
+          double d = 0;
+          for (int64_t i = 0; i < hd; ++i) d += double(q[(r * heads + h) * hd + i]) * k[t * kvw + g * hd + i];
+          s.push_back(d / std::sqrt(double(hd)));
+          mx = std::max(mx, s.back());
+        }
+        for (auto& e : s) sum += (e = std::exp(e - mx));
+        for (int64_t t = begin[r]; t < end[r]; ++t)
+          for (int64_t i = 0; i < hd; ++i) ref[(r * heads + h) * hd + i] += s[t - begin[r]] / sum * v[t * kvw + g * hd + i];
+      }
+    expect_close(one, ref, 2e-5, 2e-5);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Windows, AttentionTest, testing::Values(int64_t{0}, int64_t{4}));
 
 TEST(Kernels, RmsNormHeadsNormalizesEachHeadSlice) {
