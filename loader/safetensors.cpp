@@ -7,6 +7,7 @@
 #include "loader/safetensors.h"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <bit>
@@ -408,11 +409,18 @@ void SafetensorsFile::read(const TensorInfo& info, const Slice2D& slice, DType o
   if (c0 == 0 && c1 == cols) {
     // Whole rows are one contiguous run.
     convert(info.dtype, base + static_cast<std::size_t>(r0 * cols) * item, (r1 - r0) * cols, out_dtype, out);
-    return;
+  } else {
+    for (int64_t r = r0; r < r1; ++r)
+      convert(info.dtype, base + static_cast<std::size_t>(r * cols + c0) * item, n_cols, out_dtype,
+              out + static_cast<std::size_t>((r - r0) * n_cols) * out_item);
   }
-  for (int64_t r = r0; r < r1; ++r)
-    convert(info.dtype, base + static_cast<std::size_t>(r * cols + c0) * item, n_cols, out_dtype,
-            out + static_cast<std::size_t>((r - r0) * n_cols) * out_item);
+  // The copy is made: drop the mapped pages from this process's resident set (they stay
+  // in the page cache), so loading peaks at the weights plus one tensor, not weights
+  // plus the file. A page shared with a tensor still to be read faults back in.
+  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const auto first = reinterpret_cast<uintptr_t>(base + static_cast<std::size_t>(r0 * cols + c0) * item) / page * page;
+  const auto last = reinterpret_cast<uintptr_t>(base + static_cast<std::size_t>((r1 - 1) * cols + c1) * item);
+  if (last > first) madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
 }
 
 }  // namespace linnet
