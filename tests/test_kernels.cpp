@@ -192,6 +192,13 @@ TEST(Kernels, AttentionOverManyKeyBlocksIsExactAndInvariant) {
     };
     const auto one = run(1, rows, 0), two = run(2, rows, 0);
     EXPECT_EQ(one, two) << "head_dim " << hd;
+    const Isa active = active_isa();
+    for (Isa isa : {Isa::kGeneric, Isa::kAvx2, Isa::kAvx512}) {  // every path: the same bits
+      if (!isa_supported(isa)) continue;
+      set_isa(isa);
+      EXPECT_EQ(run(1, rows, 0), one) << isa_name(isa) << " head_dim " << hd;
+    }
+    set_isa(active);
     const auto alone = run(2, 1, 3);
     EXPECT_TRUE(std::equal(alone.begin(), alone.end(), one.begin() + 3 * heads * hd)) << "head_dim " << hd;
     std::vector<double> ref(one.size());

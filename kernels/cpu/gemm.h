@@ -19,7 +19,7 @@
 //
 // Fixed reduction order: out[r, j] = (...((x[r,0] w[j,0]) + x[r,1] w[j,1]) + ...) +
 // x[r,k-1] w[j,k-1], one f32 chain in ascending k (fused multiply-adds on the AVX2
-// path, multiply then add on the generic one), whatever the tile, the row block, the
+// path, multiply then add on the generic one: it is built without FMA), whatever the tile, the row block, the
 // panel grouping or the thread. So a row computed alone equals the same row among 31
 // others bit for bit, and the thread count changes no bit. The two paths may differ
 // from each other in the last bits (fused vs not); each is deterministic.
@@ -42,7 +42,8 @@ inline constexpr int64_t kPanel = 16;
 int weight_type_size(WeightType t);
 
 /// Elements of the packed form of an [n, k] matrix: n rounded up to kPanel, times k.
-inline int64_t packed_elements(int64_t n, int64_t k) { return (n + kPanel - 1) / kPanel * kPanel * k; }
+/// (static: see detail::row_block.)
+static inline int64_t packed_elements(int64_t n, int64_t k) { return (n + kPanel - 1) / kPanel * kPanel * k; }
 
 /// Repacks `w` [n, k] row-major (type `wt`) into `packed` (packed_elements(n, k)
 /// elements of `wt`, the layout of the file comment; padding columns are zero).
@@ -85,8 +86,9 @@ void gemm_panels_avx2(const float* x, const void* packed, WeightType wt, float* 
                       int64_t n, int64_t p0, int64_t p1);
 void gemm_panels_avx512(const float* x, const void* packed, WeightType wt, float* out, int64_t m, int64_t k,
                         int64_t n, int64_t p0, int64_t p1);
-// Rows of x per block, so a block's slice of x (rows * k floats) stays in L2.
-inline int64_t row_block(int64_t k) {
+// Rows of x per block, so a block's slice of x (rows * k floats) stays in L2. static:
+// each ISA file gets its own copy (an inline one would be shared across them).
+static inline int64_t row_block(int64_t k) {
   const int64_t rows = (int64_t{192} << 10) / (k * 4);
   return rows < 6 ? 6 : rows / 6 * 6;
 }

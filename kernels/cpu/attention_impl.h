@@ -1,0 +1,93 @@
+// The attention kernel's body (see attention.cpp for what it computes and its fixed
+// order), included once per ISA file: attention.cpp (generic), attention_avx2.cpp,
+// attention_avx512.cpp, each compiled with its own target flags, so the compiler
+// vectorizes the head_dim loops (dot products as eight lane sums, the value update) on
+// that ISA. Multiply and add stay separate (-ffp-contract=off), so every path gives the
+// same bits (kernels/CMakeLists.txt builds these files with -ffp-contract=off).
+// Not a public header: it defines LINNET_ATTENTION_NS::attention_impl. It uses no
+// std:: template or inline function (min, max, vector, exp wrappers): those would be
+// emitted once per ISA file and the linker would keep one copy for all, possibly the
+// AVX-512 one on a CPU without it. Helpers live in the per-ISA namespace instead.
+#include <cstdint>
+#include <cstdlib>
+
+#include <omp.h>
+
+#include "kernels/cpu/ops.h"
+
+namespace linnet::cpu::LINNET_ATTENTION_NS {
+
+constexpr int64_t kKeyBlock = 64;
+constexpr int64_t kMaxHeadDim = 1024;  // accumulators up to this live on the stack, larger on the heap
+
+inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
+inline float fmax(float a, float b) { return a < b ? b : a; }
+
+// sum_d a[d] b[d] as eight lane sums over d = l (mod 8), combined pairwise, then the tail.
+inline float dot(const float* a, const float* b, int64_t n) {
+  float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  const int64_t nv = n / 8 * 8;
+  for (int64_t d = 0; d < nv; d += 8)
+    for (int l = 0; l < 8; ++l) lane[l] = lane[l] + a[d + l] * b[d + l];
+  float s = ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
+  for (int64_t d = nv; d < n; ++d) s = s + a[d] * b[d];
+  return s;
+}
+
+void attention_impl(const float* q, int64_t q_stride, const float* k_cache, const float* v_cache, float* out,
+               int64_t rows, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, const int32_t* page_table,
+               int64_t max_pages, int64_t page_size, const int32_t* key_begin, const int32_t* key_end) {
+  const int64_t group = n_heads / n_kv_heads;
+  const int64_t kv_stride = n_kv_heads * head_dim;
+  const float scale = 1.0f / __builtin_sqrtf(static_cast<float>(head_dim));
+  int64_t keys = 0;
+  for (int64_t r = 0; r < rows; ++r) keys += key_end[r] - key_begin[r];
+  const int64_t pairs = rows * n_heads;
+  const int threads =
+      keys * n_heads * head_dim < (int64_t{1} << 15) ? 1 : static_cast<int>(imin(num_threads(), pairs));
+
+#pragma omp parallel num_threads(threads)
+  {
+    float scores[kKeyBlock];
+    int64_t rows_of[kKeyBlock];
+    float stack_acc[kMaxHeadDim];
+    float* acc = head_dim <= kMaxHeadDim ? stack_acc
+                                         : static_cast<float*>(std::malloc(static_cast<size_t>(head_dim) * 4));
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t pr = 0; pr < pairs; ++pr) {
+      const int64_t r = pr / n_heads, h = pr % n_heads;
+      const float* qh = q + r * q_stride + h * head_dim;
+      const int64_t kvh = h / group;
+      const int32_t* table = page_table + r * max_pages;
+      float m = -__builtin_inff(), l = 0.0f;
+      for (int64_t d = 0; d < head_dim; ++d) acc[d] = 0.0f;
+      for (int64_t b0 = key_begin[r]; b0 < key_end[r]; b0 += kKeyBlock) {
+        const int64_t n = imin(kKeyBlock, key_end[r] - b0);
+        float bm = -__builtin_inff();
+        for (int64_t j = 0; j < n; ++j) {
+          const int64_t p = b0 + j;
+          rows_of[j] = static_cast<int64_t>(table[p / page_size]) * page_size + p % page_size;
+          scores[j] = dot(qh, k_cache + rows_of[j] * kv_stride + kvh * head_dim, head_dim) * scale;
+          bm = fmax(bm, scores[j]);
+        }
+        const float m_new = fmax(m, bm);
+        const float corr = __builtin_expf(m - m_new);  // 0 on the first block (m = -inf)
+        l *= corr;
+        for (int64_t d = 0; d < head_dim; ++d) acc[d] *= corr;
+        for (int64_t j = 0; j < n; ++j) {
+          const float e = __builtin_expf(scores[j] - m_new);
+          l += e;
+          const float* vt = v_cache + rows_of[j] * kv_stride + kvh * head_dim;
+          for (int64_t d = 0; d < head_dim; ++d) acc[d] += e * vt[d];
+        }
+        m = m_new;
+      }
+      const float inv = 1.0f / l;
+      float* oh = out + r * n_heads * head_dim + h * head_dim;
+      for (int64_t d = 0; d < head_dim; ++d) oh[d] = acc[d] * inv;
+    }
+    if (acc != stack_acc) std::free(acc);
+  }
+}
+
+}  // namespace linnet::cpu::LINNET_ATTENTION_NS
