@@ -64,9 +64,13 @@ void attention_impl(const float* q, int64_t q_stride, const float* k_cache, cons
       for (int64_t b0 = key_begin[r]; b0 < key_end[r]; b0 += kKeyBlock) {
         const int64_t n = imin(kKeyBlock, key_end[r] - b0);
         float bm = -__builtin_inff();
+        int64_t page = b0 / page_size, off = b0 % page_size;  // walked, not divided, per key
         for (int64_t j = 0; j < n; ++j) {
-          const int64_t p = b0 + j;
-          rows_of[j] = static_cast<int64_t>(table[p / page_size]) * page_size + p % page_size;
+          rows_of[j] = static_cast<int64_t>(table[page]) * page_size + off;
+          if (++off == page_size) {
+            off = 0;
+            ++page;
+          }
           scores[j] = dot(qh, k_cache + rows_of[j] * kv_stride + kvh * head_dim, head_dim) * scale;
           bm = fmax(bm, scores[j]);
         }
