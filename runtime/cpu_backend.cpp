@@ -48,7 +48,9 @@ class CpuBackend final : public Backend {
       auto* dst = static_cast<uint16_t*>(src.raw());
       const float* f = host.data();
       const bool bf16 = weight_dtype_ == ScalarType::kBF16;
-      for (int64_t i = 0; i < host.numel(); ++i) dst[i] = bf16 ? float_to_bf16(f[i]) : float_to_half(f[i]);
+      const int64_t count = host.numel();
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < count; ++i) dst[i] = bf16 ? float_to_bf16(f[i]) : float_to_half(f[i]);
     }
     const int64_t bytes = cpu::packed_elements(n, k) * element_size(weight_dtype_);
     auto storage = std::make_shared<std::vector<uint32_t>>(static_cast<size_t>((bytes + 3) / 4));

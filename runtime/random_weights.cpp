@@ -9,7 +9,10 @@ namespace linnet {
 Tensor Backend::random_matrix(std::vector<int64_t> shape, float stddev, uint64_t seed) {
   Tensor host = Tensor::zeros(std::move(shape));
   float* d = host.data();
-  for (int64_t i = 0; i < host.numel(); ++i) d[i] = stddev * random_normal(seed, static_cast<uint64_t>(i));
+  const int64_t n = host.numel();
+  // Each element depends only on (seed, i): the threads change no value.
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) d[i] = stddev * random_normal(seed, static_cast<uint64_t>(i));
   return upload_matrix(host);
 }
 

@@ -22,6 +22,7 @@ void pack_weight(const void* w, WeightType wt, int64_t n, int64_t k, void* packe
   const auto* src = static_cast<const char*>(w);
   auto* dst = static_cast<char*>(packed);
   std::memset(dst, 0, static_cast<size_t>(packed_elements(n, k) * es));
+#pragma omp parallel for schedule(static)
   for (int64_t j = 0; j < n; ++j) {
     char* panel = dst + (j / kPanel) * kPanel * k * es;
     const int64_t lane = j % kPanel;
