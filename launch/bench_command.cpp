@@ -94,7 +94,7 @@ std::optional<BenchOptions> parse_bench_options(int argc, char** argv, std::stri
 
 int run_bench(const BenchOptions& o, Job& job) {
   std::optional<MpiGroups> made = make_run_groups(job, o.tp);
-  if (!made) return 2;
+  if (!made) return kUsageExit;
   MpiGroups& groups = *made;
   const WorldConfig& w = groups.world_config;
 
@@ -129,7 +129,7 @@ int run_bench(const BenchOptions& o, Job& job) {
           check_memory(rank_memory(config, plan, max_seq_len, o.batch, held), available_host_memory(), w.local_size);
         }
       })) {
-    return 1;
+    return kLoadErrorExit;
   }
 
   try {

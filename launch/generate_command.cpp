@@ -261,7 +261,7 @@ bool run_single(Engine& engine, const Tokenizer& tok, const Request& r, const st
 int run_generate(const GenerateOptions& o, Job& job) {
   set_verbose(o.verbose);
   std::optional<MpiGroups> made = make_run_groups(job, o.tp);
-  if (!made) return 2;
+  if (!made) return kUsageExit;
   MpiGroups& groups = *made;
   const WorldConfig& w = groups.world_config;
   const bool batch = !o.prompt;
@@ -287,7 +287,7 @@ int run_generate(const GenerateOptions& o, Job& job) {
         if (o.resume) kept = read_output_lines(resolve_output_path(o.output));
         for (const auto& [index, line] : kept) kept_indices.push_back(std::to_string(index));
       })) {
-    return 1;
+    return kLoadErrorExit;
   }
   broadcast_lines(*groups.world, lines);
   broadcast_lines(*groups.world, oversized);
@@ -453,7 +453,7 @@ int run_generate(const GenerateOptions& o, Job& job) {
          format_bytes(need.weight_bytes) + " (" + scalar_type_name(held) + "); read " + format_bytes(static_cast<int64_t>(files->checkpoint.bytes_read())) +
          " of the checkpoint's " + format_bytes(static_cast<int64_t>(files->checkpoint.total_bytes())));
   });
-  if (!loaded) return 1;
+  if (!loaded) return kLoadErrorExit;
 
   std::unique_ptr<JsonlOutput> output;
   int code = 0;

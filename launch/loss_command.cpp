@@ -183,7 +183,7 @@ std::optional<LossOptions> parse_loss_options(int argc, char** argv, std::string
 int run_loss(const LossOptions& o, Job& job) {
   set_verbose(o.verbose);
   std::optional<MpiGroups> made = make_run_groups(job, o.tp);
-  if (!made) return 2;
+  if (!made) return kUsageExit;
   MpiGroups& groups = *made;
   const WorldConfig& w = groups.world_config;
 
@@ -193,7 +193,7 @@ int run_loss(const LossOptions& o, Job& job) {
         lines = read_jsonl_lines(o.input);
         if (!o.output.empty()) check_output_path(o.output, o.input);
       })) {
-    return 1;
+    return kLoadErrorExit;
   }
   broadcast_lines(*groups.world, lines);
 
@@ -228,7 +228,7 @@ int run_loss(const LossOptions& o, Job& job) {
              std::to_string(w.tp_rank) + "/" + std::to_string(w.tp_size) + ": " + std::to_string(docs.size()) +
              " documents in " + std::to_string(packs.size()) + " packs of <= " + std::to_string(pack_len) + " tokens");
       })) {
-    return 1;
+    return kLoadErrorExit;
   }
 
   std::unique_ptr<JsonlOutput> output;
