@@ -342,7 +342,7 @@ int run_generate(const GenerateOptions& o, Job& job) {
         r.settings = defaults;
         r.error = "the line has " + std::to_string(big->second) + " bytes; an --input line may have at most " +
                   std::to_string(kMaxJsonlLineBytes) + " (64 MiB)";
-        todo.push_back(requests.size());
+        if (!std::binary_search(skip.begin(), skip.end(), r.index)) todo.push_back(requests.size());
         requests.push_back(std::move(r));
         continue;
       }
