@@ -61,7 +61,7 @@ std::optional<BenchOptions> parse_bench_options(int argc, char** argv, std::stri
      cxxopts::value<int64_t>())
     ("tp", "Ranks per tensor-parallel group (default: all ranks)", cxxopts::value<int>())
     ("threads", "BLAS threads per rank, CPU backend (default: cores / ranks on the node)",
-     cxxopts::value<int>())
+     cxxopts::value<int64_t>())
     ("seed", "Seed of the random weights and prompt tokens (default 1)", cxxopts::value<uint64_t>())
     ("limits", "Also measure this rank's two CPU limits first: DRAM read GB/s and f32 fma GFLOP/s, with 1 "
      "thread and with --threads (kernels/cpu/roofline.h)")
@@ -85,7 +85,7 @@ std::optional<BenchOptions> parse_bench_options(int argc, char** argv, std::stri
   read_at_least<int64_t>(r, "new-tokens", 0, o.new_tokens);
   read_at_least<int64_t>(r, "max-seq-len", 1, o.max_seq_len);
   read_at_least(r, "tp", 1, o.tp);
-  read_at_least(r, "threads", 1, o.threads);
+  read_in_range(r, "threads", 1, kMaxThreads, o.threads);
   if (r.count("seed")) o.seed = r["seed"].as<uint64_t>();
   o.cuda_graphs = r.count("cuda-graphs") > 0;
   o.limits = r.count("limits") > 0;
@@ -94,7 +94,7 @@ std::optional<BenchOptions> parse_bench_options(int argc, char** argv, std::stri
 
 int run_bench(const BenchOptions& o, Job& job) {
   std::optional<MpiGroups> made = make_run_groups(job, o.tp);
-  if (!made) return 2;
+  if (!made) return kUsageExit;
   MpiGroups& groups = *made;
   const WorldConfig& w = groups.world_config;
 
@@ -129,7 +129,7 @@ int run_bench(const BenchOptions& o, Job& job) {
           check_memory(rank_memory(config, plan, max_seq_len, o.batch, held), available_host_memory(), w.local_size);
         }
       })) {
-    return 1;
+    return kLoadErrorExit;
   }
 
   try {

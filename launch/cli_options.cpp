@@ -9,6 +9,7 @@
 
 #include "common/error.h"
 #include "launch/cli_parse.h"
+#include "runtime/model_loader.h"
 
 namespace linnet {
 namespace {
@@ -227,7 +228,7 @@ CommandLine parse_command_line(int argc, char** argv) {
     ("progress", "Draw the --input progress bar on stderr even when it is not a terminal (under mpirun a "
      "rank's stderr is a pipe, so the bar is off unless asked for)")
     ("threads", "BLAS threads per rank (default: cores / ranks on the node)",
-     cxxopts::value<int>())
+     cxxopts::value<int64_t>())
     ("backend", "cpu or cuda (default: cuda when a CUDA device is visible, else cpu)",
      cxxopts::value<std::string>())
     ("weight-dtype", kWeightDtypeHelp, cxxopts::value<std::string>())
@@ -309,12 +310,11 @@ CommandLine parse_command_line(int argc, char** argv) {
     if (!top_p_ok(*g.top_p)) invalid("--top-p", "in (0, 1]", num(*g.top_p));
   }
   if (r.count("seed")) g.seed = r["seed"].as<uint64_t>();
-  if (r.count("max-seq-len")) {
-    g.max_seq_len = r["max-seq-len"].as<int64_t>();
-    if (g.max_seq_len < 1) invalid("--max-seq-len", ">= 1", std::to_string(g.max_seq_len));
-  }
+  read_in_range(r, "max-seq-len", 1, kMaxSeqLenLimit, g.max_seq_len);
   g.max_batch = r["max-batch"].as<int64_t>();
-  if (g.max_batch < 1) invalid("--max-batch", ">= 1", std::to_string(g.max_batch));
+  if (g.max_batch < 1 || g.max_batch > kMaxBatchLimit) {
+    invalid("--max-batch", "an integer in [1, " + std::to_string(kMaxBatchLimit) + "]", std::to_string(g.max_batch));
+  }
   g.prefix_caching = !r.count("no-prefix-caching");
   g.progress = r.count("progress") > 0;
   g.cuda_graphs = r.count("cuda-graphs") > 0;
@@ -323,14 +323,17 @@ CommandLine parse_command_line(int argc, char** argv) {
   }
   if (r.count("kv-cache-tokens")) {
     g.kv_cache_tokens = r["kv-cache-tokens"].as<int64_t>();
-    if (*g.kv_cache_tokens < 1) invalid("--kv-cache-tokens", ">= 1", std::to_string(*g.kv_cache_tokens));
+    if (*g.kv_cache_tokens < 1 || *g.kv_cache_tokens > kMaxKvCacheTokens) {
+      invalid("--kv-cache-tokens", "an integer in [1, " + std::to_string(kMaxKvCacheTokens) + "]",
+              std::to_string(*g.kv_cache_tokens));
+    }
   }
   if (r.count("kv-cache-memory-fraction")) {
     g.kv_cache_memory_fraction = r["kv-cache-memory-fraction"].as<double>();
     const double f = *g.kv_cache_memory_fraction;
     if (!(f > 0.0 && f <= 1.0)) invalid("--kv-cache-memory-fraction", "in (0, 1]", num(f));
   }
-  read_at_least(r, "threads", 1, g.threads);
+  read_in_range(r, "threads", 1, kMaxThreads, g.threads);
   read_backend(r, g.backend);
   read_weight_dtype(r, g.weight_dtype);
   g.verbose = r.count("verbose") > 0;

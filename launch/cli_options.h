@@ -50,6 +50,10 @@ struct GenerateOptions {
   bool verbose = false;
 };
 
+/// Most requests --max-batch decodes together: far above what fits a step, low enough
+/// that --max-batch x --max-seq-len never overflows.
+inline constexpr int64_t kMaxBatchLimit = 65536;
+
 /// Most alternatives per token that --top-logprobs / "top_logprobs" may ask for (vLLM's
 /// and OpenAI's cap).
 inline constexpr int64_t kMaxTopLogprobs = 20;

@@ -1,11 +1,91 @@
 #include "launch/cli_parse.h"
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
 #include "common/error.h"
 
 namespace linnet {
+namespace {
+
+// One long option of `opts`, as the help lists it.
+struct OptionInfo {
+  std::string name;  // without "--"
+  bool is_boolean = false;
+  bool is_container = false;
+};
+
+std::vector<OptionInfo> option_infos(const cxxopts::Options& opts) {
+  std::vector<OptionInfo> out;
+  for (const auto& group : opts.groups()) {
+    for (const auto& o : opts.group_help(group).options) {
+      for (const auto& l : o.l) out.push_back({l, o.is_boolean, o.is_container});
+    }
+  }
+  return out;
+}
+
+// Whether cxxopts converts `value` for option --`name` (each option parses its text in
+// parse(); a failure is an incorrect_argument_type).
+bool parses(cxxopts::Options& opts, const std::string& name, const std::string& value) {
+  std::string prog = "linnet-tp", arg = "--" + name + "=" + value;
+  char* argv[] = {prog.data(), arg.data()};
+  try {
+    opts.parse(2, argv);
+  } catch (const cxxopts::exceptions::incorrect_argument_type&) {
+    return false;
+  } catch (const cxxopts::exceptions::exception&) {
+  }
+  return true;
+}
+
+// What the value type of --`name` accepts, told by probing cxxopts' own converters (the
+// declared C++ type is not visible through cxxopts::Options).
+std::string expected_text(cxxopts::Options& opts, const OptionInfo& o) {
+  if (o.is_boolean) return "true or false";
+  std::string one;
+  if (parses(opts, o.name, "0.5")) {
+    one = "a finite number";
+  } else if (parses(opts, o.name, "-1")) {
+    one = parses(opts, o.name, "2147483648") ? "an integer in [-2^63, 2^63-1]" : "an integer in [-2^31, 2^31-1]";
+  } else if (parses(opts, o.name, "1")) {
+    one = parses(opts, o.name, "4294967296") ? "an integer in [0, 2^64-1]" : "an integer in [0, 2^32-1]";
+  } else {
+    return "a valid value";
+  }
+  return o.is_container ? "a comma-separated list, each " + one : one;
+}
+
+// The Error for a value cxxopts could not convert: names the option of `args` whose
+// value fails alone, with the value and what its type accepts; `fallback` (cxxopts' own
+// message) when none can be found.
+Error bad_value_error(cxxopts::Options& opts, const std::vector<char*>& args, const std::string& fallback) {
+  const std::vector<OptionInfo> infos = option_infos(opts);
+  for (size_t i = 1; i < args.size(); ++i) {
+    const std::string arg = args[i];
+    if (arg == "--") break;
+    if (arg.rfind("--", 0) != 0) continue;
+    const size_t eq = arg.find('=');
+    const std::string name = arg.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
+    const auto it = std::find_if(infos.begin(), infos.end(), [&](const OptionInfo& o) { return o.name == name; });
+    if (it == infos.end()) continue;
+    std::string value;
+    if (eq != std::string::npos) {
+      value = arg.substr(eq + 1);
+    } else if (it->is_boolean || i + 1 >= args.size()) {
+      continue;
+    } else {
+      value = args[++i];
+    }
+    if (!parses(opts, name, value)) {
+      return Error("invalid value", "--" + name, expected_text(opts, *it), "'" + value + "'");
+    }
+  }
+  return Error(fallback, "command line");
+}
+
+}  // namespace
 
 std::optional<cxxopts::ParseResult> parse_options(cxxopts::Options& opts, int argc, char** argv,
                                                   const char* subcommand, std::string& help_text) {
@@ -16,6 +96,8 @@ std::optional<cxxopts::ParseResult> parse_options(cxxopts::Options& opts, int ar
   cxxopts::ParseResult r;
   try {
     r = opts.parse(static_cast<int>(args.size()), args.data());
+  } catch (const cxxopts::exceptions::incorrect_argument_type& e) {
+    throw bad_value_error(opts, args, e.what());
   } catch (const cxxopts::exceptions::exception& e) {
     throw Error(e.what(), "command line");
   }

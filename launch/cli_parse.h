@@ -2,6 +2,7 @@
 // cxxopts, turn its errors and stray arguments into linnet::Error, and handle --help.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 
@@ -14,8 +15,9 @@ namespace linnet {
 /// Parses `argv` with `opts`. When argv[1] equals `subcommand` (non-empty), it is
 /// skipped. Returns nullopt and sets `help_text` when -h/--help is given (`opts` must
 /// define "h,help").
-/// @throws Error (where "command line") on an unknown option, a bad value, or a
-///   positional argument.
+/// @throws Error (where "command line") on an unknown option or a positional argument;
+///   Error("invalid value", "--name", what the option's type accepts, "'value'") when
+///   cxxopts cannot convert a value (not a number, out of the type's range, NaN/inf).
 std::optional<cxxopts::ParseResult> parse_options(cxxopts::Options& opts, int argc, char** argv,
                                                   const char* subcommand, std::string& help_text);
 
@@ -27,6 +29,24 @@ void read_at_least(const cxxopts::ParseResult& r, const char* name, T min, T& ou
   out = r[name].as<T>();
   if (out < min) throw Error("invalid value", std::string("--") + name, ">= " + std::to_string(min), std::to_string(out));
 }
+
+/// When option `name` was given (declared as cxxopts::value<int64_t>): `out` = its value.
+/// @throws Error("invalid value", "--name", "an integer in [min, max]", value) when it is
+///   outside [min, max].
+template <class T>
+void read_in_range(const cxxopts::ParseResult& r, const char* name, int64_t min, int64_t max, T& out) {
+  if (!r.count(name)) return;
+  const int64_t v = r[name].as<int64_t>();
+  if (v < min || v > max) {
+    throw Error("invalid value", std::string("--") + name,
+                "an integer in [" + std::to_string(min) + ", " + std::to_string(max) + "]", std::to_string(v));
+  }
+  out = static_cast<T>(v);
+}
+
+/// Most BLAS threads per rank --threads accepts (more would only spawn idle threads; a
+/// huge value would exhaust the process's thread limit).
+inline constexpr int64_t kMaxThreads = 4096;
 
 /// When --backend was given: `out` = its value.
 /// @throws Error naming --backend when it is neither "cpu" nor "cuda".

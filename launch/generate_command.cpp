@@ -45,9 +45,6 @@ namespace {
 
 using nlohmann::ordered_json;
 
-/// Exit code of a run stopped by SIGINT/SIGTERM (128 + SIGINT, as shells report it).
-constexpr int kInterruptedExit = 130;
-
 // Everything the batch path needs besides the engine.
 struct BatchRun {
   MpiGroups& groups;
@@ -80,6 +77,7 @@ int run_batch(Engine& engine, const BatchRun& b, const std::vector<int64_t>& eos
     reqs[k].eos_ids = eos;
     reqs[k].eos_ids.insert(reqs[k].eos_ids.end(), r.settings.stop_token_ids.begin(), r.settings.stop_token_ids.end());
     reqs[k].top_logprobs = r.settings.top_logprobs;
+    reqs[k].error = r.error;
   }
 
   StopRelay relay(MPI_COMM_WORLD);
@@ -113,13 +111,14 @@ int run_batch(Engine& engine, const BatchRun& b, const std::vector<int64_t>& eos
 
   // tp rank 0 of each group: one record per finished request.
   std::vector<std::string> records;
-  float unfinished = 0.0f;
+  float flags[2] = {0.0f, 0.0f};  // any request unfinished (interrupted), any failed
   for (size_t k = 0; k < mine.size(); ++k) {
     const GenerationResult& g = results[k];
     if (g.finish_reason.empty()) {
-      unfinished = 1.0f;
+      flags[0] = 1.0f;
       continue;
     }
+    if (g.finish_reason == "error") flags[1] = 1.0f;
     if (!tp_root) continue;
     std::string completion;
     const ordered_json line = output_line(b.tok, b.requests[mine[k]], g, completion);
@@ -131,10 +130,11 @@ int run_batch(Engine& engine, const BatchRun& b, const std::vector<int64_t>& eos
     rec["token_ms"] = g.token_ms;
     records.push_back(dump_line(rec));
   }
-  b.groups.world->all_reduce_max(&unfinished, 1);
-  const bool interrupted = unfinished > 0.0f;
+  b.groups.world->all_reduce_max(flags, 2);
+  const bool interrupted = flags[0] > 0.0f;
+  const int done_code = flags[1] > 0.0f ? kSomeFailedExit : kOkExit;
   const std::vector<std::string> gathered = gather_strings(*b.groups.world, records);
-  if (!world_root) return interrupted ? kInterruptedExit : 0;
+  if (!world_root) return interrupted ? kInterruptedExit : done_code;
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   // Rank 0: every line in input order, kept ones as they were.
@@ -199,11 +199,12 @@ int run_batch(Engine& engine, const BatchRun& b, const std::vector<int64_t>& eos
     output.reset();
     return kInterruptedExit;
   }
-  return 0;
+  return done_code;
 }
 
 // --prompt: one completion, streamed on rank 0 as it is generated (dp group 0 only).
-void run_single(Engine& engine, const Tokenizer& tok, const Request& r, const std::vector<int64_t>& eos,
+// Returns whether it failed (finish_reason "error").
+bool run_single(Engine& engine, const Tokenizer& tok, const Request& r, const std::vector<int64_t>& eos,
                 uint64_t seed, bool is_root, JsonlOutput* output) {
   SamplingParams sampling = r.settings.sampling;
   sampling.seed = seed;
@@ -236,7 +237,7 @@ void run_single(Engine& engine, const Tokenizer& tok, const Request& r, const st
         show(false);
       },
       [&](int32_t id) { return scan.push(tok, r, id); });
-  if (!is_root) return;
+  if (!is_root) return g.finish_reason == "error";
   text += stream->flush();
   show(true);
   std::fputc('\n', stdout);
@@ -253,6 +254,7 @@ void run_single(Engine& engine, const Tokenizer& tok, const Request& r, const st
                 r.ids.size(), g.ids.size(), g.prefill_ms, decode_tps, line["finish_reason"].get<std::string>().c_str());
   std::fputs(stats, stderr);
   if (output) output->add_line(dump_line(line));
+  return g.finish_reason == "error";
 }
 
 }  // namespace
@@ -260,7 +262,7 @@ void run_single(Engine& engine, const Tokenizer& tok, const Request& r, const st
 int run_generate(const GenerateOptions& o, Job& job) {
   set_verbose(o.verbose);
   std::optional<MpiGroups> made = make_run_groups(job, o.tp);
-  if (!made) return 2;
+  if (!made) return kUsageExit;
   MpiGroups& groups = *made;
   const WorldConfig& w = groups.world_config;
   const bool batch = !o.prompt;
@@ -270,6 +272,7 @@ int run_generate(const GenerateOptions& o, Job& job) {
   // Rank 0 reads the prompts (stdin and local files exist only there under mpirun), the
   // lines to keep for --resume, and checks --output; then every rank gets the lines.
   std::vector<std::pair<int, std::string>> lines;
+  std::vector<std::pair<int, std::string>> oversized;  // line number, its byte count: each fails alone
   std::map<int64_t, std::string> kept;  // rank 0
   std::vector<std::string> kept_indices;
   if (!job.load_phase([&] {
@@ -277,16 +280,27 @@ int run_generate(const GenerateOptions& o, Job& job) {
         if (o.prompt) {
           lines = {{1, *o.prompt}};  // the text itself: JSON would mask invalid UTF-8
         } else {
-          lines = read_jsonl_lines(o.input);
+          std::vector<std::pair<int, uint64_t>> too_long;
+          lines = read_jsonl_lines(o.input, &too_long);
+          for (const auto& [n, bytes] : too_long) oversized.emplace_back(n, std::to_string(bytes));
         }
         if (!o.output.empty()) check_output_path(o.output, o.input);
         if (o.resume) kept = read_output_lines(resolve_output_path(o.output));
         for (const auto& [index, line] : kept) kept_indices.push_back(std::to_string(index));
       })) {
-    return 1;
+    return kLoadErrorExit;
   }
   broadcast_lines(*groups.world, lines);
+  broadcast_lines(*groups.world, oversized);
   broadcast_strings(*groups.world, kept_indices);
+  // An oversized line takes its place in input order with no text (a real line is never
+  // blank); its request fails alone below.
+  std::map<int, uint64_t> oversized_bytes;
+  for (const auto& [n, bytes] : oversized) {
+    oversized_bytes[n] = std::stoull(bytes);
+    lines.emplace_back(n, std::string());
+  }
+  std::stable_sort(lines.begin(), lines.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
 
   std::unique_ptr<ModelFiles> files;
   std::unique_ptr<Tokenizer> tokenizer;
@@ -317,11 +331,22 @@ int run_generate(const GenerateOptions& o, Job& job) {
     std::vector<int64_t> skip;
     for (const auto& s : kept_indices) skip.push_back(std::stoll(s));
     std::sort(skip.begin(), skip.end());
+    // No prompt longer than this many bytes can have <= max_seq_len tokens: it is refused
+    // before the tokenizer sees it (the tokenizer's time and memory grow with the text).
+    const int64_t prompt_byte_limit = max_seq_len * prompt_bytes_per_token(*tokenizer);
     std::unique_ptr<ModelChatTemplate> chat;
     for (const auto& [n, text] : lines) {
       Request r;
       r.index = n - 1;
       r.where = o.prompt ? std::string("--prompt") : o.input + ":" + std::to_string(n);
+      if (const auto big = oversized_bytes.find(n); big != oversized_bytes.end()) {
+        r.settings = defaults;
+        r.error = "the line has " + std::to_string(big->second) + " bytes; an --input line may have at most " +
+                  std::to_string(kMaxJsonlLineBytes) + " (64 MiB)";
+        if (!std::binary_search(skip.begin(), skip.end(), r.index)) todo.push_back(requests.size());
+        requests.push_back(std::move(r));
+        continue;
+      }
       ordered_json line;
       if (o.prompt) {
         line["prompt"] = text;
@@ -340,6 +365,17 @@ int run_generate(const GenerateOptions& o, Job& job) {
       const bool done = std::binary_search(skip.begin(), skip.end(), r.index);
       bool is_chat = false;
       r.text = prompt_text(line, o.chat, *tokenizer, model_dir, chat, r.where, is_chat);
+      if (!done && static_cast<int64_t>(r.text.size()) > prompt_byte_limit) {
+        const std::string why = "the prompt has " + std::to_string(r.text.size()) +
+                                " bytes, more than --max-seq-len = " + std::to_string(max_seq_len) +
+                                " tokens can hold (" + std::to_string(prompt_byte_limit / max_seq_len) +
+                                " bytes per token at most); it was not tokenized";
+        if (o.prompt) throw Error(why, r.where);
+        r.error = why;  // in a batch it fails alone
+        todo.push_back(requests.size());
+        requests.push_back(std::move(r));
+        continue;
+      }
       if (!done) {
         try {
           // A rendered chat text already holds the template's BOS, so no second one is added.
@@ -418,7 +454,7 @@ int run_generate(const GenerateOptions& o, Job& job) {
          format_bytes(need.weight_bytes) + " (" + scalar_type_name(held) + "); read " + format_bytes(static_cast<int64_t>(files->checkpoint.bytes_read())) +
          " of the checkpoint's " + format_bytes(static_cast<int64_t>(files->checkpoint.total_bytes())));
   });
-  if (!loaded) return 1;
+  if (!loaded) return kLoadErrorExit;
 
   std::unique_ptr<JsonlOutput> output;
   int code = 0;
@@ -460,8 +496,14 @@ int run_generate(const GenerateOptions& o, Job& job) {
     if (batch) {
       const BatchRun run{groups, *tokenizer, requests, kept, todo, o.prefix_caching, o.progress};
       code = run_batch(*engine, run, eos, seed, output);
-    } else if (w.dp_rank == 0) {
-      run_single(*engine, *tokenizer, requests.at(0), eos, seed, w.world_rank == 0, output.get());
+    } else {
+      float failed = 0.0f;
+      if (w.dp_rank == 0 && run_single(*engine, *tokenizer, requests.at(0), eos, seed, w.world_rank == 0,
+                                       output.get())) {
+        failed = 1.0f;
+      }
+      groups.world->all_reduce_max(&failed, 1);  // every rank exits with the same code
+      if (failed > 0.0f) code = kSomeFailedExit;
     }
     if (w.world_rank == 0 && (std::fflush(stdout) != 0 || std::ferror(stdout))) {
       throw Error(std::string("cannot write the completion: ") + std::strerror(errno), "stdout");

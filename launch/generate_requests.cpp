@@ -40,6 +40,18 @@ RequestSettings resolve_defaults(const GenerateOptions& o, const GenerationConfi
   return s;
 }
 
+int64_t prompt_bytes_per_token(const Tokenizer& tok) {
+  int64_t longest = kMinPromptBytesPerToken;
+  for (int64_t id = 0; id < tok.vocab_size(); ++id) {
+    try {
+      longest = std::max<int64_t>(longest, static_cast<int64_t>(tok.id_to_token(static_cast<int32_t>(id)).size()));
+    } catch (const Error&) {
+      // an id without an entry covers no text
+    }
+  }
+  return longest;
+}
+
 std::vector<int64_t> resolve_eos(const ModelFiles& files, const Tokenizer& tok) {
   if (!files.generation.eos_token_ids.empty()) return files.generation.eos_token_ids;
   if (!files.config.eos_token_ids.empty()) return files.config.eos_token_ids;

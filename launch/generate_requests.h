@@ -27,7 +27,18 @@ struct Request {
   std::string text;       // the prompt text (a chat request rendered by the template)
   std::vector<int32_t> ids;
   RequestSettings settings;
+  std::string error;      // non-empty: the request fails alone with this message, untokenized
 };
+
+/// Fewest bytes-per-token bound prompt_bytes_per_token returns.
+inline constexpr int64_t kMinPromptBytesPerToken = 64;
+
+/// An upper bound on the prompt bytes one token can stand for: the longest vocabulary
+/// entry's bytes (byte-level and SentencePiece entries are never shorter than the text
+/// they cover), at least kMinPromptBytesPerToken. A prompt of more than max_seq_len times
+/// this many bytes has more than max_seq_len tokens (assuming the normalizer does not
+/// shrink text, which no Llama-family tokenizer's does), so it is refused untokenized.
+int64_t prompt_bytes_per_token(const Tokenizer& tok);
 
 /// {"messages": [{"role": "user", "content": prompt}], "add_generation_prompt": true}.
 std::string user_message_request(const std::string& prompt);

@@ -132,7 +132,7 @@ int run_info(const InfoOptions& o, Job& job) {
     std::fflush(stdout);
   } catch (const std::exception& e) {
     print_error(-1, e.what());
-    return 1;
+    return kLoadErrorExit;
   }
   return 0;
 }

@@ -48,9 +48,9 @@ void Job::abort(const std::string& message, const std::function<void()>& cleanup
   print_error(size_ > 1 ? rank_ : -1, message);
   if (size_ == 1) {  // nobody to wake: end quietly, without MPI_Abort's banner
     MPI_Finalize();
-    std::exit(1);
+    std::exit(kLoadErrorExit);
   }
-  MPI_Abort(world_, 1);
+  MPI_Abort(world_, kLoadErrorExit);
   std::abort();
 }
 

@@ -23,6 +23,13 @@
 
 namespace linnet {
 
+/// Exit codes of linnet-tp (README.md, "Exit codes"); every rank of a run exits with the same one.
+inline constexpr int kOkExit = 0;            // every request / document done
+inline constexpr int kLoadErrorExit = 1;     // a model, config or input file error, or a run-phase failure
+inline constexpr int kUsageExit = 2;         // bad flags (parse errors, bad values, --tp not dividing the world)
+inline constexpr int kSomeFailedExit = 3;    // some requests or documents failed, each marked in the output
+inline constexpr int kInterruptedExit = 130; // stopped by SIGINT/SIGTERM (128 + SIGINT, as shells report it)
+
 /// The ranks of one linnet-tp run and how they fail together.
 class Job {
  public:

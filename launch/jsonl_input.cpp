@@ -8,18 +8,47 @@
 #include "loader/json_brief.h"
 
 namespace linnet {
+namespace {
 
-std::vector<std::pair<int, std::string>> read_jsonl_lines(const std::string& path) {
+// Reads one line of `in` into `line` (without its '\n'), keeping at most `limit` bytes;
+// `bytes` is the line's whole length. False at the end of the input with nothing read.
+bool read_line_bounded(std::istream& in, std::string& line, uint64_t limit, uint64_t& bytes) {
+  line.clear();
+  bytes = 0;
+  std::streambuf* sb = in.rdbuf();
+  bool any = false;
+  for (;;) {
+    const int c = sb->sbumpc();
+    if (c == std::char_traits<char>::eof()) return any;
+    any = true;
+    if (c == '\n') return true;
+    if (++bytes <= limit) line.push_back(static_cast<char>(c));
+  }
+}
+
+}  // namespace
+
+std::vector<std::pair<int, std::string>> read_jsonl_lines(const std::string& path,
+                                                          std::vector<std::pair<int, uint64_t>>* oversized) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) throw Error("is a directory, not a JSONL file", path);
   std::ifstream in(path);
   if (!in) throw Error("cannot open the input file", path);
   std::vector<std::pair<int, std::string>> lines;
   std::string line;
-  for (int n = 1; std::getline(in, line); ++n) {
+  uint64_t bytes = 0;
+  for (int n = 1; read_line_bounded(in, line, kMaxJsonlLineBytes, bytes); ++n) {
+    if (bytes > kMaxJsonlLineBytes) {
+      if (!oversized) {
+        throw Error("the line is longer than " + std::to_string(kMaxJsonlLineBytes) + " bytes (64 MiB)",
+                    path + ":" + std::to_string(n), "", std::to_string(bytes) + " bytes");
+      }
+      oversized->emplace_back(n, bytes);
+      continue;
+    }
     if (line.find_first_not_of(" \t\r") != std::string::npos) lines.emplace_back(n, std::move(line));
   }
-  if (lines.empty()) throw Error("no lines in the input file", path);
+  if (lines.empty() && (!oversized || oversized->empty())) throw Error("no lines in the input file", path);
   return lines;
 }
 

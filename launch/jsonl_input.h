@@ -3,6 +3,7 @@
 #pragma once
 
 #include <initializer_list>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,10 @@ namespace linnet {
 
 /// Deepest JSON nesting accepted in an input line (chat tools' JSON schemas stay far below).
 inline constexpr std::size_t kMaxJsonlDepth = 128;
+
+/// Longest input line accepted, in bytes (64 MiB): a longer one is never held whole in
+/// memory, let alone parsed or tokenized.
+inline constexpr std::uint64_t kMaxJsonlLineBytes = std::uint64_t{64} << 20;
 
 /// One non-blank line of a JSONL file, parsed (keys in file order), with its 1-based
 /// line number.
@@ -38,10 +43,14 @@ void check_known_keys(const nlohmann::ordered_json& line, std::initializer_list<
                       const std::string& kind, const std::string& where);
 
 /// Reads `path` (a regular file, or a pipe such as /dev/stdin), skipping blank lines.
-/// Returns the raw lines and their numbers.
+/// Returns the raw lines and their numbers. A line longer than kMaxJsonlLineBytes is
+/// skipped without being kept: with `oversized` given it is listed there (its number and
+/// byte count) and left out of the result, so the caller can fail it alone.
 /// @throws Error naming the file when it cannot be opened, is a directory, or has no
-///   non-blank line.
-std::vector<std::pair<int, std::string>> read_jsonl_lines(const std::string& path);
+///   non-blank line (nor oversized one); naming "file:line" and the byte count for a line
+///   over kMaxJsonlLineBytes when `oversized` is null.
+std::vector<std::pair<int, std::string>> read_jsonl_lines(const std::string& path,
+                                                          std::vector<std::pair<int, std::uint64_t>>* oversized = nullptr);
 
 /// Parses lines read by read_jsonl_lines; each must be a JSON object.
 /// @throws Error naming "file:line" when a line is not a JSON object, holds a NUL byte,

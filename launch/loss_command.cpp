@@ -152,7 +152,7 @@ std::optional<LossOptions> parse_loss_options(int argc, char** argv, std::string
     ("max-seq-len", "Tokens per packed sequence; longer documents are scored in chunks "
      "(default: min(max_position_embeddings, 8192))", cxxopts::value<int64_t>())
     ("tp", "Ranks per tensor-parallel group (default: all ranks)", cxxopts::value<int>())
-    ("threads", "BLAS threads per rank (default: cores / ranks on the node)", cxxopts::value<int>())
+    ("threads", "BLAS threads per rank (default: cores / ranks on the node)", cxxopts::value<int64_t>())
     ("backend", "cpu or cuda (default: cuda when a CUDA device is visible, else cpu)",
      cxxopts::value<std::string>())
     ("weight-dtype", kWeightDtypeHelp, cxxopts::value<std::string>())
@@ -173,7 +173,7 @@ std::optional<LossOptions> parse_loss_options(int argc, char** argv, std::string
   }
   read_at_least<int64_t>(r, "max-seq-len", 2, o.max_seq_len);
   read_at_least(r, "tp", 1, o.tp);
-  read_at_least(r, "threads", 1, o.threads);
+  read_in_range(r, "threads", 1, kMaxThreads, o.threads);
   read_backend(r, o.backend);
   read_weight_dtype(r, o.weight_dtype);
   o.verbose = r.count("verbose") > 0;
@@ -183,7 +183,7 @@ std::optional<LossOptions> parse_loss_options(int argc, char** argv, std::string
 int run_loss(const LossOptions& o, Job& job) {
   set_verbose(o.verbose);
   std::optional<MpiGroups> made = make_run_groups(job, o.tp);
-  if (!made) return 2;
+  if (!made) return kUsageExit;
   MpiGroups& groups = *made;
   const WorldConfig& w = groups.world_config;
 
@@ -193,7 +193,7 @@ int run_loss(const LossOptions& o, Job& job) {
         lines = read_jsonl_lines(o.input);
         if (!o.output.empty()) check_output_path(o.output, o.input);
       })) {
-    return 1;
+    return kLoadErrorExit;
   }
   broadcast_lines(*groups.world, lines);
 
@@ -228,10 +228,11 @@ int run_loss(const LossOptions& o, Job& job) {
              std::to_string(w.tp_rank) + "/" + std::to_string(w.tp_size) + ": " + std::to_string(docs.size()) +
              " documents in " + std::to_string(packs.size()) + " packs of <= " + std::to_string(pack_len) + " tokens");
       })) {
-    return 1;
+    return kLoadErrorExit;
   }
 
   std::unique_ptr<JsonlOutput> output;
+  int code = 0;
   try {
     // [0, D): nll sums, [D, 2D): scored token counts, per document.
     const size_t D = docs.size();
@@ -266,35 +267,64 @@ int run_loss(const LossOptions& o, Job& job) {
     groups.dp->all_reduce_sum(&all_tokens, 1);
     const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
 
+    // A document whose loss is NaN or inf (e.g. NaN weights) fails alone: its output line
+    // says why instead of holding a null, it stays out of the mean, and the run exits 3.
+    // Every rank holds the same sums, so every rank knows.
+    std::vector<size_t> bad;
+    for (size_t d = 0; d < D; ++d) {
+      if (!std::isfinite(sums[d])) bad.push_back(d);
+    }
+    if (!bad.empty()) code = kSomeFailedExit;
     if (w.world_rank == 0) {
       double nll = 0, scored = 0;
       if (!o.output.empty()) output = std::make_unique<JsonlOutput>(o.output);
+      size_t next_bad = 0;
       for (size_t d = 0; d < D; ++d) {
-        nll += sums[d];
-        scored += sums[D + d];
+        const bool failed = next_bad < bad.size() && bad[next_bad] == d;
+        const std::string where = o.input + ":" + std::to_string(lines[d].first);
+        const std::string error = failed ? "the loss is not finite (" + std::to_string(sums[d]) +
+                                               "); the logits hold NaN or inf (check the weights)"
+                                         : std::string();
+        if (failed) {
+          ++next_bad;
+          print_error(-1, where + ": " + error);
+        } else {
+          nll += sums[d];
+          scored += sums[D + d];
+        }
         if (output) {
           nlohmann::ordered_json j;
           j["index"] = d;
           j["tokens"] = static_cast<int64_t>(sums[D + d]);
-          j["nll_sum"] = sums[d];
-          j["mean_nll"] = sums[D + d] > 0 ? nlohmann::ordered_json(sums[d] / sums[D + d]) : nlohmann::ordered_json();
+          if (failed) {
+            j["error"] = where + ": " + error;
+          } else {
+            j["nll_sum"] = sums[d];
+            j["mean_nll"] = sums[D + d] > 0 ? nlohmann::ordered_json(sums[d] / sums[D + d]) : nlohmann::ordered_json();
+          }
           output->add_line(j.dump());
         }
       }
-      if (scored <= 0) {
+      if (scored <= 0 && bad.empty()) {
         throw Error("no token was scored: every document has fewer than 2 tokens or only -100 labels",
                     "--input " + o.input);
       }
-      const double mean = nll / scored;
-      std::printf("scored tokens: %.0f\nmean NLL per token: %.6f\nperplexity: %.4f\ntokens/s: %.1f\n", scored, mean,
-                  std::exp(mean), seconds > 0 ? all_tokens / seconds : 0.0);
+      if (scored > 0) {
+        const double mean = nll / scored;
+        std::printf("scored tokens: %.0f\nmean NLL per token: %.6f\nperplexity: %.4f\ntokens/s: %.1f\n", scored,
+                    mean, std::exp(mean), seconds > 0 ? all_tokens / seconds : 0.0);
+      }
+      if (!bad.empty()) {
+        std::fprintf(stderr, "[linnet-tp] %zu of %zu documents failed (not finite loss)%s\n", bad.size(), D,
+                     scored > 0 ? "; the mean leaves them out" : "");
+      }
       if (std::fflush(stdout) != 0) throw Error("cannot write the results", "stdout");
       if (output) output->commit();
     }
   } catch (const std::exception& e) {
     job.abort(e.what(), [&] { output.reset(); });
   }
-  return 0;
+  return code;
 }
 
 }  // namespace linnet

@@ -24,7 +24,7 @@ int main(int argc, char** argv) {
     linnet::CommandLine cl;
     // Every rank parses the same argv, so a usage error is the same everywhere.
     if (!job.load_phase([&] { cl = linnet::parse_command_line(argc, argv); })) {
-      code = 2;
+      code = linnet::kUsageExit;
     } else if (cl.kind == linnet::CommandLine::Kind::kHelp) {
       if (job.rank() == 0) std::fputs(cl.help_text.c_str(), stdout);
     } else if (cl.kind == linnet::CommandLine::Kind::kVersion) {

@@ -73,7 +73,7 @@ std::optional<TemplateOptions> parse_template_options(int argc, char** argv, std
 
 int run_template(const TemplateOptions& options, Job& job) {
   std::string out;
-  if (!job.load_phase([&] { out = render_all(options); })) return 1;
+  if (!job.load_phase([&] { out = render_all(options); })) return kLoadErrorExit;
   if (job.rank() == 0) {
     std::fwrite(out.data(), 1, out.size(), stdout);
     std::fflush(stdout);

@@ -100,7 +100,7 @@ std::optional<TokenizeOptions> parse_tokenize_options(int argc, char** argv, std
 
 int run_tokenize(const TokenizeOptions& options, Job& job) {
   std::string out;
-  if (!job.load_phase([&] { out = tokenize_all(options); })) return 1;
+  if (!job.load_phase([&] { out = tokenize_all(options); })) return kLoadErrorExit;
   if (job.rank() == 0) {
     std::fwrite(out.data(), 1, out.size(), stdout);
     std::fflush(stdout);

@@ -50,7 +50,10 @@ std::vector<GenerationResult> generate_batch(Engine& engine, const std::vector<B
                            options.prefix_caching);
   for (size_t i = 0; i < requests.size(); ++i) {
     const auto& p = requests[i].prompt;
-    if (p.empty() || static_cast<int64_t>(p.size()) > L) {
+    if (!requests[i].error.empty()) {
+      results[i].error = requests[i].error;
+      finish(i, "error");
+    } else if (p.empty() || static_cast<int64_t>(p.size()) > L) {
       results[i].error = p.empty() ? "the prompt has no tokens"
                                    : "the prompt has " + std::to_string(p.size()) +
                                          " tokens; the KV cache holds --max-seq-len = " + std::to_string(L);

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "runtime/engine.h"
@@ -31,6 +32,7 @@ struct BatchRequest {
   std::vector<int64_t> eos_ids;  // EOS and stop token ids: the token ends the request, finish "stop"
   int64_t top_logprobs = -1;     // -1: no logprobs; N >= 0: each new token's logprob and the N
                                  // most probable ids (GenerationResult::logprobs, tp rank 0)
+  std::string error;             // non-empty: finishes with "error" and this message, never scheduled
 };
 
 /// Called on every rank as request `index` finishes.
@@ -57,7 +59,7 @@ struct BatchOptions {
 };
 
 /// Generates every request, up to engine.max_batch() at a time, and returns the results
-/// in request order. A request whose prompt is empty, is longer than max_seq_len, whose
+/// in request order. A request with an `error` of its own, whose prompt is empty, is longer than max_seq_len, whose
 /// length (prompt + max_new_tokens, capped at max_seq_len) can never fit in the KV pool,
 /// or which holds an id outside [0, vocab_size) finishes with finish_reason "error" and a
 /// message before any step; one whose logits row holds a NaN or inf finishes with

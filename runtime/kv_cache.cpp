@@ -1,5 +1,7 @@
 #include "runtime/kv_cache.h"
 
+#include <cstdint>
+
 namespace linnet {
 
 KvCache KvCache::make(Backend& backend, int64_t num_layers, int64_t page_size, int64_t num_pages,
@@ -24,7 +26,13 @@ int64_t KvCache::bytes() const {
 }
 
 int64_t KvCache::bytes_for(int64_t num_layers, int64_t tokens, int64_t num_kv_heads_local, int64_t head_dim) {
-  return 2 * num_layers * tokens * num_kv_heads_local * head_dim * static_cast<int64_t>(sizeof(float));
+  // Saturates instead of wrapping: a huge --kv-cache-tokens must read as too big for
+  // the memory preflight, never as a small (or negative) size.
+  int64_t bytes = 2 * static_cast<int64_t>(sizeof(float));
+  for (int64_t f : {num_layers, tokens, num_kv_heads_local, head_dim}) {
+    if (f < 0 || __builtin_mul_overflow(bytes, f, &bytes)) return INT64_MAX;
+  }
+  return bytes;
 }
 
 }  // namespace linnet

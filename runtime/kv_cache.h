@@ -34,7 +34,8 @@ struct KvCache {
   int64_t tokens() const { return page_size * num_pages; }
   /// Bytes held by this rank's cache (K and V, all layers).
   int64_t bytes() const;
-  /// Bytes a cache of `tokens` positions will hold (f32), before allocating it.
+  /// Bytes a cache of `tokens` positions will hold (f32), before allocating it;
+  /// INT64_MAX when the product does not fit in int64 (or a factor is negative).
   static int64_t bytes_for(int64_t num_layers, int64_t tokens, int64_t num_kv_heads_local, int64_t head_dim);
 };
 

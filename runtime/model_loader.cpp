@@ -47,8 +47,10 @@ int64_t resolve_max_seq_len(const ModelConfig& config, int64_t requested) {
 
 RankMemory rank_memory(const ModelConfig& config, const ShardPlan& plan, int64_t max_seq_len,
                        int64_t batch_rows, ScalarType weight_dtype) {
+  int64_t positions = 0;
   return RankMemory{weight_bytes_local(config, plan, weight_dtype),
-                    KvCache::bytes_for(config.num_hidden_layers, max_seq_len * batch_rows,
+                    KvCache::bytes_for(config.num_hidden_layers,
+                                       __builtin_mul_overflow(max_seq_len, batch_rows, &positions) ? INT64_MAX : positions,
                                        plan.num_kv_heads_local, config.head_dim),
                     weight_dtype};
 }
@@ -58,11 +60,25 @@ int64_t resolve_kv_cache_tokens(const ModelConfig& config, const ShardPlan& plan
                                 std::optional<double> memory_fraction, int64_t node_available_bytes,
                                 int ranks_on_node, ScalarType weight_dtype) {
   const int64_t page = kKvPageSize;
+  if (max_seq_len < 1 || max_seq_len > kMaxSeqLenLimit) {
+    throw Error("invalid value", "--max-seq-len", "in [1, " + std::to_string(kMaxSeqLenLimit) + "]",
+                std::to_string(max_seq_len));
+  }
   const int64_t row_tokens = (max_seq_len + page - 1) / page * page;
-  int64_t pool = batch_rows * row_tokens;
+  int64_t pool = 0;
   const char* option = "--max-batch";
+  if (batch_rows < 1 || __builtin_mul_overflow(batch_rows, row_tokens, &pool) || pool > kMaxKvCacheTokens) {
+    throw Error("the KV pool of --max-batch requests of --max-seq-len positions is out of range", option,
+                "batch rows x " + std::to_string(row_tokens) + " positions in [1, " +
+                    std::to_string(kMaxKvCacheTokens) + "]",
+                std::to_string(batch_rows) + " rows");
+  }
   if (tokens) {
     option = "--kv-cache-tokens";
+    if (*tokens < 1 || *tokens > kMaxKvCacheTokens) {
+      throw Error("invalid value", option, "in [1, " + std::to_string(kMaxKvCacheTokens) + "]",
+                  std::to_string(*tokens));
+    }
     pool = (*tokens + page - 1) / page * page;
   } else if (memory_fraction) {
     option = "--kv-cache-memory-fraction";

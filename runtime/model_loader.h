@@ -41,13 +41,25 @@ struct RankMemory {
   int64_t weight_bytes = 0;
   int64_t kv_cache_bytes = 0;
   ScalarType weight_dtype = ScalarType::kF32;
-  int64_t total() const { return weight_bytes + kv_cache_bytes; }
+  /// weight_bytes + kv_cache_bytes, INT64_MAX when the sum does not fit.
+  int64_t total() const {
+    int64_t t = 0;
+    return __builtin_add_overflow(weight_bytes, kv_cache_bytes, &t) ? INT64_MAX : t;
+  }
 };
 
 /// The bytes a rank under `plan` will allocate for a `max_seq_len` KV cache and weight
 /// matrices in `weight_dtype`.
 RankMemory rank_memory(const ModelConfig& config, const ShardPlan& plan, int64_t max_seq_len,
                        int64_t batch_rows = 1, ScalarType weight_dtype = ScalarType::kF32);
+
+/// Most positions of a paged KV pool (--kv-cache-tokens): 2^48, far above any memory
+/// (a position takes kilobytes), low enough that no size computed from it overflows int64.
+inline constexpr int64_t kMaxKvCacheTokens = int64_t{1} << 48;
+
+/// Longest --max-seq-len accepted before the model's max_position_embeddings is even
+/// looked at: token ids and positions are int32.
+inline constexpr int64_t kMaxSeqLenLimit = INT32_MAX;
 
 /// Positions of the paged KV pool (a multiple of kKvPageSize) for up to `batch_rows`
 /// requests of `max_seq_len` positions each:
@@ -57,7 +69,9 @@ RankMemory rank_memory(const ModelConfig& config, const ShardPlan& plan, int64_t
 ///   after its weights (--kv-cache-memory-fraction, TensorRT-LLM's
 ///   free_gpu_memory_fraction), rounded down to pages,
 /// - else batch_rows full-length requests.
-/// @throws Error naming the option when the pool would hold fewer positions than one
+/// @throws Error naming the option when `tokens` is outside [1, kMaxKvCacheTokens],
+///   max_seq_len outside [1, kMaxSeqLenLimit], or batch_rows x max_seq_len over
+///   kMaxKvCacheTokens (checked before any size is multiplied); when the pool would hold fewer positions than one
 ///   request of max_seq_len (it could never run; vLLM refuses the same), when the
 ///   fraction is not in (0, 1], or when the memory is unknown or already taken by weights.
 int64_t resolve_kv_cache_tokens(const ModelConfig& config, const ShardPlan& plan, int64_t max_seq_len,

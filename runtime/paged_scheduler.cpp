@@ -24,11 +24,15 @@ std::optional<std::string> PagedScheduler::add(int64_t id, std::vector<int32_t> 
   LINNET_CHECK(!prompt.empty() && max_new_tokens >= 1, "a scheduled request needs a prompt and new tokens");
   Request r;
   r.id = id;
-  r.length = std::min<int64_t>(static_cast<int64_t>(prompt.size()) + max_new_tokens, max_seq_len_);
-  if (static_cast<int64_t>(prompt.size()) > max_seq_len_) {
+  const int64_t P = static_cast<int64_t>(prompt.size());
+  if (P > max_seq_len_) {
     return "the prompt has " + std::to_string(prompt.size()) + " tokens; --max-seq-len is " +
            std::to_string(max_seq_len_);
   }
+  // max_new_tokens may be anything up to INT64_MAX: it is capped at what the context
+  // leaves before it is added (prompt + max_new_tokens would overflow). The request then
+  // ends with "length" at --max-seq-len, as vLLM's engine ends a sequence at max_model_len.
+  r.length = P + std::min<int64_t>(max_new_tokens, max_seq_len_ - P);
   if (pages_for(r.length) > pool_.num_pages()) {
     return "the request needs " + std::to_string(r.length) + " KV positions (" + std::to_string(pages_for(r.length)) +
            " pages of " + std::to_string(pool_.page_size()) + "); the KV pool holds " +

@@ -279,6 +279,13 @@ TEST_F(Cli, BadFlagValuesAreUsageErrors) {
            {"--repetition-penalty 0", "--repetition-penalty"},
            {"--top-logprobs 21", "--top-logprobs"},
            {"--tp 0", "--tp"},
+           // Issue 14: values cxxopts cannot convert name the option and the value.
+           {"--seed -1", "--seed: invalid value (expected an integer in [0, 2^64-1], got '-1')"},
+           {"--temperature nan", "--temperature: invalid value (expected a finite number, got 'nan')"},
+           {"--max-new-tokens 1e12", "--max-new-tokens: invalid value"},
+           {"--stop-token-ids a,b", "--stop-token-ids: invalid value"},
+           {"--threads 2147483648", "--threads: invalid value (expected an integer in [1, 4096], got 2147483648)"},
+           {"--kv-cache-tokens 4611686018427387904", "--kv-cache-tokens: invalid value"},
            {"--no-such-flag", "no-such-flag"}}) {
     const Result r = run(2, model + flags);
     EXPECT_EQ(r.code, 2) << flags << ": " << r.err;
@@ -652,7 +659,8 @@ TEST_F(Cli, NonFiniteLogitsFailOnlyThatRequest) {
   for (int np : {1, 2}) {
     const fs::path out = tmp_ / ("nan" + std::to_string(np) + ".jsonl");
     const Result r = run(np, "--model " + quote(model.string()) + args + quote(out.string()));
-    ASSERT_EQ(r.code, 0) << r.err;
+    // Issue 14: the output is complete, the failure marked, and the exit code says so.
+    ASSERT_EQ(r.code, 3) << r.err;
     EXPECT_NE(r.err.find("requests: 3 (1 failed)"), std::string::npos) << r.err;
     EXPECT_NE(r.err.find(in.string() + ":2: "), std::string::npos) << r.err;
     const auto got = output_lines(out);
@@ -662,6 +670,92 @@ TEST_F(Cli, NonFiniteLogitsFailOnlyThatRequest) {
     EXPECT_TRUE(got[1]["completion_ids"].empty()) << "never a silent token";
     for (size_t i : {0u, 2u}) EXPECT_EQ(got[i], expected[i]) << "prompt " << i;
   }
+  // A run whose only request fails exits 3 on every rank (it exited 0).
+  const Result single =
+      run(2, "--model " + quote(model.string()) + " --prompt 'Once upon a time' --max-new-tokens 4 --temperature 0");
+  EXPECT_EQ(single.code, 3) << single.err;
+  EXPECT_NE(single.err.find("non-finite logits"), std::string::npos) << single.err;
+}
+
+// Issue 14: max_new_tokens up to INT64_MAX (a flag or a line's key) is capped at what
+// the context leaves, as vLLM ends a sequence at max_model_len; prompt + max_new_tokens
+// overflowed and MPI_Aborted the run, losing the valid lines.
+TEST_F(Cli, HugeMaxNewTokensIsCappedAtTheContext) {
+  const fs::path in = tmp_ / "in.jsonl", out = tmp_ / "out.jsonl";
+  std::ofstream(in) << R"({"prompt": "Once upon a time", "max_new_tokens": 9223372036854775807})" << "\n"
+                    << R"({"prompt": "The cat", "max_new_tokens": 3})" << "\n";
+  const std::string model = "--model " + quote(test::stories_dir().string());
+  const Result r = run(2, model + " --input " + quote(in.string()) + " --max-seq-len 48 --temperature 0 --output " +
+                              quote(out.string()));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto got = output_lines(out);
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0]["finish_reason"], "length") << got[0];
+  EXPECT_EQ(got[0]["prompt_tokens"].get<int64_t>() + got[0]["completion_tokens"].get<int64_t>(), 48) << got[0];
+  EXPECT_EQ(got[1]["completion_tokens"], 3) << got[1];
+  const Result flag = run(2, model + " --prompt 'Once upon a time' --max-seq-len 48 --temperature 0 "
+                                     "--max-new-tokens 9223372036854775807");
+  ASSERT_EQ(flag.code, 0) << flag.err;
+  EXPECT_NE(flag.err.find("finish: length"), std::string::npos) << flag.err;
+}
+
+// Issue 14: a huge --kv-cache-tokens is refused by the memory preflight with the numbers
+// (its size wrapped to "0.00 MiB", then the allocation segfaulted or threw bad_alloc).
+TEST_F(Cli, HugeKvCachePoolIsRefusedByTheMemoryPreflight) {
+  const std::string model = "--model " + quote(test::stories_dir().string()) + " --prompt hi --kv-cache-tokens ";
+  const Result flag = run(2, model + "18014398509481984");  // 2^54: over the flag's range
+  EXPECT_EQ(flag.code, 2) << flag.err;
+  EXPECT_NE(flag.err.find("--kv-cache-tokens: invalid value (expected an integer in [1, 281474976710656]"),
+            std::string::npos)
+      << flag.err;
+  const Result r = run(2, model + "281474976710656");  // 2^48: in range, but no memory holds it
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find("memory preflight: not enough memory for this rank: it needs 167772160.00 GiB"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("KV cache 167772160.00 GiB) but has"), std::string::npos) << r.err;
+}
+
+// Issue 14: a prompt is refused by its byte length before it is tokenized (a 50 MB line
+// was tokenized whole on every rank first), and a line over 64 MiB is never held whole;
+// in --input each fails alone, the other lines complete, and the exit code is 3.
+TEST_F(Cli, OverlongPromptsFailAloneBeforeTokenizing) {
+  const std::string model = "--model " + quote(test::stories_dir().string());
+  // --prompt: more than --max-seq-len x 64 bytes.
+  const Result one = run(2, model + " --prompt " + std::string(2000, 'a') + " --max-seq-len 16");
+  EXPECT_EQ(one.code, 1) << one.err;
+  EXPECT_NE(one.err.find("--prompt: the prompt has 2000 bytes, more than --max-seq-len = 16 tokens can hold"),
+            std::string::npos)
+      << one.err;
+  const fs::path in = tmp_ / "in.jsonl", out = tmp_ / "out.jsonl";
+  {
+    std::ofstream f(in, std::ios::binary);
+    f << R"({"prompt": "Once upon a time"})" << "\n"
+      << R"({"prompt": ")" << std::string(4 << 20, 'a') << "\"}\n"
+      << R"({"prompt": ")" << std::string(65 << 20, 'b') << "\"}\n"
+      << R"({"prompt": "The cat"})" << "\n";
+  }
+  const Result r = run(2, model + " --input " + quote(in.string()) + " --max-new-tokens 4 --temperature 0 --output " +
+                              quote(out.string()));
+  EXPECT_EQ(r.code, 3) << r.err;
+  EXPECT_LT(r.seconds, 30.0);
+  EXPECT_NE(r.err.find("requests: 4 (2 failed)"), std::string::npos) << r.err;
+  const auto got = output_lines(out);
+  ASSERT_EQ(got.size(), 4u);
+  for (size_t i : {0u, 3u}) EXPECT_EQ(got[i]["completion_tokens"], 4) << got[i];
+  EXPECT_EQ(got[1]["finish_reason"], "error");
+  EXPECT_NE(got[1]["error"].get<std::string>().find("the prompt has 4194304 bytes, more than --max-seq-len = 512 "
+                                                    "tokens can hold (64 bytes per token at most); it was not tokenized"),
+            std::string::npos)
+      << got[1]["error"];
+  EXPECT_TRUE(got[1]["prompt_ids"].empty());
+  EXPECT_EQ(got[2]["finish_reason"], "error");
+  EXPECT_EQ(got[2]["index"], 2);
+  EXPECT_NE(got[2]["error"].get<std::string>().find("the line has 68157454 bytes; an --input line may have at most "
+                                                    "67108864 (64 MiB)"),
+            std::string::npos)
+      << got[2]["error"];
+  EXPECT_NE(r.err.find(in.string() + ":3: the line has 68157454 bytes"), std::string::npos) << r.err;
 }
 
 }  // namespace

@@ -16,6 +16,8 @@
 #include "launch/jsonl_input.h"
 #include "launch/jsonl_output.h"
 #include "launch/progress.h"
+#include "runtime/kv_cache.h"
+#include "runtime/model_loader.h"
 
 namespace linnet {
 namespace {
@@ -112,6 +114,109 @@ TEST(RequestKeys, BadValuesNameTheLineAndTheKey) {
     EXPECT_NE(e.find("in.jsonl:3"), std::string::npos) << line << ": " << e;
     EXPECT_NE(e.find("\"" + key + "\""), std::string::npos) << line << ": " << e;
   }
+}
+
+// The message of parse_command_line's error for `args` (after "linnet-tp --model m
+// --prompt hi"), "" when it parses.
+std::string command_line_error(std::vector<std::string> args) {
+  std::vector<std::string> words = {"linnet-tp", "--model", "m", "--prompt", "hi"};
+  words.insert(words.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& w : words) argv.push_back(w.data());
+  try {
+    parse_command_line(static_cast<int>(argv.size()), argv.data());
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return {};
+}
+
+// Issue 14: a value cxxopts cannot convert is named with its option and the value
+// (cxxopts alone says "Argument 'X' failed to parse"), and NaN/inf never reach a
+// floating option.
+TEST(CommandLine, UnparsableValuesNameTheOptionAndTheValue) {
+  for (const auto& [args, message] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--max-new-tokens", "1e12"}, "--max-new-tokens: invalid value (expected an integer"},
+           {{"--temperature", "nan"}, "--temperature: invalid value (expected a finite number, got 'nan')"},
+           {{"--temperature=inf"}, "--temperature: invalid value (expected a finite number, got 'inf')"},
+           {{"--top-p", "nan"}, "--top-p: invalid value (expected a finite number, got 'nan')"},
+           {{"--min-p", "-inf"}, "--min-p: invalid value (expected a finite number, got '-inf')"},
+           {{"--repetition-penalty", "NaN"}, "--repetition-penalty: invalid value (expected a finite number"},
+           {{"--kv-cache-memory-fraction", "nan"}, "--kv-cache-memory-fraction: invalid value (expected a finite"},
+           {{"--seed", "-1"}, "--seed: invalid value (expected an integer in [0, 2^64-1], got '-1')"},
+           {{"--stop-token-ids", "a,b"}, "--stop-token-ids: invalid value (expected a comma-separated list"},
+           {{"--threads", "2147483648"}, "--threads: invalid value (expected an integer in [1, 4096], got 2147483648)"},
+           {{"--tp", "x"}, "--tp: invalid value (expected an integer"},
+           {{"--verbose=maybe"}, "--verbose: invalid value (expected true or false, got 'maybe')"}}) {
+    const std::string e = command_line_error(args);
+    EXPECT_EQ(e.rfind(message, 0), 0u) << args[0] << ": " << e;
+  }
+  // The option is found however the values before it are spelt.
+  EXPECT_EQ(command_line_error({"--top-k", "5", "--seed=7", "--temperature", "0.5", "--seed", "x"})
+                .rfind("--seed: invalid value", 0),
+            0u);
+  EXPECT_EQ(command_line_error({"--seed", "18446744073709551615", "--temperature", "0.5"}), "");
+}
+
+// Issue 14: every size flag has a range checked before anything multiplies it.
+TEST(CommandLine, SizeFlagsOutOfRangeNameTheFlag) {
+  for (const auto& [args, message] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--threads", "5000"}, "--threads: invalid value (expected an integer in [1, 4096], got 5000)"},
+           {{"--kv-cache-tokens", "4611686018427387904"}, "--kv-cache-tokens: invalid value (expected an integer in [1, 281474976710656]"},
+           {{"--max-batch", "100000"}, "--max-batch: invalid value (expected an integer in [1, 65536], got 100000)"},
+           {{"--max-seq-len", "3000000000"}, "--max-seq-len: invalid value (expected an integer in [1, 2147483647]"}}) {
+    const std::string e = command_line_error(args);
+    EXPECT_EQ(e.rfind(message, 0), 0u) << args[0] << ": " << e;
+  }
+  EXPECT_EQ(command_line_error({"--max-new-tokens", "9223372036854775807", "--kv-cache-tokens", "281474976710656"}),
+            "");
+}
+
+// Issue 14: KV sizes saturate instead of wrapping, so the memory preflight refuses a huge
+// pool with the numbers (it read as 0.00 MiB and then failed to allocate).
+TEST(KvCacheSize, HugePoolsSaturateAndTheMemoryPreflightRefusesThem) {
+  EXPECT_EQ(KvCache::bytes_for(2, 1, 4, 8), 2 * 2 * 1 * 4 * 8 * 4);
+  EXPECT_EQ(KvCache::bytes_for(32, int64_t{1} << 54, 8, 128), INT64_MAX);
+  EXPECT_EQ(KvCache::bytes_for(32, int64_t{1} << 62, 8, 128), INT64_MAX);
+  const RankMemory need{1 << 20, KvCache::bytes_for(32, int64_t{1} << 54, 8, 128), ScalarType::kF32};
+  EXPECT_EQ(need.total(), INT64_MAX);
+  try {
+    check_memory(need, int64_t{8} << 30, 1);
+    ADD_FAILURE() << "a pool of 2^54 positions passed the memory preflight";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not enough memory"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("8.00 GiB"), std::string::npos) << e.what();
+  }
+}
+
+// Issue 14: a line over kMaxJsonlLineBytes is never kept whole: listed (number, bytes)
+// for the caller to fail alone, or refused naming file:line.
+TEST(JsonlInput, OversizedLinesAreListedOrRefused) {
+  const fs::path dir = fs::temp_directory_path() / ("linnet_jsonl_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const fs::path in = dir / "in.jsonl";
+  const std::string big = "{\"prompt\": \"" + std::string(kMaxJsonlLineBytes, 'x') + "\"}";
+  {
+    std::ofstream f(in, std::ios::binary);
+    f << R"({"prompt": "a"})" << "\n" << big << "\n\n" << R"({"prompt": "b"})";  // no final newline
+  }
+  std::vector<std::pair<int, uint64_t>> oversized;
+  const auto lines = read_jsonl_lines(in.string(), &oversized);
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_EQ(lines[0].first, 1);
+  EXPECT_EQ(lines[1].first, 4);
+  EXPECT_EQ(lines[1].second, R"({"prompt": "b"})");
+  ASSERT_EQ(oversized.size(), 1u);
+  EXPECT_EQ(oversized[0].first, 2);
+  EXPECT_EQ(oversized[0].second, big.size());
+  try {
+    read_jsonl_lines(in.string());
+    ADD_FAILURE() << "an oversized line was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()).rfind(in.string() + ":2: the line is longer than 67108864 bytes", 0), 0u)
+        << e.what();
+  }
+  fs::remove_all(dir);
 }
 
 // Issue 14: a repeated key would let the last value win silently (nlohmann keeps it),

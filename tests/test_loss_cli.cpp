@@ -2,6 +2,7 @@
 // fixture against transformers (tests/data/loss/*.json) at tp 1, 2, 4 and with two
 // data-parallel groups; long documents scored in chunks; bad labels refused.
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -135,6 +136,69 @@ TEST_F(LossCli, BadLabelsAndTpSizesAreRefused) {
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.err.find("no token was scored"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(out));
+}
+
+// Issue 14: a document whose loss is NaN (NaN weights) is an error naming its line, left
+// out of the mean, marked in --output (never a null beside the good ones), and the run
+// exits 3; it printed "mean NLL per token: nan" and exited 0.
+TEST_F(LossCli, NonFiniteLossFailsOnlyThatDocument) {
+  // NaN in the embedding row of id 407; stories260k ties lm_head to the embedding, so the
+  // copy gets an untied, clean lm_head.weight (a third shard): only documents holding 407
+  // see NaN.
+  constexpr int kPoisoned = 407;
+  const fs::path model = copy_model();
+  const auto index = test::read_json(model / "model.safetensors.index.json");
+  const fs::path file = model / index["weight_map"]["model.embed_tokens.weight"].get<std::string>();
+  std::string bytes = slurp(file);
+  uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);
+  const nlohmann::json h = nlohmann::json::parse(bytes.substr(8, n));
+  const auto& t = h.at("model.embed_tokens.weight");
+  ASSERT_EQ(t["dtype"], "F32");
+  const int64_t hidden = t["shape"][1];
+  const size_t begin = 8 + n + t["data_offsets"][0].get<size_t>(), end = 8 + n + t["data_offsets"][1].get<size_t>();
+  std::string header = nlohmann::json{{"lm_head.weight", {{"dtype", "F32"}, {"shape", t["shape"]},
+                                                          {"data_offsets", {0, end - begin}}}}}.dump();
+  header.resize((header.size() + 7) / 8 * 8, ' ');
+  const uint64_t m = header.size();
+  std::ofstream(model / "lm_head.safetensors", std::ios::binary)
+      << std::string(reinterpret_cast<const char*>(&m), 8) << header << bytes.substr(begin, end - begin);
+  auto idx = index;
+  idx["weight_map"]["lm_head.weight"] = "lm_head.safetensors";
+  std::ofstream(model / "model.safetensors.index.json") << idx.dump();
+  auto config = test::read_json(model / "config.json");
+  config["tie_word_embeddings"] = false;
+  std::ofstream(model / "config.json") << config.dump();
+  const float nan = std::nanf("");
+  const size_t row = begin + static_cast<size_t>(kPoisoned * hidden) * 4;
+  for (int64_t k = 0; k < hidden; ++k) std::memcpy(bytes.data() + row + static_cast<size_t>(k) * 4, &nan, 4);
+  std::ofstream(file, std::ios::binary | std::ios::trunc) << bytes;
+
+  const fs::path in = tmp_ / "docs.jsonl", out = tmp_ / "out.jsonl";
+  std::ofstream(in) << "{\"ids\": [1, 291, 280, 294]}\n{\"ids\": [1, 403, 407, 261]}\n{\"ids\": [1, 261, 378, 432]}\n";
+  // --max-seq-len 4: one document per pass.
+  const std::string args = "loss --model " + quote(model.string()) + " --input " + quote(in.string()) +
+                           " --max-seq-len 4 --output " + quote(out.string());
+  for (int np : {1, 2}) {
+    fs::remove(out);
+    const Result r = run(np, args);
+    EXPECT_EQ(r.code, 3) << r.err;
+    EXPECT_NE(r.err.find("docs.jsonl:2: the loss is not finite"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("1 of 3 documents failed"), std::string::npos) << r.err;
+    EXPECT_EQ(r.out.find("nan"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("scored tokens: 6"), std::string::npos) << r.out;
+    std::ifstream lines(out);
+    std::vector<nlohmann::json> got;
+    for (std::string line; std::getline(lines, line);) got.push_back(nlohmann::json::parse(line));
+    ASSERT_EQ(got.size(), 3u);
+    for (size_t i : {0u, 2u}) {
+      EXPECT_TRUE(got[i]["nll_sum"].is_number()) << got[i];
+      EXPECT_FALSE(got[i].contains("error")) << got[i];
+    }
+    EXPECT_FALSE(got[1].contains("nll_sum")) << got[1];
+    EXPECT_NE(got[1]["error"].get<std::string>().find("docs.jsonl:2: the loss is not finite"), std::string::npos)
+        << got[1];
+  }
 }
 
 }  // namespace
