@@ -88,9 +88,10 @@ void gemm_panels_avx512(const float* x, const void* packed, WeightType wt, float
                         int64_t n, int64_t p0, int64_t p1);
 // Rows of x per block, so a block's slice of x (rows * k floats) stays in L2. static:
 // each ISA file gets its own copy (an inline one would be shared across them).
+// A multiple of 12 (the AVX-512 tile; twice the AVX2 one), at least 12.
 static inline int64_t row_block(int64_t k) {
-  const int64_t rows = (int64_t{192} << 10) / (k * 4);
-  return rows < 6 ? 6 : rows / 6 * 6;
+  const int64_t rows = (int64_t{512} << 10) / (k * 4);
+  return rows < 12 ? 12 : rows / 12 * 12;
 }
 // Element i of a weight array of type wt, as f32.
 float load_weight(const void* w, WeightType wt, int64_t i);
