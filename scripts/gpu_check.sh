@@ -69,9 +69,9 @@ fi
 
 mkdir -p "$LOGS"
 if [ "$NO_GPU" = 0 ]; then
-  CONFIG=$ROOT/scripts/configs/llama-3.1-8b.json BACKEND=cuda RUNS="1 16" P=128 N=64
+  CONFIG=$ROOT/scripts/configs/llama-3.1-8b.json BACKEND=cuda RUNS="1 16" BENCH_P=128 BENCH_N=64
 else
-  CONFIG=$ROOT/tests/data/fixtures/llama31/f32/config.json BACKEND=cpu RUNS="1 4" P=16 N=8
+  CONFIG=$ROOT/tests/data/fixtures/llama31/f32/config.json BACKEND=cpu RUNS="1 4" BENCH_P=16 BENCH_N=8
 fi
 TESTS_OK=1
 GPU_LOG=$LOGS/gpu_tests.log
@@ -79,7 +79,7 @@ ROWS=()
 # The table, printed whatever happened (also when a step above died or ran out of time).
 table() {
   echo
-  echo "linnet-tp bench, $(basename "$CONFIG") random weights, $BACKEND, prompt $P, $N new tokens ($(( $(date +%s) - T0 )) s in all)"
+  echo "linnet-tp bench, $(basename "$CONFIG") random weights, $BACKEND, prompt $BENCH_P, $BENCH_N new tokens ($(( $(date +%s) - T0 )) s in all)"
   echo "| batch | decode path (graphs on?) | prefill tok/s | decode tok/s | ms/step | GB/s |"
   echo "|---|---|---|---|---|---|"
   for r in "${ROWS[@]}"; do echo "$r"; done
@@ -231,7 +231,7 @@ for B in $RUNS; do
     [ "$GRAPHS" = graphs ] && FLAG=--cuda-graphs
     # shellcheck disable=SC2086  # FLAG is one word or none
     if ! timeout "$t" "$MPIRUN" -np 1 "$BIN" bench --config "$CONFIG" --random-weights --backend $BACKEND \
-      --batch "$B" --prompt-len $P --new-tokens $N $FLAG >"$log" 2>&1; then
+      --batch "$B" --prompt-len $BENCH_P --new-tokens $BENCH_N $FLAG >"$log" 2>&1; then
       tail -20 "$log"
       say "bench batch $B $GRAPHS FAILED (log: $log)"
       ROWS+=("| $B | $GRAPHS | FAILED (see $(basename "$log")) | | | |")

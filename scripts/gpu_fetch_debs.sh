@@ -20,6 +20,8 @@ PACKAGES=(
   nlohmann-json3-dev libcxxopts-dev
   # OpenBLAS (pthread flavour, as openblas.pc names it) and the Fortran runtime it needs
   libopenblas-dev libopenblas-pthread-dev libopenblas0-pthread libgfortran5 libquadmath0
+  # OpenMP runtime: the CPU kernels' thread teams (libgomp)
+  libgomp1
   # tokenizer: ICU and PCRE2
   libicu-dev libicu72 libpcre2-dev libpcre2-8-0
   # GoogleTest (static libraries + CMake config) and pkg-config
