@@ -102,6 +102,7 @@ export PKG_CONFIG_LIBDIR=$ARCHLIB/pkgconfig:$P/share/pkgconfig:$ARCHLIB/openblas
 export PKG_CONFIG_SYSROOT_DIR=$PREFIX      # the .pc files say /usr
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 export OMPI_MCA_btl_vader_single_copy_mechanism=none
+export OMPI_MCA_hwloc_base_binding_policy=none  # linnet-tp pins its own threads (kernels/cpu/threads.h)
 MPIRUN=$P/bin/mpirun.openmpi  # Debian names it so (update-alternatives makes mpirun)
 [ -x "$MPIRUN" ] || die "no mpirun in the unpacked prefix"
 
