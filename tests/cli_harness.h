@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -124,6 +125,41 @@ class CliTest : public testing::Test {
     std::string out(reinterpret_cast<const char*>(&m), 8);
     out += header + bytes.substr(8 + n);
     std::ofstream(file, std::ios::binary | std::ios::trunc) << out;
+  }
+
+  // A copy of stories260k (copy_model) whose embedding row `id` is NaN. stories260k ties
+  // lm_head to the embedding, so the copy gets an untied lm_head.weight holding the clean
+  // embedding (a third shard, in the index): only prompts or documents that hold `id`
+  // meet a NaN, everything else computes exactly as before. Returns the model folder.
+  fs::path model_with_nan_embedding_row(int64_t id) {
+    const fs::path model = copy_model();
+    const auto index = test::read_json(model / "model.safetensors.index.json");
+    const fs::path file = model / index["weight_map"]["model.embed_tokens.weight"].get<std::string>();
+    std::string bytes = slurp(file);
+    uint64_t n = 0;
+    std::memcpy(&n, bytes.data(), 8);
+    const nlohmann::json h = nlohmann::json::parse(bytes.substr(8, n));
+    const auto& t = h.at("model.embed_tokens.weight");
+    EXPECT_EQ(t["dtype"], "F32");
+    const int64_t hidden = t["shape"][1];
+    const size_t begin = 8 + n + t["data_offsets"][0].get<size_t>(), end = 8 + n + t["data_offsets"][1].get<size_t>();
+    std::string header = nlohmann::json{{"lm_head.weight", {{"dtype", "F32"}, {"shape", t["shape"]},
+                                                            {"data_offsets", {0, end - begin}}}}}.dump();
+    header.resize((header.size() + 7) / 8 * 8, ' ');
+    const uint64_t m = header.size();
+    std::ofstream(model / "lm_head.safetensors", std::ios::binary)
+        << std::string(reinterpret_cast<const char*>(&m), 8) << header << bytes.substr(begin, end - begin);
+    auto idx = index;
+    idx["weight_map"]["lm_head.weight"] = "lm_head.safetensors";
+    std::ofstream(model / "model.safetensors.index.json") << idx.dump();
+    auto config = test::read_json(model / "config.json");
+    config["tie_word_embeddings"] = false;
+    std::ofstream(model / "config.json") << config.dump();
+    const float nan = std::nanf("");
+    const size_t row = begin + static_cast<size_t>(id * hidden) * 4;
+    for (int64_t k = 0; k < hidden; ++k) std::memcpy(bytes.data() + row + static_cast<size_t>(k) * 4, &nan, 4);
+    std::ofstream(file, std::ios::binary | std::ios::trunc) << bytes;
+    return model;
   }
 
   // Expects a clean failure of a 2-rank job: non-zero exit, within seconds, the message

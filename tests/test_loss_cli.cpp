@@ -146,33 +146,7 @@ TEST_F(LossCli, NonFiniteLossFailsOnlyThatDocument) {
   // copy gets an untied, clean lm_head.weight (a third shard): only documents holding 407
   // see NaN.
   constexpr int kPoisoned = 407;
-  const fs::path model = copy_model();
-  const auto index = test::read_json(model / "model.safetensors.index.json");
-  const fs::path file = model / index["weight_map"]["model.embed_tokens.weight"].get<std::string>();
-  std::string bytes = slurp(file);
-  uint64_t n = 0;
-  std::memcpy(&n, bytes.data(), 8);
-  const nlohmann::json h = nlohmann::json::parse(bytes.substr(8, n));
-  const auto& t = h.at("model.embed_tokens.weight");
-  ASSERT_EQ(t["dtype"], "F32");
-  const int64_t hidden = t["shape"][1];
-  const size_t begin = 8 + n + t["data_offsets"][0].get<size_t>(), end = 8 + n + t["data_offsets"][1].get<size_t>();
-  std::string header = nlohmann::json{{"lm_head.weight", {{"dtype", "F32"}, {"shape", t["shape"]},
-                                                          {"data_offsets", {0, end - begin}}}}}.dump();
-  header.resize((header.size() + 7) / 8 * 8, ' ');
-  const uint64_t m = header.size();
-  std::ofstream(model / "lm_head.safetensors", std::ios::binary)
-      << std::string(reinterpret_cast<const char*>(&m), 8) << header << bytes.substr(begin, end - begin);
-  auto idx = index;
-  idx["weight_map"]["lm_head.weight"] = "lm_head.safetensors";
-  std::ofstream(model / "model.safetensors.index.json") << idx.dump();
-  auto config = test::read_json(model / "config.json");
-  config["tie_word_embeddings"] = false;
-  std::ofstream(model / "config.json") << config.dump();
-  const float nan = std::nanf("");
-  const size_t row = begin + static_cast<size_t>(kPoisoned * hidden) * 4;
-  for (int64_t k = 0; k < hidden; ++k) std::memcpy(bytes.data() + row + static_cast<size_t>(k) * 4, &nan, 4);
-  std::ofstream(file, std::ios::binary | std::ios::trunc) << bytes;
+  const fs::path model = model_with_nan_embedding_row(kPoisoned);
 
   const fs::path in = tmp_ / "docs.jsonl", out = tmp_ / "out.jsonl";
   std::ofstream(in) << "{\"ids\": [1, 291, 280, 294]}\n{\"ids\": [1, 403, 407, 261]}\n{\"ids\": [1, 261, 378, 432]}\n";
