@@ -16,16 +16,13 @@ std::unique_ptr<Backend> make_backend(const std::string& kind_in, int threads, i
   if (kind == "cpu") {
     const int n = blas_threads_per_rank(threads, local_size);
     auto backend = make_cpu_backend(n, weight_dtype);
-    const std::string placement = cpu::pin_threads(local_rank, local_size);
-    info("cpu backend: " + std::to_string(n) + " threads, " + placement + ", " + cpu::isa_name(cpu::active_isa()) +
-         " kernels");
-    if (local_rank == 0 && placement.find("--bind-to none") != std::string::npos) {
-      warn("cpu backend: " + placement.substr(placement.find("the launcher")));
-    }
+    const cpu::Placement placement = cpu::pin_threads(local_rank, local_size);
+    info("cpu backend: " + std::to_string(n) + " threads, " + placement.where + ", " +
+         cpu::isa_name(cpu::active_isa()) + " kernels");
+    if (local_rank == 0 && !placement.launcher_warning.empty()) warn("cpu backend: " + placement.launcher_warning);
     return backend;
   }
   if (kind == "cuda") {
-
     const int n = cuda_device_count();
     if (n == 0) {
       throw Error("no CUDA device (" + cuda_device_error() + ")", "--backend cuda", "a visible CUDA device",

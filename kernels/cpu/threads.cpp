@@ -44,38 +44,41 @@ std::vector<int> core_share(int local_rank, int local_size, int cores) {
   return out;
 }
 
-std::string pin_threads(int local_rank, int local_size) {
+Placement pin_threads(int local_rank, int local_size) {
+  Placement out;  // strings built by append: GCC 12 warns falsely on "literal" + std::string
   const char* env = std::getenv("LINNET_PIN");
-  if (env && std::strcmp(env, "0") == 0) return "not pinned (LINNET_PIN=0)";
+  if (env && std::strcmp(env, "0") == 0) {
+    out.where = "not pinned (LINNET_PIN=0)";
+    return out;
+  }
   const int cores = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
   const std::vector<int> share = core_share(local_rank, local_size, cores);
   cpu_set_t before;
   CPU_ZERO(&before);
   const int launcher_cores = sched_getaffinity(0, sizeof before, &before) == 0 ? CPU_COUNT(&before) : cores;
+  if (launcher_cores < g_threads) {
+    // libgomp read the launcher's mask at start-up and waits on futexes (not spinning)
+    // when it has more threads than cores it saw: every parallel region then pays a
+    // wake-up. Say so; the fix is the launcher's.
+    out.launcher_warning.append("the launcher had bound this rank to ")
+        .append(std::to_string(launcher_cores))
+        .append(launcher_cores == 1 ? " core" : " cores")
+        .append(", which slows OpenMP here: run mpirun with --bind-to none (scripts/mpirun.sh does)");
+  }
   // The whole process first (threads made later inherit it), then each OpenMP thread.
   cpu_set_t set;
   CPU_ZERO(&set);
   for (int c : share) CPU_SET(c, &set);
-  std::string out;  // built by append: GCC 12 warns falsely on "literal" + std::string
   if (sched_setaffinity(0, sizeof set, &set) != 0) {
-    out.append("not pinned: ").append(std::strerror(errno));
+    out.where.append("not pinned: ").append(std::strerror(errno));
     return out;
   }
   bool ok = true;
 #pragma omp parallel num_threads(g_threads) reduction(&& : ok)
   ok = pin_to(share[static_cast<size_t>(omp_get_thread_num()) % share.size()]);
-  out.append(share.size() > 1 ? "cores " : "core ").append(std::to_string(share.front()));
-  if (share.size() > 1) out.append("-").append(std::to_string(share.back()));
-  if (!ok) out.append(" (some threads could not be pinned)");
-  if (launcher_cores < g_threads) {
-    // libgomp read the launcher's mask at start-up and waits on futexes (not spinning)
-    // when it has more threads than cores it saw: every parallel region then pays a
-    // wake-up. Say so; the fix is the launcher's.
-    out.append("; the launcher had bound this rank to ")
-        .append(std::to_string(launcher_cores))
-        .append(launcher_cores == 1 ? " core" : " cores")
-        .append(", which slows OpenMP here: run mpirun with --bind-to none (scripts/mpirun.sh does)");
-  }
+  out.where.append(share.size() > 1 ? "cores " : "core ").append(std::to_string(share.front()));
+  if (share.size() > 1) out.where.append("-").append(std::to_string(share.back()));
+  if (!ok) out.where.append(" (some threads could not be pinned)");
   return out;
 }
 

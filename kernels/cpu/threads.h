@@ -9,7 +9,7 @@
 // start-up, and when it then has more threads than it saw (Open MPI bound the rank to
 // one core) it parks idle threads on futexes instead of spinning, so every parallel
 // region pays a wake-up (measured: decode of the 135M shape 32-40 tok/s bound vs 43-62
-// with --bind-to none). pin_threads says so in its result when it finds that.
+// with --bind-to none). pin_threads reports it (Placement::launcher_warning).
 #pragma once
 
 #include <string>
@@ -27,10 +27,15 @@ int num_threads();
 /// one core (ranks share cores round robin when there are more ranks than cores).
 std::vector<int> core_share(int local_rank, int local_size, int cores);
 
+/// What pin_threads did, for the start-up log.
+struct Placement {
+  std::string where;             // "cores 0-1", "not pinned (LINNET_PIN=0)", or why pinning failed
+  std::string launcher_warning;  // non-empty when the launcher had bound the rank to fewer cores
+                                 // than its threads (see the file comment): what to change
+};
+
 /// Pins this process and its OpenMP threads to core_share(local_rank, local_size,
-/// online cores), thread t on core t of the share, unless LINNET_PIN=0. Returns what it
-/// did, for the start-up log ("cores 0-1", "not pinned (LINNET_PIN=0)", or why pinning
-/// failed: it never throws).
-std::string pin_threads(int local_rank, int local_size);
+/// online cores), thread t on core t of the share, unless LINNET_PIN=0. Never throws.
+Placement pin_threads(int local_rank, int local_size);
 
 }  // namespace linnet::cpu
