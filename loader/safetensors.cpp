@@ -141,6 +141,11 @@ uint16_t float_to_half(float f) {
   return static_cast<uint16_t>(sign | ((m - 0x38000000u) >> 13));
 }
 
+void narrow_f32(const float* src, int64_t n, DType to, uint16_t* out) {
+  const bool bf16 = to == DType::BF16;
+  for (int64_t i = 0; i < n; ++i) out[i] = bf16 ? float_to_bf16(src[i]) : float_to_half(src[i]);
+}
+
 namespace {
 
 /// Converts `n` little-endian elements of `src` (dtype `from`, any alignment) into `out`
@@ -156,7 +161,7 @@ void convert(DType from, const std::byte* src, int64_t n, DType to, void* out) {
   for (int64_t i = 0; i < n; i += 1024) {
     const int64_t c = std::min<int64_t>(1024, n - i);
     convert_to_f32(from, src + static_cast<std::size_t>(i) * dtype_size(from), c, buf);
-    for (int64_t j = 0; j < c; ++j) dst[i + j] = to == DType::BF16 ? float_to_bf16(buf[j]) : float_to_half(buf[j]);
+    narrow_f32(buf, c, to, dst + i);
   }
 }
 

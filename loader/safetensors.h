@@ -31,6 +31,9 @@ std::size_t dtype_size(DType dtype);
 uint16_t float_to_bf16(float f);
 /// f32 -> IEEE binary16 bits, round to nearest even; overflow to inf, subnormals kept.
 uint16_t float_to_half(float f);
+/// out[i] = float_to_bf16(src[i]) (to == BF16) or float_to_half(src[i]) (to == F16),
+/// i < n.
+void narrow_f32(const float* src, int64_t n, DType to, uint16_t* out);
 
 /// One tensor's header entry. begin/end are byte offsets into the data area.
 struct TensorInfo {

@@ -9,6 +9,7 @@
 #include "kernels/cpu/ops.h"
 #include "loader/safetensors.h"
 #include "runtime/backend.h"
+#include "runtime/weights.h"
 
 namespace linnet {
 namespace {
@@ -45,12 +46,7 @@ class CpuBackend final : public Backend {
     Tensor src = host;
     if (host.dtype() != weight_dtype_) {  // f32 -> bf16 / f16, rounded to nearest even
       src = Tensor::zeros(host.shape(), weight_dtype_);
-      auto* dst = static_cast<uint16_t*>(src.raw());
-      const float* f = host.data();
-      const bool bf16 = weight_dtype_ == ScalarType::kBF16;
-      const int64_t count = host.numel();
-#pragma omp parallel for schedule(static)
-      for (int64_t i = 0; i < count; ++i) dst[i] = bf16 ? float_to_bf16(f[i]) : float_to_half(f[i]);
+      narrow_f32(host.data(), host.numel(), to_dtype(weight_dtype_), static_cast<uint16_t*>(src.raw()));
     }
     const int64_t bytes = cpu::packed_elements(n, k) * element_size(weight_dtype_);
     auto storage = std::make_shared<std::vector<uint32_t>>(static_cast<size_t>((bytes + 3) / 4));
