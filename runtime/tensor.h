@@ -18,8 +18,11 @@ enum class Device { kCpu, kCuda };
 /// token ids, positions and page tables are i32.
 enum class ScalarType { kF32, kBF16, kI32, kF16 };
 
-/// Size from which Tensor::zeros maps its storage lazily (1 MiB).
-inline constexpr int64_t kLazyZeroBytes = int64_t{1} << 20;
+/// Size from which Tensor::zeros maps its storage lazily: 32 MiB, glibc's largest mmap
+/// threshold, so the per-pass activations below it keep reusing the heap (no fresh pages
+/// to fault in every pass) and only what malloc would have mapped anyway - the KV pool,
+/// big logits buffers - skips the zero-fill.
+inline constexpr int64_t kLazyZeroBytes = int64_t{32} << 20;
 
 /// This process's peak resident set size in bytes (getrusage), or -1.
 int64_t peak_resident_bytes();
