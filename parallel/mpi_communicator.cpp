@@ -1,5 +1,6 @@
 #include "parallel/mpi_communicator.h"
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
@@ -29,13 +30,14 @@ int to_int_count(std::size_t count, const char* op) {
 }
 }  // namespace
 
-MpiCommunicator::MpiCommunicator(MPI_Comm comm) {
+MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name) {
   LINNET_MPI_CHECK(MPI_Comm_dup(comm, &comm_));
   LINNET_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
   LINNET_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
   LINNET_MPI_CHECK(MPI_Comm_size(comm_, &size_));
   const char* skip = std::getenv("LINNET_SKIP_COUNT_CHECK");
   check_counts_ = !(skip && std::string(skip) == "1");
+  watch_ = GroupWatch(comm_, std::move(name));
 }
 
 MpiCommunicator::~MpiCommunicator() {
@@ -44,10 +46,12 @@ MpiCommunicator::~MpiCommunicator() {
   if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }
 
-void MpiCommunicator::agree_on_count(std::size_t count, const char* op) {
+void MpiCommunicator::agree_on_count(std::size_t count, const char* op, int64_t number) {
   if (!check_counts_ || size_ == 1) return;
   int64_t v[2] = {static_cast<int64_t>(count), -static_cast<int64_t>(count)};
-  LINNET_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, v, 2, MPI_INT64_T, MPI_MAX, comm_));
+  MPI_Request req;
+  LINNET_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, v, 2, MPI_INT64_T, MPI_MAX, comm_, &req));
+  wait(req, op, number);
   if (v[0] != -v[1]) {
     throw Error("ranks disagree on the element count of a collective", op,
                 "the same count on every rank",
@@ -57,51 +61,81 @@ void MpiCommunicator::agree_on_count(std::size_t count, const char* op) {
 }
 
 void MpiCommunicator::all_reduce_sum(float* data, std::size_t count) {
-  agree_on_count(count, "all_reduce_sum");
   if (size_ == 1) return;
-  LINNET_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, to_int_count(count, "all_reduce_sum"),
-                                 MPI_FLOAT, MPI_SUM, comm_));
+  const int64_t n = watch_.enter();
+  agree_on_count(count, "all_reduce_sum", n);
+  MPI_Request req;
+  LINNET_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, data, to_int_count(count, "all_reduce_sum"), MPI_FLOAT, MPI_SUM,
+                                  comm_, &req));
+  wait(req, "all_reduce_sum", n);
 }
 
 void MpiCommunicator::all_reduce_sum(double* data, std::size_t count) {
-  agree_on_count(count, "all_reduce_sum");
   if (size_ == 1) return;
-  LINNET_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, to_int_count(count, "all_reduce_sum"),
-                                 MPI_DOUBLE, MPI_SUM, comm_));
+  const int64_t n = watch_.enter();
+  agree_on_count(count, "all_reduce_sum", n);
+  MPI_Request req;
+  LINNET_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, data, to_int_count(count, "all_reduce_sum"), MPI_DOUBLE, MPI_SUM,
+                                  comm_, &req));
+  wait(req, "all_reduce_sum", n);
 }
 
 void MpiCommunicator::all_reduce_max(float* data, std::size_t count) {
-  agree_on_count(count, "all_reduce_max");
   if (size_ == 1) return;
-  LINNET_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, to_int_count(count, "all_reduce_max"),
-                                 MPI_FLOAT, MPI_MAX, comm_));
+  const int64_t n = watch_.enter();
+  agree_on_count(count, "all_reduce_max", n);
+  MPI_Request req;
+  LINNET_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, data, to_int_count(count, "all_reduce_max"), MPI_FLOAT, MPI_MAX,
+                                  comm_, &req));
+  wait(req, "all_reduce_max", n);
 }
 
 void MpiCommunicator::all_gather(const float* send, std::size_t count, float* recv) {
-  agree_on_count(count, "all_gather");
-  const int n = to_int_count(count, "all_gather");
-  LINNET_MPI_CHECK(MPI_Allgather(send, n, MPI_FLOAT, recv, n, MPI_FLOAT, comm_));
+  const int c = to_int_count(count, "all_gather");
+  if (size_ == 1) {
+    if (recv != send) std::copy(send, send + count, recv);
+    return;
+  }
+  const int64_t n = watch_.enter();
+  agree_on_count(count, "all_gather", n);
+  MPI_Request req;
+  LINNET_MPI_CHECK(MPI_Iallgather(send, c, MPI_FLOAT, recv, c, MPI_FLOAT, comm_, &req));
+  wait(req, "all_gather", n);
 }
 
 void MpiCommunicator::broadcast(void* data, std::size_t bytes, int root) {
-  agree_on_count(bytes, "broadcast");
   if (size_ == 1) return;
-  LINNET_MPI_CHECK(MPI_Bcast(data, to_int_count(bytes, "broadcast"), MPI_BYTE, root, comm_));
+  const int64_t n = watch_.enter();
+  agree_on_count(bytes, "broadcast", n);
+  MPI_Request req;
+  LINNET_MPI_CHECK(MPI_Ibcast(data, to_int_count(bytes, "broadcast"), MPI_BYTE, root, comm_, &req));
+  wait(req, "broadcast", n);
 }
 
-void MpiCommunicator::barrier() { LINNET_MPI_CHECK(MPI_Barrier(comm_)); }
+void MpiCommunicator::barrier() {
+  if (size_ == 1) return;
+  collective("barrier", [&](MPI_Request* req) { return MPI_Ibarrier(comm_, req); });
+}
 
-std::unique_ptr<MpiCommunicator> MpiCommunicator::split(int color, int key) const {
+void MpiCommunicator::collective(const char* op, const std::function<int(MPI_Request*)>& start) {
+  const int64_t n = watch_.enter();
+  MPI_Request req = MPI_REQUEST_NULL;
+  const int rc = start(&req);
+  if (rc != MPI_SUCCESS) detail::mpi_check(rc, op, __FILE__, __LINE__);
+  wait(req, op, n);
+}
+
+std::unique_ptr<MpiCommunicator> MpiCommunicator::split(int color, int key, std::string name) const {
   MPI_Comm sub = MPI_COMM_NULL;
   LINNET_MPI_CHECK(MPI_Comm_split(comm_, color, key, &sub));
-  auto out = std::make_unique<MpiCommunicator>(sub);
+  auto out = std::make_unique<MpiCommunicator>(sub, std::move(name));
   MPI_Comm_free(&sub);
   return out;
 }
 
 MpiGroups make_mpi_groups(int tp_size) {
   MpiGroups g;
-  g.world = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD);
+  g.world = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, "world");
   MPI_Comm node = MPI_COMM_NULL;
   LINNET_MPI_CHECK(
       MPI_Comm_split_type(g.world->comm(), MPI_COMM_TYPE_SHARED, g.world->rank(), MPI_INFO_NULL, &node));
@@ -112,8 +146,8 @@ MpiGroups make_mpi_groups(int tp_size) {
   g.world_config =
       WorldConfig::make(g.world->rank(), g.world->size(), tp_size, local_rank, local_size);
   const WorldConfig& w = g.world_config;
-  g.tp = g.world->split(w.dp_rank, w.tp_rank);
-  g.dp = g.world->split(w.tp_rank, w.dp_rank);
+  g.tp = g.world->split(w.dp_rank, w.tp_rank, "tp group");
+  g.dp = g.world->split(w.tp_rank, w.dp_rank, "dp group");
   return g;
 }
 

@@ -3,13 +3,18 @@
 // Design choice: before each collective the ranks agree on its element count (one
 // small MPI_Allreduce of {count, -count} under MAX). A rank whose shapes disagree
 // makes every rank throw instead of leaving MPI to read past buffers or hang.
-// LINNET_SKIP_COUNT_CHECK=1 turns the check off for benchmarking.
+// LINNET_SKIP_COUNT_CHECK=1 turns the check off for benchmarking. Every collective is
+// nonblocking underneath and waited for by GroupWatch (parallel/comm_watch.h): it
+// sleeps rather than spins, and throws after --comm-timeout naming who is missing.
 #pragma once
 
+#include <functional>
 #include <memory>
+#include <string>
 
 #include <mpi.h>
 
+#include "parallel/comm_watch.h"
 #include "parallel/communicator.h"
 #include "parallel/world_config.h"
 
@@ -28,8 +33,9 @@ void mpi_check(int rc, const char* expr, const char* file, int line);
 /// as Error.
 class MpiCommunicator final : public Communicator {
  public:
-  /// Duplicates `comm` and sets MPI_ERRORS_RETURN on the duplicate.
-  explicit MpiCommunicator(MPI_Comm comm);
+  /// Duplicates `comm` and sets MPI_ERRORS_RETURN on the duplicate. Collective over
+  /// `comm`. `name` names the group in timeout messages ("tp group", "world").
+  explicit MpiCommunicator(MPI_Comm comm, std::string name = "group");
   ~MpiCommunicator() override;
   MpiCommunicator(const MpiCommunicator&) = delete;
   MpiCommunicator& operator=(const MpiCommunicator&) = delete;
@@ -43,17 +49,26 @@ class MpiCommunicator final : public Communicator {
   void broadcast(void* data, std::size_t bytes, int root) override;
   void barrier() override;
 
-  /// The groups of ranks with the same `color`, ordered by `key` (MPI_Comm_split).
-  std::unique_ptr<MpiCommunicator> split(int color, int key) const;
+  /// Runs one nonblocking MPI operation on comm() that `start` begins (it returns the
+  /// MPI error code and fills the request) as a collective of this group: counted and
+  /// waited for like the others, under --comm-timeout. `op` names it in errors.
+  /// @throws Error when MPI fails or the wait times out (GroupWatch::wait).
+  void collective(const char* op, const std::function<int(MPI_Request*)>& start);
+
+  /// The groups of ranks with the same `color`, ordered by `key` (MPI_Comm_split);
+  /// `name` names the new group in messages.
+  std::unique_ptr<MpiCommunicator> split(int color, int key, std::string name = "group") const;
   MPI_Comm comm() const { return comm_; }
 
  private:
-  void agree_on_count(std::size_t count, const char* op);
+  void agree_on_count(std::size_t count, const char* op, int64_t number);
+  void wait(MPI_Request& request, const char* op, int64_t number) { watch_.wait(request, op, number); }
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;
   int size_ = 1;
   bool check_counts_ = true;
+  GroupWatch watch_;
 };
 
 /// The communicators of one process: the world, its tp group and its dp group.
