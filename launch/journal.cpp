@@ -1,0 +1,250 @@
+#include "launch/journal.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "launch/jsonl_input.h"
+#include "launch/jsonl_output.h"
+
+namespace linnet {
+namespace {
+
+constexpr auto kSyncEvery = std::chrono::seconds(2);
+
+std::string errno_text() { return std::strerror(errno); }
+
+}  // namespace
+
+std::string journal_path(const std::string& output) {
+  std::error_code ec;
+  const std::string real = resolve_output_path(output) + ".journal";
+  const std::filesystem::path abs = std::filesystem::absolute(real, ec);  // messages name it wherever they are read
+  return ec ? real : abs.lexically_normal().string();
+}
+
+JournalContents read_journal(const std::string& path, const std::string& command) {
+  JournalContents c;
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return c;
+  c.exists = true;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error("cannot open the journal to resume: " + errno_text(), path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string text = ss.str();
+  // Whole lines, each with its number, end offset and parse.
+  struct Line {
+    int number;
+    size_t end;  // offset after its newline
+    std::string text;
+  };
+  std::vector<Line> lines;
+  size_t at = 0;
+  int number = 0;
+  while (at < text.size()) {
+    ++number;
+    const size_t nl = text.find('\n', at);
+    if (nl == std::string::npos) {
+      c.dropped = path + ":" + std::to_string(number) + ": a last line without its newline (" +
+                  std::to_string(text.size() - at) + " bytes: the run was killed while writing it)";
+      break;
+    }
+    lines.push_back({number, nl + 1, text.substr(at, nl - at)});
+    at = nl + 1;
+  }
+  std::vector<nlohmann::ordered_json> parsed(lines.size());
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const std::string where = path + ":" + std::to_string(lines[i].number);
+    try {
+      parsed[i] = parse_jsonl_line(lines[i].text, where);
+    } catch (const Error& e) {
+      // The last line can be cut and still end in a newline only after a crash of the
+      // machine (zeros in the tail); anywhere else it is damage, refused.
+      if (i + 1 == lines.size() && c.dropped.empty()) {
+        c.dropped = where + ": a last line that is not JSON (" + std::to_string(lines[i].text.size()) +
+                    " bytes: cut by a crash)";
+        lines.pop_back();
+        parsed.pop_back();
+        break;
+      }
+      throw Error("the journal is damaged (only its last line may be cut): " + std::string(e.what()), where);
+    }
+  }
+  c.whole_bytes = lines.empty() ? 0 : lines.back().end;
+  if (lines.empty()) return c;  // not even the header is whole: nothing was finished
+  c.header = parsed[0];
+  const auto kind = c.header.find("linnet-tp journal");
+  if (kind == c.header.end() || !kind->is_string()) {
+    throw Error("not a linnet-tp journal (its first line has no \"linnet-tp journal\" key)", path + ":1");
+  }
+  if (kind->get<std::string>() != command) {
+    throw Error("a journal of `linnet-tp " + kind->get<std::string>() + "`, not of `linnet-tp " + command +
+                    "`; is --output the file of another run?",
+                path + ":1");
+  }
+  for (size_t i = 1; i < lines.size(); ++i) c.lines.emplace_back(lines[i].number, std::move(lines[i].text));
+  return c;
+}
+
+Journal::Journal(std::string path, const nlohmann::ordered_json& header, const JournalContents* resumed)
+    : path_(std::move(path)), original_(path_), last_sync_(std::chrono::steady_clock::now()) {
+  if (resumed && resumed->exists) {
+    fd_ = ::open(path_.c_str(), O_RDWR | O_CLOEXEC);
+    if (fd_ < 0) throw Error("cannot open the journal to continue it: " + errno_text(), path_);
+    // Drop a torn tail so that appended lines start on a line of their own.
+    if (::ftruncate(fd_, static_cast<off_t>(resumed->whole_bytes)) != 0) {
+      throw Error("cannot cut the journal's torn last line: " + errno_text(), path_);
+    }
+    bytes_ = resumed->whole_bytes;
+    if (::lseek(fd_, 0, SEEK_END) < 0) throw Error("cannot seek in the journal: " + errno_text(), path_);
+    if (bytes_ == 0) write_all(header.dump() + "\n");
+  } else {
+    fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd_ < 0) throw Error("cannot create the journal: " + errno_text(), path_);
+    write_all(header.dump() + "\n");
+  }
+  if (fd_ >= 0) {
+    ::fdatasync(fd_);
+    // The new name itself survives a crash of the machine only once its folder is synced.
+    const std::string dir = std::filesystem::path(path_).parent_path().string();
+    const int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {
+      ::fsync(dfd);
+      ::close(dfd);
+    }
+  }
+  dirty_ = false;
+}
+
+Journal::~Journal() {
+  if (fd_ < 0) return;
+  if (dirty_) ::fdatasync(fd_);
+  ::close(fd_);
+}
+
+void Journal::fail(const std::string& what) {
+  warn_once("cannot write the journal " + path_ + ": " + what +
+            "; finished work is no longer journaled (a crash now loses it; --output is still written at the end)");
+  ::close(fd_);
+  fd_ = -1;
+}
+
+void Journal::write_all(const std::string& bytes) {
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd_, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      fail(errno_text());
+      return;
+    }
+    done += static_cast<size_t>(n);
+  }
+  bytes_ += bytes.size();
+  dirty_ = true;
+}
+
+void Journal::append(const std::string& line) {
+  if (fd_ < 0) return;
+  write_all(line + "\n");
+  tick();
+}
+
+void Journal::tick() {
+  if (fd_ < 0) return;
+  if (std::chrono::steady_clock::now() - last_sync_ < kSyncEvery) return;
+  sync();
+}
+
+void Journal::sync() {
+  if (fd_ < 0) return;
+  check_path();
+  if (fd_ >= 0 && dirty_ && ::fdatasync(fd_) != 0) fail("fdatasync: " + errno_text());
+  dirty_ = false;
+  last_sync_ = std::chrono::steady_clock::now();
+}
+
+void Journal::check_path() {
+  struct stat open_st {}, path_st {};
+  if (::fstat(fd_, &open_st) != 0) return;
+  if (::stat(path_.c_str(), &path_st) == 0 && path_st.st_dev == open_st.st_dev && path_st.st_ino == open_st.st_ino) {
+    return;
+  }
+  move_to_temp();
+}
+
+void Journal::move_to_temp() {
+  std::error_code ec;
+  const std::filesystem::path tmp = std::filesystem::temp_directory_path(ec);
+  const std::string to = (ec ? std::filesystem::path("/tmp") : tmp) /
+                         (std::filesystem::path(original_).filename().string() + "." + std::to_string(::getpid()));
+  const int out = ::open(to.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (out < 0) {
+    fail("its path " + path_ + " no longer leads to it (its folder was removed?), and no copy can be made at " + to +
+         ": " + errno_text());
+    return;
+  }
+  // The open file still holds every line: copy it whole.
+  char buf[1 << 16];
+  bool ok = true;
+  for (off_t off = 0; ok && off < static_cast<off_t>(bytes_);) {
+    const ssize_t n = ::pread(fd_, buf, sizeof buf, off);
+    if (n <= 0) {
+      ok = false;
+      break;
+    }
+    for (ssize_t w = 0; w < n;) {
+      const ssize_t m = ::write(out, buf + w, static_cast<size_t>(n - w));
+      if (m <= 0) {
+        ok = false;
+        break;
+      }
+      w += m;
+    }
+    off += n;
+  }
+  if (!ok || ::fsync(out) != 0) {
+    ::close(out);
+    fail("its path no longer leads to it, and copying it to " + to + " failed: " + errno_text());
+    return;
+  }
+  ::close(fd_);
+  fd_ = out;
+  const std::string from = path_;
+  path_ = to;
+  moved_ = true;
+  dirty_ = false;
+  warn_once("the journal " + from + " is gone from its folder (removed or renamed?); it goes on at " + to +
+            " with every finished line");
+}
+
+void Journal::remove() {
+  if (fd_ >= 0) {
+    ::close(fd_);
+    fd_ = -1;
+  }
+  std::remove(path_.c_str());
+}
+
+std::string journal_note(Journal* journal) {
+  if (!journal || !journal->ok()) return {};
+  journal->sync();  // notices a journal whose folder vanished
+  if (!journal->ok()) return {};
+  if (journal->moved()) {
+    return "; the finished work is kept in the journal " + journal->path() +
+           " (moved there when its folder vanished): put it back as " + journal->original_path() +
+           " and rerun with --resume";
+  }
+  return "; the finished work is kept in the journal " + journal->path() + ": rerun with --resume to keep it";
+}
+
+}  // namespace linnet

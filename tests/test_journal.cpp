@@ -1,0 +1,181 @@
+// The journal of generate --input / loss (launch/journal.h) without a model: read back
+// with a torn or damaged last line, refused when damaged elsewhere or of another
+// command, continued after its last whole line, and moved to the temp folder when its
+// folder vanishes mid-run.
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "launch/journal.h"
+
+namespace linnet {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::ordered_json;
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+class JournalTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("linnet_journal_" + std::to_string(::getpid()) + "_" +
+                                        testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_ / "out");
+    path_ = (dir_ / "out" / "o.jsonl.journal").string();
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  static ordered_json header(const char* command) {
+    ordered_json h;
+    h["linnet-tp journal"] = command;
+    h["seed"] = 5;
+    return h;
+  }
+  std::string error_of(const std::string& text, const char* command = "generate") {
+    std::ofstream(path_, std::ios::binary) << text;
+    try {
+      read_journal(path_, command);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  }
+
+  fs::path dir_;
+  std::string path_;
+};
+
+TEST_F(JournalTest, AMissingFileHoldsNothing) {
+  const JournalContents c = read_journal(path_, "generate");
+  EXPECT_FALSE(c.exists);
+  EXPECT_TRUE(c.lines.empty());
+}
+
+TEST_F(JournalTest, LinesComeBackInOrderAfterTheHeader) {
+  {
+    Journal j(path_, header("generate"));
+    j.append(R"({"index":3,"completion":"a"})");
+    j.append(R"({"index":0,"completion":"b"})");
+  }
+  const JournalContents c = read_journal(path_, "generate");
+  EXPECT_TRUE(c.exists);
+  EXPECT_EQ(c.header["seed"], 5);
+  ASSERT_EQ(c.lines.size(), 2u);
+  EXPECT_EQ(c.lines[0], (std::pair<int, std::string>{2, R"({"index":3,"completion":"a"})"}));
+  EXPECT_EQ(c.lines[1].second, R"({"index":0,"completion":"b"})");
+  EXPECT_TRUE(c.dropped.empty());
+  EXPECT_EQ(c.whole_bytes, slurp(path_).size());
+}
+
+// kill -9 while a line was written leaves it without its newline; a crash of the
+// machine can leave garbage ending in one. Either way only the last line goes.
+TEST_F(JournalTest, ATornLastLineIsDroppedNotFatal) {
+  const std::string whole = header("generate").dump() + "\n{\"index\":1}\n";
+  std::ofstream(path_, std::ios::binary) << whole << "{\"index\":2,\"compl";
+  JournalContents c = read_journal(path_, "generate");
+  ASSERT_EQ(c.lines.size(), 1u);
+  EXPECT_EQ(c.whole_bytes, whole.size());
+  EXPECT_NE(c.dropped.find(path_ + ":3: a last line without its newline (17 bytes"), std::string::npos) << c.dropped;
+
+  std::ofstream(path_, std::ios::binary) << whole << std::string(9, '\0') << "\n";
+  c = read_journal(path_, "generate");
+  ASSERT_EQ(c.lines.size(), 1u);
+  EXPECT_EQ(c.whole_bytes, whole.size());
+  EXPECT_NE(c.dropped.find(path_ + ":3: a last line that is not JSON"), std::string::npos) << c.dropped;
+
+  // Only the header, cut: nothing was finished.
+  std::ofstream(path_, std::ios::binary) << "{\"linnet-tp jour";
+  c = read_journal(path_, "generate");
+  EXPECT_TRUE(c.exists);
+  EXPECT_TRUE(c.header.is_null());
+  EXPECT_EQ(c.whole_bytes, 0u);
+}
+
+TEST_F(JournalTest, DamageBeforeTheLastLineOrAnotherCommandIsRefused) {
+  const std::string h = header("generate").dump() + "\n";
+  EXPECT_NE(error_of(h + "{\"index\":1\n{\"index\":2}\n").find(path_ + ":2: the journal is damaged"),
+            std::string::npos);
+  EXPECT_NE(error_of(h + "{\"index\":1}\n", "loss").find("a journal of `linnet-tp generate`, not of `linnet-tp loss`"),
+            std::string::npos);
+  EXPECT_NE(error_of("{\"index\":1}\n{\"index\":2}\n").find(path_ + ":1: not a linnet-tp journal"), std::string::npos);
+}
+
+TEST_F(JournalTest, AFreshJournalNeverReplacesAnExistingOne) {
+  std::ofstream(path_) << "{}\n";
+  EXPECT_THROW(Journal(path_, header("generate")), Error);
+  EXPECT_EQ(slurp(path_), "{}\n");
+}
+
+TEST_F(JournalTest, AResumedJournalContinuesAfterItsLastWholeLine) {
+  const std::string whole = header("loss").dump() + "\n{\"pack\":0}\n";
+  std::ofstream(path_, std::ios::binary) << whole << "{\"pack\":1,\"do";
+  const JournalContents c = read_journal(path_, "loss");
+  {
+    Journal j(path_, header("loss"), &c);
+    j.append("{\"pack\":1}");
+  }
+  EXPECT_EQ(slurp(path_), whole + "{\"pack\":1}\n");
+  // A file holding not even its header gets one.
+  std::ofstream(path_, std::ios::binary) << "{\"linn";
+  const JournalContents empty = read_journal(path_, "loss");
+  {
+    Journal j(path_, header("loss"), &empty);
+    j.append("{\"pack\":0}");
+  }
+  EXPECT_EQ(slurp(path_), header("loss").dump() + "\n{\"pack\":0}\n");
+}
+
+TEST_F(JournalTest, RemoveDeletesIt) {
+  Journal j(path_, header("generate"));
+  j.append("{\"index\":0}");
+  j.remove();
+  EXPECT_FALSE(fs::exists(path_));
+}
+
+// The output folder removed mid-run: the journal goes on in TMPDIR with every line, and
+// says where.
+TEST_F(JournalTest, AJournalWhoseFolderVanishesMovesToTheTempFolder) {
+  const fs::path rescue = dir_ / "tmp";
+  fs::create_directories(rescue);
+  const char* old = std::getenv("TMPDIR");
+  const std::string saved = old ? old : "";
+  ::setenv("TMPDIR", rescue.c_str(), 1);
+  {
+    Journal j(path_, header("generate"));
+    j.append("{\"index\":0}");
+    fs::remove_all(dir_ / "out");
+    j.sync();
+    EXPECT_TRUE(j.moved());
+    EXPECT_TRUE(j.ok());
+    EXPECT_EQ(j.original_path(), path_);
+    EXPECT_EQ(fs::path(j.path()).parent_path(), rescue);
+    j.append("{\"index\":1}");
+    EXPECT_NE(journal_note(&j).find("put it back as " + path_ + " and rerun with --resume"), std::string::npos);
+    const std::string moved = j.path();
+    j.sync();
+    EXPECT_EQ(slurp(moved), header("generate").dump() + "\n{\"index\":0}\n{\"index\":1}\n");
+  }
+  if (old) {
+    ::setenv("TMPDIR", saved.c_str(), 1);
+  } else {
+    ::unsetenv("TMPDIR");
+  }
+}
+
+}  // namespace
+}  // namespace linnet
