@@ -12,6 +12,7 @@
 #include "common/error.h"
 #include "launch/cli_parse.h"
 #include "launch/job.h"
+#include "parallel/comm_watch.h"
 #include "launch/model_path.h"
 #include "loader/model_config.h"
 #include "parallel/mpi_communicator.h"
@@ -60,6 +61,7 @@ std::optional<BenchOptions> parse_bench_options(int argc, char** argv, std::stri
     ("max-seq-len", "KV cache length per sequence (default: prompt-len + new-tokens)",
      cxxopts::value<int64_t>())
     ("tp", "Ranks per tensor-parallel group (default: all ranks)", cxxopts::value<int>())
+    ("comm-timeout", kCommTimeoutHelp, cxxopts::value<int64_t>())
     ("threads", "BLAS threads per rank, CPU backend (default: cores / ranks on the node)",
      cxxopts::value<int64_t>())
     ("seed", "Seed of the random weights and prompt tokens (default 1)", cxxopts::value<uint64_t>())
@@ -85,6 +87,7 @@ std::optional<BenchOptions> parse_bench_options(int argc, char** argv, std::stri
   read_at_least<int64_t>(r, "new-tokens", 0, o.new_tokens);
   read_at_least<int64_t>(r, "max-seq-len", 1, o.max_seq_len);
   read_at_least(r, "tp", 1, o.tp);
+  read_comm_timeout(r, o.comm_timeout);
   read_in_range(r, "threads", 1, kMaxThreads, o.threads);
   if (r.count("seed")) o.seed = r["seed"].as<uint64_t>();
   o.cuda_graphs = r.count("cuda-graphs") > 0;
@@ -93,6 +96,7 @@ std::optional<BenchOptions> parse_bench_options(int argc, char** argv, std::stri
 }
 
 int run_bench(const BenchOptions& o, Job& job) {
+  set_comm_timeout(o.comm_timeout);
   std::optional<MpiGroups> made = make_run_groups(job, o.tp);
   if (!made) return kUsageExit;
   MpiGroups& groups = *made;

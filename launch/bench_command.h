@@ -28,6 +28,7 @@ struct BenchOptions {
   int64_t new_tokens = 32;    // --new-tokens: decode steps
   int64_t max_seq_len = 0;    // --max-seq-len: KV cache length per row (0: prompt-len + new-tokens)
   int tp = 0;                 // --tp: ranks per tensor-parallel group (0: all ranks)
+  double comm_timeout = 600;  // --comm-timeout: seconds without progress of a collective (0: none)
   int threads = 0;            // --threads: BLAS threads per rank (CPU backend)
   uint64_t seed = 1;          // --seed: random weights and prompt tokens
   bool cuda_graphs = false;   // --cuda-graphs: decode steps replay CUDA graphs (Engine::cuda_graphs)

@@ -187,10 +187,11 @@ CommandLine parse_command_line(int argc, char** argv) {
      "model's chat template (add_generation_prompt true)")
     ("output", "JSONL results, one {index, prompt, completion, prompt_ids, completion_ids, "
      "finish_reason, prompt_tokens, completion_tokens} per prompt in input order; written "
-     "atomically when the run ends (an interrupted run keeps the finished ones)",
+     "atomically when the run ends (an interrupted run keeps the finished ones). With --input, "
+     "each finished request goes to OUTPUT.journal at once (kept after a crash, removed at the end)",
      cxxopts::value<std::string>())
-    ("resume", "With --input and --output: keep the lines already in --output (matched by "
-     "their \"index\", the 0-based input line) and generate only the missing ones")
+    ("resume", "With --input and --output: keep the lines already in --output and in its journal "
+     "(matched by their \"index\", the 0-based input line) and generate only the missing ones")
     ("max-new-tokens", "Most tokens to generate per prompt; prompt + new tokens never exceed "
      "--max-seq-len. Default: generation_config.json, else 256", cxxopts::value<int64_t>())
     ("temperature", "Sampling temperature; 0 = greedy. Default: generation_config.json "
@@ -213,7 +214,9 @@ CommandLine parse_command_line(int argc, char** argv) {
      "implies --logprobs)", cxxopts::value<int64_t>())
     ("tp", "Ranks per tensor-parallel group (default: all ranks); world = dp x tp, and the dp "
      "groups split the --input prompts", cxxopts::value<int>())
-    ("seed", "Sampling seed (default: random, printed with --verbose)", cxxopts::value<uint64_t>())
+    ("seed", "Sampling seed (default: random, printed with --verbose; --resume takes the journal's)",
+     cxxopts::value<uint64_t>())
+    ("comm-timeout", kCommTimeoutHelp, cxxopts::value<int64_t>())
     ("max-seq-len", "KV cache length in tokens (default: min(max_position_embeddings, 8192))",
      cxxopts::value<int64_t>())
     ("max-batch", "With --input, prompts decoded together (continuous batching)",
@@ -299,6 +302,7 @@ CommandLine parse_command_line(int argc, char** argv) {
     g.logprobs = true;
   }
   read_at_least(r, "tp", 1, g.tp);
+  read_comm_timeout(r, g.comm_timeout);
   g.resume = r.count("resume") > 0;
   if (g.resume && (g.input.empty() || g.output.empty())) throw Error("needs --input and --output", "--resume");
   if (r.count("top-k")) {

@@ -23,8 +23,8 @@ struct GenerateOptions {
   std::optional<std::string> prompt; // --prompt
   std::string input;                 // --input: JSONL, one {"prompt": ...} or {"messages": [...]} per line
   bool chat = false;                 // --chat: a prompt is one user message, put in the chat template
-  std::string output;                // --output: JSONL results (written atomically at the end)
-  bool resume = false;               // --resume: keep the lines already in --output, run the rest
+  std::string output;                // --output: JSONL results (written atomically at the end; a journal beside it meanwhile)
+  bool resume = false;               // --resume: keep the lines already in --output and its journal, run the rest
   std::optional<int64_t> max_new_tokens;  // default: generation_config.json, else 256
   std::optional<double> temperature;
   std::optional<int64_t> top_k;
@@ -37,6 +37,7 @@ struct GenerateOptions {
   int64_t top_logprobs = 0;          // --top-logprobs N (<= kMaxTopLogprobs; implies --logprobs)
   std::optional<uint64_t> seed;
   int tp = 0;                        // --tp: ranks per tensor-parallel group (0: all ranks)
+  double comm_timeout = 600;         // --comm-timeout: seconds without progress of a wait (0: none)
   int64_t max_seq_len = 0;           // 0: min(max_position_embeddings, 8192)
   int threads = 0;                   // BLAS threads per rank; 0: cores / ranks on the node
   int64_t max_batch = 16;            // --max-batch: prompts of --input decoded together

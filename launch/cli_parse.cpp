@@ -125,4 +125,11 @@ void read_weight_dtype(const cxxopts::ParseResult& r, std::string& out) {
   }
 }
 
+void read_comm_timeout(const cxxopts::ParseResult& r, double& seconds) {
+  int64_t v = 0;
+  if (!r.count("comm-timeout")) return;
+  read_in_range(r, "comm-timeout", 0, kMaxCommTimeoutSeconds, v);
+  seconds = static_cast<double>(v);
+}
+
 }  // namespace linnet

@@ -56,6 +56,19 @@ void read_backend(const cxxopts::ParseResult& r, std::string& out);
 /// @throws Error naming --weight-dtype when it is not auto, f32, bf16 or f16.
 void read_weight_dtype(const cxxopts::ParseResult& r, std::string& out);
 
+/// Most seconds --comm-timeout accepts (a week).
+inline constexpr int64_t kMaxCommTimeoutSeconds = 7 * 24 * 3600;
+
+/// The --comm-timeout option's help line, shared by generate, loss and bench.
+inline constexpr const char* kCommTimeoutHelp =
+    "Seconds a rank waits for the others (a collective, or the end of the run) without progress before every "
+    "rank exits non-zero naming the ranks that did not arrive; 0: wait forever (default 600, as torch's NCCL "
+    "watchdog)";
+
+/// When --comm-timeout was given (declared as cxxopts::value<int64_t>): `seconds` = its value.
+/// @throws Error naming --comm-timeout when it is outside [0, kMaxCommTimeoutSeconds].
+void read_comm_timeout(const cxxopts::ParseResult& r, double& seconds);
+
 /// The --weight-dtype option's help line, shared by generate, loss and bench.
 inline constexpr const char* kWeightDtypeHelp =
     "Weight matrices in memory: auto (the checkpoint's dtype; config.json's torch_dtype for random weights), "

@@ -1,10 +1,11 @@
 // `linnet-tp generate` (the request side is launch/generate_requests.h): --prompt
 // streams one completion; --input runs every line through continuous batching. With
 // world = D x T ranks (--tp T), the D data-parallel groups take the lines round-robin
-// and each runs generate_batch; tp rank 0 of each group turns its finished requests
-// into output lines, and world rank 0 gathers them and writes stdout and --output in
-// input order. Stop strings are checked on tp rank 0, where the logits rows are
-// gathered anyway, and reach the other tp ranks with the token.
+// and each runs generate_batch; tp rank 0 of each group turns each request into its
+// output line the moment it finishes and sends it to world rank 0 (launch/run_relay.h),
+// which appends it to the journal beside --output (launch/journal.h) and at the end
+// writes stdout and --output in input order. Stop strings are checked on tp rank 0,
+// where the logits rows are gathered anyway, and reach the other tp ranks with the token.
 #include "launch/generate_command.h"
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -24,12 +26,15 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "launch/generate_requests.h"
+#include "launch/journal.h"
 #include "launch/jsonl_input.h"
 #include "launch/jsonl_output.h"
 #include "launch/model_path.h"
 #include "launch/progress.h"
+#include "launch/run_relay.h"
 #include "loader/chat_template.h"
 #include "loader/tokenizer.h"
+#include "parallel/comm_watch.h"
 #include "parallel/mpi_communicator.h"
 #include "parallel/shard_plan.h"
 #include "runtime/backend.h"
@@ -50,14 +55,95 @@ struct BatchRun {
   MpiGroups& groups;
   const Tokenizer& tok;
   const std::vector<Request>& requests;        // every input line, input order
-  const std::map<int64_t, std::string>& kept;  // rank 0: --resume lines by index
+  const std::map<int64_t, std::string>& kept;  // rank 0: --resume lines by index (--output and journal)
   const std::vector<size_t>& todo;             // positions in `requests` to run, all groups
   bool prefix_caching = true;                  // share KV pages of common prompt prefixes
   bool progress = false;                       // draw the progress bar even when stderr is no terminal
+  size_t kept_from_journal = 0;                // rank 0: how many of `kept` came from the journal only
+  Journal* journal = nullptr;                  // rank 0 with --output: where finished lines go at once
 };
 
-// --input: runs this dp group's share of `todo`, gathers every group's lines to world
-// rank 0, which writes stdout and --output. Returns the exit code (every rank alike).
+// World rank 0 after the run: stdout and --output in input order (kept lines as they
+// were), the stats line, and the exit code. An interrupted run writes the finished lines
+// to --output and keeps the journal for --resume.
+int write_batch_results(Engine& engine, const BatchRun& b, const std::map<size_t, ordered_json>& fresh,
+                        const PagePoolStats& kv, std::chrono::steady_clock::time_point t0,
+                        std::unique_ptr<JsonlOutput>& output) {
+  const WorldConfig& w = b.groups.world_config;
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const bool interrupted =
+      std::any_of(b.todo.begin(), b.todo.end(), [&](size_t pos) { return fresh.find(pos) == fresh.end(); });
+  size_t failed = 0, new_tokens = 0, kept_failed = 0;
+  std::vector<double> ttft, itl;
+  for (const auto& [pos, rec] : fresh) {
+    failed += rec["failed"].get<bool>() ? 1 : 0;
+    const std::vector<double> t = rec["token_ms"].get<std::vector<double>>();
+    new_tokens += t.size();
+    if (!t.empty()) ttft.push_back(t[0]);
+    for (size_t i = 1; i < t.size(); ++i) itl.push_back(t[i] - t[i - 1]);
+  }
+  for (size_t pos = 0; pos < b.requests.size(); ++pos) {
+    const Request& r = b.requests[pos];
+    std::string line, completion;
+    if (const auto k = b.kept.find(r.index); k != b.kept.end()) {
+      line = k->second;
+      const ordered_json j = ordered_json::parse(line);
+      if (j.contains("completion") && j["completion"].is_string()) completion = j["completion"].get<std::string>();
+      if (j.value("finish_reason", "") == "error") ++kept_failed;
+    } else if (const auto f = fresh.find(pos); f != fresh.end()) {
+      line = f->second["line"].get<std::string>();
+      completion = f->second["completion"].get<std::string>();
+      if (f->second["failed"].get<bool>()) {
+        warn_once(r.where + ": " + ordered_json::parse(line)["error"].get<std::string>());
+      }
+    } else {
+      continue;  // not done (interrupted)
+    }
+    if (!interrupted) {
+      std::fwrite(completion.data(), 1, completion.size(), stdout);
+      std::fputc('\n', stdout);
+    }
+    if (output) output->add_line(std::move(line));
+  }
+  std::string kept_note;
+  if (!b.kept.empty()) {
+    kept_note = ", " + std::to_string(b.kept.size()) + " kept from --output" +
+                (b.kept_from_journal > 0 ? " and the journal (" + std::to_string(b.kept_from_journal) +
+                                               " from the journal)"
+                                         : std::string());
+  }
+  std::fprintf(stderr,
+               "[linnet-tp] requests: %zu (%zu failed)%s, dp groups: %d x tp %d, batch rows: %lld, new tokens: %zu, "
+               "%.2f s, %.1f tokens/s, time to first token p50/p90/p99: %s ms, inter-token latency "
+               "p50/p90/p99: %s ms, KV pages%s: peak %lld of %lld (%lld positions each), prefix cache hits: "
+               "%lld tokens, peak RSS %s (rank 0)\n",
+               fresh.size(), failed, kept_note.c_str(), w.dp_size, w.tp_size,
+               static_cast<long long>(engine.max_batch()), new_tokens, seconds,
+               seconds > 0 ? static_cast<double>(new_tokens) / seconds : 0.0, percentiles_ms(ttft).c_str(),
+               percentiles_ms(itl).c_str(), w.dp_size > 1 ? " (dp group 0)" : "",
+               static_cast<long long>(kv.peak_used_pages), static_cast<long long>(engine.num_pages()),
+               static_cast<long long>(engine.page_size()), static_cast<long long>(kv.prefix_hit_tokens),
+               format_bytes(peak_resident_bytes()).c_str());
+  if (interrupted) {
+    const size_t done = fresh.size() + b.kept.size();
+    if (b.journal) b.journal->sync();
+    if (output) output->commit();
+    std::string kept_in = output ? " (kept in --output" : "";
+    if (b.journal && b.journal->ok()) kept_in += " and in the journal " + b.journal->path();
+    if (output) kept_in += "); rerun with --resume";
+    print_error(-1, "interrupted: " + std::to_string(done) + " of " + std::to_string(b.requests.size()) +
+                        " requests done" +
+                        (output ? kept_in
+                                : "; give --output to keep finished requests, and --resume to rerun the rest"));
+    output.reset();
+    return kInterruptedExit;
+  }
+  return failed + kept_failed > 0 ? kSomeFailedExit : kOkExit;
+}
+
+// --input: runs this dp group's share of `todo`; tp rank 0 of each group sends each
+// finished request's line to world rank 0 as it finishes (RunRelay), which journals it
+// and at the end writes stdout and --output. Returns the exit code (every rank alike).
 int run_batch(Engine& engine, const BatchRun& b, const std::vector<int64_t>& eos, uint64_t seed,
               std::unique_ptr<JsonlOutput>& output) {
   const WorldConfig& w = b.groups.world_config;
@@ -80,12 +166,36 @@ int run_batch(Engine& engine, const BatchRun& b, const std::vector<int64_t>& eos
     reqs[k].error = r.error;
   }
 
-  StopRelay relay(MPI_COMM_WORLD);
+  // World rank 0: every finished request's record, from every group, as it arrives.
+  std::map<size_t, ordered_json> fresh;
+  RunRelay relay(
+      MPI_COMM_WORLD,
+      [&](std::string text) {
+        ordered_json rec = ordered_json::parse(text);
+        if (b.journal) b.journal->append(rec["line"].get<std::string>());
+        const size_t pos = rec["pos"].get<size_t>();
+        fresh[pos] = std::move(rec);
+      },
+      [&] {
+        if (b.journal) b.journal->tick();
+      });
   ProgressBar progress(mine.size(), w.dp_size > 1 ? "requests of dp group 0" : "requests", world_root,
                        b.progress);
   std::vector<StopScan> scans(tp_root ? mine.size() : 0);
   BatchOptions options;
-  options.on_done = [&](size_t, const GenerationResult& g) { progress.add(g.ids.size()); };
+  options.on_done = [&](size_t k, const GenerationResult& g) {
+    progress.add(g.ids.size());
+    if (!tp_root) return;
+    std::string completion;
+    const ordered_json line = output_line(b.tok, b.requests[mine[k]], g, completion);
+    ordered_json rec;
+    rec["pos"] = mine[k];
+    rec["line"] = dump_line(line);
+    rec["completion"] = completion;
+    rec["failed"] = g.finish_reason == "error";
+    rec["token_ms"] = g.token_ms;
+    relay.send(dump_line(rec));
+  };
   options.stop_check = [&](size_t k, int32_t token) { return scans[k].push(b.tok, b.requests[mine[k]], token); };
   // Once a step the tp group agrees whether any of its ranks heard of a signal.
   options.stop_requested = [&] {
@@ -97,109 +207,15 @@ int run_batch(Engine& engine, const BatchRun& b, const std::vector<int64_t>& eos
   options.kv_stats = &kv;
   options.prefix_caching = b.prefix_caching;
   const auto t0 = std::chrono::steady_clock::now();
-  const std::vector<GenerationResult> results = generate_batch(engine, reqs, options);
+  generate_batch(engine, reqs, options);
   progress.finish();
+  // Wait for the other groups and their records, still passing on a signal.
+  relay.finish();
 
-  // Wait for the other groups, still passing on a signal that arrives meanwhile.
-  MPI_Request barrier;
-  LINNET_MPI_CHECK(MPI_Ibarrier(b.groups.world->comm(), &barrier));
-  for (int done = 0; !done;) {
-    relay.poll();
-    LINNET_MPI_CHECK(MPI_Test(&barrier, &done, MPI_STATUS_IGNORE));
-    if (!done) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-
-  // tp rank 0 of each group: one record per finished request.
-  std::vector<std::string> records;
-  float flags[2] = {0.0f, 0.0f};  // any request unfinished (interrupted), any failed
-  for (size_t k = 0; k < mine.size(); ++k) {
-    const GenerationResult& g = results[k];
-    if (g.finish_reason.empty()) {
-      flags[0] = 1.0f;
-      continue;
-    }
-    if (g.finish_reason == "error") flags[1] = 1.0f;
-    if (!tp_root) continue;
-    std::string completion;
-    const ordered_json line = output_line(b.tok, b.requests[mine[k]], g, completion);
-    ordered_json rec;
-    rec["pos"] = mine[k];
-    rec["line"] = dump_line(line);
-    rec["completion"] = completion;
-    rec["failed"] = g.finish_reason == "error";
-    rec["token_ms"] = g.token_ms;
-    records.push_back(dump_line(rec));
-  }
-  b.groups.world->all_reduce_max(flags, 2);
-  const bool interrupted = flags[0] > 0.0f;
-  const int done_code = flags[1] > 0.0f ? kSomeFailedExit : kOkExit;
-  const std::vector<std::string> gathered = gather_strings(*b.groups.world, records);
-  if (!world_root) return interrupted ? kInterruptedExit : done_code;
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-
-  // Rank 0: every line in input order, kept ones as they were.
-  std::map<size_t, ordered_json> fresh;
-  for (const auto& text : gathered) {
-    ordered_json rec = ordered_json::parse(text);
-    const size_t pos = rec["pos"].get<size_t>();
-    fresh[pos] = std::move(rec);
-  }
-  size_t failed = 0, new_tokens = 0;
-  std::vector<double> ttft, itl;
-  for (const auto& [pos, rec] : fresh) {
-    failed += rec["failed"].get<bool>() ? 1 : 0;
-    const std::vector<double> t = rec["token_ms"].get<std::vector<double>>();
-    new_tokens += t.size();
-    if (!t.empty()) ttft.push_back(t[0]);
-    for (size_t i = 1; i < t.size(); ++i) itl.push_back(t[i] - t[i - 1]);
-  }
-  for (size_t pos = 0; pos < b.requests.size(); ++pos) {
-    const Request& r = b.requests[pos];
-    std::string line, completion;
-    if (const auto k = b.kept.find(r.index); k != b.kept.end()) {
-      line = k->second;
-      const ordered_json j = ordered_json::parse(line);
-      if (j.contains("completion") && j["completion"].is_string()) completion = j["completion"].get<std::string>();
-    } else if (const auto f = fresh.find(pos); f != fresh.end()) {
-      line = f->second["line"].get<std::string>();
-      completion = f->second["completion"].get<std::string>();
-      if (f->second["failed"].get<bool>()) {
-        warn_once(r.where + ": " + ordered_json::parse(line)["error"].get<std::string>());
-      }
-    } else {
-      continue;  // not done (interrupted)
-    }
-    if (!interrupted) {
-      std::fwrite(completion.data(), 1, completion.size(), stdout);
-      std::fputc('\n', stdout);
-    }
-    if (output) output->add_line(std::move(line));
-  }
-  std::string kept_note;
-  if (!b.kept.empty()) kept_note = ", " + std::to_string(b.kept.size()) + " kept from --output";
-  std::fprintf(stderr,
-               "[linnet-tp] requests: %zu (%zu failed)%s, dp groups: %d x tp %d, batch rows: %lld, new tokens: %zu, "
-               "%.2f s, %.1f tokens/s, time to first token p50/p90/p99: %s ms, inter-token latency "
-               "p50/p90/p99: %s ms, KV pages%s: peak %lld of %lld (%lld positions each), prefix cache hits: "
-               "%lld tokens, peak RSS %s (rank 0)\n",
-               fresh.size(), failed, kept_note.c_str(), w.dp_size, w.tp_size,
-               static_cast<long long>(engine.max_batch()), new_tokens, seconds,
-               seconds > 0 ? static_cast<double>(new_tokens) / seconds : 0.0, percentiles_ms(ttft).c_str(),
-               percentiles_ms(itl).c_str(), w.dp_size > 1 ? " (dp group 0)" : "",
-               static_cast<long long>(kv.peak_used_pages), static_cast<long long>(engine.num_pages()),
-               static_cast<long long>(engine.page_size()), static_cast<long long>(kv.prefix_hit_tokens),
-               format_bytes(peak_resident_bytes()).c_str());
-  if (interrupted) {
-    const size_t done = fresh.size() + b.kept.size();
-    if (output) output->commit();
-    print_error(-1, "interrupted: " + std::to_string(done) + " of " + std::to_string(b.requests.size()) +
-                        " requests done" +
-                        (output ? " (kept in --output); rerun with --resume"
-                                : "; give --output to keep finished requests, and --resume to rerun the rest"));
-    output.reset();
-    return kInterruptedExit;
-  }
-  return done_code;
+  int code = kOkExit;
+  if (world_root) code = write_batch_results(engine, b, fresh, kv, t0, output);
+  b.groups.world->broadcast(&code, sizeof code, 0);  // every rank exits with rank 0's code
+  return code;
 }
 
 // --prompt: one completion, streamed on rank 0 as it is generated (dp group 0 only).
@@ -261,6 +277,7 @@ bool run_single(Engine& engine, const Tokenizer& tok, const Request& r, const st
 
 int run_generate(const GenerateOptions& o, Job& job) {
   set_verbose(o.verbose);
+  set_comm_timeout(o.comm_timeout);
   std::optional<MpiGroups> made = make_run_groups(job, o.tp);
   if (!made) return kUsageExit;
   MpiGroups& groups = *made;
@@ -275,6 +292,9 @@ int run_generate(const GenerateOptions& o, Job& job) {
   std::vector<std::pair<int, std::string>> oversized;  // line number, its byte count: each fails alone
   std::map<int64_t, std::string> kept;  // rank 0
   std::vector<std::string> kept_indices;
+  std::string journal_file;             // rank 0, --input with --output: <output>.journal
+  JournalContents journal_found;        // rank 0, --resume: what the journal holds
+  std::set<int64_t> from_journal;       // rank 0: indices kept from the journal only
   if (!job.load_phase([&] {
         if (w.world_rank != 0) return;
         if (o.prompt) {
@@ -284,8 +304,33 @@ int run_generate(const GenerateOptions& o, Job& job) {
           lines = read_jsonl_lines(o.input, &too_long);
           for (const auto& [n, bytes] : too_long) oversized.emplace_back(n, std::to_string(bytes));
         }
-        if (!o.output.empty()) check_output_path(o.output, o.input);
-        if (o.resume) kept = read_output_lines(resolve_output_path(o.output));
+        if (!o.output.empty()) {
+          check_output_path(o.output, o.input);
+          if (batch) journal_file = journal_path(o.output);
+        }
+        if (o.resume) {
+          kept = read_output_lines(resolve_output_path(o.output));
+          journal_found = read_journal(journal_file, "generate");
+          if (!journal_found.dropped.empty()) {
+            warn_once("ignoring " + journal_found.dropped + "; that request runs again");
+          }
+          for (const auto& [n, text] : journal_found.lines) {
+            const std::string where = journal_file + ":" + std::to_string(n);
+            const int64_t index = output_line_index(parse_jsonl_line(text, where), where);
+            const auto [it, added] = kept.emplace(index, text);
+            if (added) {
+              from_journal.insert(index);
+            } else if (it->second != text) {
+              throw Error("index " + std::to_string(index) + " is also in --output " + o.output +
+                              " with a different line; are they of different runs?",
+                          where);
+            }
+          }
+        } else if (!journal_file.empty() && std::filesystem::exists(journal_file)) {
+          throw Error("an unfinished run left its journal here: give --resume to keep its finished requests and run "
+                      "only the rest, or remove the journal to start over",
+                      journal_file);
+        }
         for (const auto& [index, line] : kept) kept_indices.push_back(std::to_string(index));
       })) {
     return kLoadErrorExit;
@@ -401,7 +446,8 @@ int run_generate(const GenerateOptions& o, Job& job) {
     // Rank 0: a kept line must belong to this input (its index and its prompt).
     for (const auto& [index, line] : kept) {
       const auto it = std::find_if(requests.begin(), requests.end(), [&](const Request& r) { return r.index == index; });
-      const std::string where = o.output + ": line with index " + std::to_string(index);
+      const std::string where =
+          (from_journal.count(index) ? journal_file : o.output) + ": line with index " + std::to_string(index);
       if (it == requests.end()) throw Error("no input line has this index; is it the output of another input?", where);
       const ordered_json j = ordered_json::parse(line);
       if (!j.contains("prompt") || j["prompt"] != it->text) {
@@ -457,6 +503,7 @@ int run_generate(const GenerateOptions& o, Job& job) {
   if (!loaded) return kLoadErrorExit;
 
   std::unique_ptr<JsonlOutput> output;
+  std::unique_ptr<Journal> journal;  // rank 0
   int code = 0;
   try {
     if (w.world_rank == 0 && !files->unused_tensors.empty()) {
@@ -464,11 +511,19 @@ int run_generate(const GenerateOptions& o, Job& job) {
       for (const auto& n : files->unused_tensors) names += (names.empty() ? "" : ", ") + n;
       warn_once("checkpoint tensors the model does not use: " + names);
     }
+    // The journal's seed, so that a resumed run without --seed samples the requests
+    // still to run as the interrupted run would have.
+    std::optional<uint64_t> journal_seed;
+    if (journal_found.header.is_object() && journal_found.header.contains("seed") &&
+        journal_found.header["seed"].is_number_unsigned()) {
+      journal_seed = journal_found.header["seed"].get<uint64_t>();
+    }
     uint64_t seed = 0;
     if (o.seed) {
       seed = *o.seed;
     } else if (w.world_rank == 0) {
-      seed = (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
+      seed = journal_seed ? *journal_seed
+                          : (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
     }
     groups.world->broadcast(&seed, sizeof seed, 0);
     if (w.world_rank == 0) {
@@ -491,10 +546,27 @@ int run_generate(const GenerateOptions& o, Job& job) {
         warn_once("decoding is greedy (temperature 0), so " + unused + " have no effect; give --temperature > 0 to sample");
       }
       if (!o.output.empty()) output = std::make_unique<JsonlOutput>(o.output);
+      if (batch && !o.output.empty()) {
+        if (journal_seed && *journal_seed != seed && any_sampling) {
+          warn_once("--seed " + std::to_string(seed) + " differs from the seed of the journal's run (" +
+                    std::to_string(*journal_seed) + "): the requests still to run sample with --seed " +
+                    std::to_string(seed));
+        }
+        ordered_json header;
+        header["linnet-tp journal"] = "generate";
+        header["seed"] = seed;
+        journal = std::make_unique<Journal>(journal_file, header, o.resume ? &journal_found : nullptr);
+        std::fprintf(stderr, "[linnet-tp] journal: %s (each finished request is kept there until --output is "
+                     "written; after a crash, rerun with --resume)\n", journal->path().c_str());
+        set_stop_note("[linnet-tp] stopping at the next step; finished requests are kept in the journal " +
+                      journal->path() + "\n");
+      }
     }
 
     if (batch) {
-      const BatchRun run{groups, *tokenizer, requests, kept, todo, o.prefix_caching, o.progress};
+      BatchRun run{groups, *tokenizer, requests, kept, todo, o.prefix_caching, o.progress};
+      run.kept_from_journal = from_journal.size();
+      run.journal = journal.get();
       code = run_batch(*engine, run, eos, seed, output);
     } else {
       float failed = 0.0f;
@@ -509,8 +581,11 @@ int run_generate(const GenerateOptions& o, Job& job) {
       throw Error(std::string("cannot write the completion: ") + std::strerror(errno), "stdout");
     }
     if (output) output->commit();
+    // Every finished line is in --output now (an interrupted run keeps the journal).
+    if (journal && code != kInterruptedExit) journal->remove();
   } catch (const std::exception& e) {
-    job.abort(e.what(), [&] { output.reset(); });
+    const std::string note = journal_note(journal.get());
+    job.abort(e.what() + note, [&] { output.reset(); });
   }
   return code;
 }

@@ -1,8 +1,12 @@
 #include "launch/job.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 
 #include "common/log.h"
@@ -19,6 +23,7 @@ void print_error(int rank, const std::string& message) {
 Job::Job(MPI_Comm world) : world_(world) {
   MPI_Comm_rank(world_, &rank_);
   MPI_Comm_size(world_, &size_);
+  agree_ = std::make_unique<MpiCommunicator>(world_, "world");
 }
 
 bool Job::load_phase(const std::function<void()>& fn) {
@@ -29,9 +34,14 @@ bool Job::load_phase(const std::function<void()>& fn) {
     error = e.what();
     if (error.empty()) error = "unknown error";
   }
-  int failed = error.empty() ? 0 : 1;
-  int total = 0;
-  MPI_Allreduce(&failed, &total, 1, MPI_INT, MPI_SUM, world_);
+  const int failed = error.empty() ? 0 : 1;
+  float sum = static_cast<float>(failed);  // exact: counts of ranks
+  try {
+    agree_->all_reduce_sum(&sum, 1);
+  } catch (const std::exception& e) {  // a rank stalled or died while loading
+    abort(error.empty() ? std::string(e.what()) : error + "; then " + e.what());
+  }
+  const int total = static_cast<int>(sum);
   if (total == 0) return true;
   if (failed) {
     if (total == size_) {
@@ -57,11 +67,18 @@ void Job::abort(const std::string& message, const std::function<void()>& cleanup
 namespace {
 
 volatile std::sig_atomic_t g_stop_signal = 0;
+char g_stop_note[2048];
+volatile std::sig_atomic_t g_stop_note_bytes = 0;
 
 extern "C" void on_stop_signal(int sig) {
+  const bool first = g_stop_signal == 0;
   g_stop_signal = sig;
-  // A second Ctrl-C ends the process the default way.
+  // A second signal of this kind ends the process the default way.
   std::signal(sig, SIG_DFL);
+  if (first && g_stop_note_bytes > 0) {
+    const ssize_t n = ::write(STDERR_FILENO, g_stop_note, static_cast<size_t>(g_stop_note_bytes));
+    (void)n;
+  }
 }
 
 }  // namespace
@@ -73,58 +90,17 @@ void install_stop_handlers() {
   sa.sa_flags = SA_RESTART;
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGUSR1, &sa, nullptr);
+}
+
+void set_stop_note(const std::string& note) {
+  g_stop_note_bytes = 0;  // a handler running now sees no half-written note
+  const size_t n = std::min(note.size(), sizeof g_stop_note);
+  std::memcpy(g_stop_note, note.data(), n);
+  g_stop_note_bytes = static_cast<std::sig_atomic_t>(n);
 }
 
 int caught_stop_signal() { return static_cast<int>(g_stop_signal); }
-
-StopRelay::StopRelay(MPI_Comm world) : world_(world) {
-  MPI_Comm_rank(world_, &rank_);
-  MPI_Comm_size(world_, &size_);
-  if (size_ > 1) MPI_Irecv(&inbox_, 1, MPI_INT, MPI_ANY_SOURCE, kStopTag, world_, &recv_);
-}
-
-StopRelay::~StopRelay() {
-  if (size_ <= 1) return;
-  // Other ranks may have told this one more than once; take those messages off the queue.
-  for (int flag = 1; flag;) {
-    MPI_Status st;
-    MPI_Iprobe(MPI_ANY_SOURCE, kStopTag, world_, &flag, &st);
-    if (flag) {
-      int drop = 0;
-      MPI_Recv(&drop, 1, MPI_INT, st.MPI_SOURCE, kStopTag, world_, MPI_STATUS_IGNORE);
-    }
-  }
-  if (recv_ != MPI_REQUEST_NULL) {
-    int done = 0;
-    MPI_Test(&recv_, &done, MPI_STATUS_IGNORE);
-    if (!done) {
-      MPI_Cancel(&recv_);
-      MPI_Wait(&recv_, MPI_STATUS_IGNORE);
-    }
-  }
-}
-
-bool StopRelay::poll() {
-  if (!stopped_ && recv_ != MPI_REQUEST_NULL) {
-    int done = 0;
-    MPI_Test(&recv_, &done, MPI_STATUS_IGNORE);
-    if (done) stopped_ = true;  // recv_ is MPI_REQUEST_NULL now
-  }
-  if (caught_stop_signal() != 0) {
-    stopped_ = true;
-    if (!told_) {
-      told_ = true;
-      static const int kOne = 1;
-      for (int r = 0; r < size_; ++r) {
-        if (r == rank_) continue;
-        MPI_Request req;
-        MPI_Isend(&kOne, 1, MPI_INT, r, kStopTag, world_, &req);
-        MPI_Request_free(&req);
-      }
-    }
-  }
-  return stopped_;
-}
 
 std::optional<MpiGroups> make_run_groups(Job& job, int tp) {
   if (!job.load_phase([&] { WorldConfig::make(job.rank(), job.size(), tp, 0, 1); })) return std::nullopt;

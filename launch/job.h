@@ -6,10 +6,12 @@
 // In the run phase a failing rank prints its error prefixed "[rank r]" and calls
 // MPI_Abort, so no rank is left waiting in a collective.
 //
-// Stopping on SIGINT/SIGTERM is the other half of the protocol: the handler only sets a
-// flag; StopRelay passes it to every rank by a one-int message (ranks of other dp
-// groups share no collective with the signalled one until the run ends), and the
-// generation loop agrees on it within its tp group once per step.
+// Stopping on SIGINT/SIGTERM/SIGUSR1 is the other half of the protocol: the handler only
+// sets a flag; RunRelay (launch/run_relay.h) passes it to every rank by a message (ranks
+// of other dp groups share no collective with the signalled one until the run ends),
+// and the step loops agree on it within their tp group once per step. SIGUSR1 is there
+// because mpirun forwards it to every rank while it never forwards SIGINT/SIGTERM
+// (README.md, "Exit codes").
 #pragma once
 
 #include <functional>
@@ -18,6 +20,8 @@
 #include <vector>
 
 #include <mpi.h>
+
+#include <memory>
 
 #include "parallel/mpi_communicator.h"
 
@@ -28,7 +32,7 @@ inline constexpr int kOkExit = 0;            // every request / document done
 inline constexpr int kLoadErrorExit = 1;     // a model, config or input file error, or a run-phase failure
 inline constexpr int kUsageExit = 2;         // bad flags (parse errors, bad values, --tp not dividing the world)
 inline constexpr int kSomeFailedExit = 3;    // some requests or documents failed, each marked in the output
-inline constexpr int kInterruptedExit = 130; // stopped by SIGINT/SIGTERM (128 + SIGINT, as shells report it)
+inline constexpr int kInterruptedExit = 130; // stopped by SIGINT/SIGTERM/SIGUSR1 (128 + SIGINT, as shells report it)
 
 /// The ranks of one linnet-tp run and how they fail together.
 class Job {
@@ -40,7 +44,8 @@ class Job {
   /// Runs `fn`, which must make no collective call, on every rank, then agrees on the
   /// outcome. Returns true when every rank succeeded; otherwise the error has been
   /// printed (once when all ranks failed, else by each failing rank) and the caller
-  /// should return exit code 1.
+  /// should return exit code 1. The agreement waits under --comm-timeout; when it times
+  /// out (a rank stalled or died) the job is aborted with the message.
   bool load_phase(const std::function<void()>& fn);
 
   /// Prints `message` as this rank's error and aborts the whole job (never returns).
@@ -51,38 +56,20 @@ class Job {
   MPI_Comm world_;
   int rank_ = 0;
   int size_ = 1;
+  std::unique_ptr<MpiCommunicator> agree_;  // the world, for load_phase's agreement
 };
 
-/// Installs SIGINT and SIGTERM handlers that only record the signal (async-signal-safe);
-/// a second signal of the same kind restores the default action, so it ends the process.
+/// Installs SIGINT, SIGTERM and SIGUSR1 handlers that only record the signal
+/// (async-signal-safe); after the first signal its kind gets the default action back,
+/// so a second one ends the process (finished work stays in the journal).
 void install_stop_handlers();
 
-/// The signal a handler of install_stop_handlers caught (SIGINT or SIGTERM), else 0.
+/// Text the first stop signal writes to stderr at once (e.g. where the journal is);
+/// empty: nothing. Set it before the signal can come; it is copied.
+void set_stop_note(const std::string& note);
+
+/// The signal a handler of install_stop_handlers caught (SIGINT, SIGTERM or SIGUSR1), else 0.
 int caught_stop_signal();
-
-/// Tells every rank of `world` when any rank caught SIGINT/SIGTERM. Each rank keeps one
-/// receive posted (tag kStopTag); the first rank to see the signal sends to all others.
-/// poll() costs one MPI_Test. Not a collective: ranks may poll at different times.
-class StopRelay {
- public:
-  static constexpr int kStopTag = 7707;
-  explicit StopRelay(MPI_Comm world);
-  /// Drains stop messages still queued and cancels the posted receive.
-  ~StopRelay();
-  StopRelay(const StopRelay&) = delete;
-  StopRelay& operator=(const StopRelay&) = delete;
-
-  /// True once this rank caught a signal or heard of one (then it stays true); the
-  /// first local signal is forwarded to every other rank.
-  bool poll();
-
- private:
-  MPI_Comm world_;
-  int rank_ = 0, size_ = 1;
-  int inbox_ = 0;
-  MPI_Request recv_ = MPI_REQUEST_NULL;
-  bool stopped_ = false, told_ = false;
-};
 
 /// Prints "linnet-tp: error: msg" (rank -1) or "[rank r] error: msg" to stderr.
 void print_error(int rank, const std::string& message);

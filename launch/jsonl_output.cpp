@@ -82,6 +82,14 @@ void JsonlOutput::commit() {
   }
 }
 
+int64_t output_line_index(const nlohmann::ordered_json& j, const std::string& where) {
+  const auto it = j.find("index");
+  if (it == j.end() || !(it->is_number_unsigned() || (it->is_number_integer() && it->get<int64_t>() >= 0))) {
+    throw Error("an output line to resume from needs an integer \"index\" >= 0 (written by linnet-tp)", where);
+  }
+  return it->get<int64_t>();
+}
+
 std::map<int64_t, std::string> read_output_lines(const std::string& path) {
   std::map<int64_t, std::string> lines;
   std::error_code ec;
@@ -92,66 +100,12 @@ std::map<int64_t, std::string> read_output_lines(const std::string& path) {
   for (int n = 1; std::getline(in, text); ++n) {
     if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
     const std::string where = path + ":" + std::to_string(n);
-    const nlohmann::ordered_json j = parse_jsonl_line(text, where);
-    const auto it = j.find("index");
-    if (it == j.end() || !(it->is_number_unsigned() || (it->is_number_integer() && it->get<int64_t>() >= 0))) {
-      throw Error("an output line to resume from needs an integer \"index\" >= 0 (written by linnet-tp)", where);
-    }
-    const int64_t index = it->get<int64_t>();
+    const int64_t index = output_line_index(parse_jsonl_line(text, where), where);
     if (!lines.emplace(index, std::move(text)).second) {
       throw Error("index " + std::to_string(index) + " appears twice", where);
     }
   }
   return lines;
-}
-
-std::vector<std::string> gather_strings(MpiCommunicator& comm, const std::vector<std::string>& mine) {
-  // One buffer per rank: [count][length]...[bytes].
-  std::string packed;
-  auto put = [&](uint64_t v) { packed.append(reinterpret_cast<const char*>(&v), sizeof v); };
-  put(mine.size());
-  for (const auto& s : mine) put(s.size());
-  for (const auto& s : mine) packed += s;
-  const int size = comm.size();
-  const bool root = comm.rank() == 0;
-  std::vector<long long> bytes(root ? static_cast<size_t>(size) : 1);
-  long long n = static_cast<long long>(packed.size());
-  LINNET_MPI_CHECK(MPI_Gather(&n, 1, MPI_LONG_LONG, bytes.data(), 1, MPI_LONG_LONG, 0, comm.comm()));
-  std::vector<int> counts, displs;
-  std::string all;
-  if (root) {
-    long long total = 0;
-    for (long long b : bytes) {
-      if (total + b > INT32_MAX) throw Error("more than 2 GiB of results to gather", "rank 0");
-      counts.push_back(static_cast<int>(b));
-      displs.push_back(static_cast<int>(total));
-      total += b;
-    }
-    all.resize(static_cast<size_t>(total));
-  }
-  if (n > INT32_MAX) throw Error("more than 2 GiB of results to gather", "rank " + std::to_string(comm.rank()));
-  LINNET_MPI_CHECK(MPI_Gatherv(packed.data(), static_cast<int>(n), MPI_CHAR, all.data(), counts.data(),
-                               displs.data(), MPI_CHAR, 0, comm.comm()));
-  std::vector<std::string> out;
-  if (!root) return out;
-  size_t at = 0;
-  auto get = [&]() {
-    uint64_t v = 0;
-    std::memcpy(&v, all.data() + at, sizeof v);
-    at += sizeof v;
-    return v;
-  };
-  for (int r = 0; r < size; ++r) {
-    at = static_cast<size_t>(displs[static_cast<size_t>(r)]);
-    const uint64_t count = get();
-    std::vector<uint64_t> lengths(count);
-    for (auto& l : lengths) l = get();
-    for (uint64_t l : lengths) {
-      out.push_back(all.substr(at, l));
-      at += l;
-    }
-  }
-  return out;
 }
 
 }  // namespace linnet

@@ -1,7 +1,7 @@
 // JsonlOutput: the --output file of generate and loss, and the rank-0 side of it: the
-// lines of an earlier run (--resume) and the gather of results from every rank. Results are kept in memory and written
-// to a temp file beside the target, then renamed over it, so a failed run never leaves
-// a partial output file behind.
+// lines of an earlier run (--resume). Results are kept in memory and written to a temp
+// file beside the target, then renamed over it, so a failed run never leaves a partial
+// output file behind (finished work survives a crash in the journal, launch/journal.h).
 #pragma once
 
 #include <cstdint>
@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "parallel/mpi_communicator.h"
+#include <nlohmann/json.hpp>
 
 namespace linnet {
 
@@ -50,15 +50,14 @@ class JsonlOutput {
   std::vector<std::string> lines_;
 };
 
+/// The "index" of an output line (the 0-based input line it answers).
+/// @throws Error naming `where` when it has no integer "index" >= 0.
+int64_t output_line_index(const nlohmann::ordered_json& line, const std::string& where);
+
 /// The lines of an earlier --output file for --resume, by their "index" field (the
 /// 0-based input line), each kept as its exact text. A missing file gives none.
 /// @throws Error naming "path:line" when a line is not a JSON object with a
 ///   non-negative integer "index", or an index appears twice.
 std::map<int64_t, std::string> read_output_lines(const std::string& path);
-
-/// Gathers every rank's `mine` to rank 0 of `comm`, in rank order (a collective;
-/// MPI_Gatherv of the bytes). Returns the strings on rank 0, nothing elsewhere.
-/// @throws Error when MPI fails.
-std::vector<std::string> gather_strings(MpiCommunicator& comm, const std::vector<std::string>& mine);
 
 }  // namespace linnet

@@ -2,7 +2,10 @@
 // data parallelism over tensor-parallel groups. Documents are packed into sequences of
 // at most --max-seq-len tokens (a longer document is cut into consecutive chunks, each
 // scored on its own), the packs are dealt round-robin to the dp groups, each group runs
-// loss_packed (vocab-parallel cross-entropy), and the per-document sums are combined.
+// loss_packed (vocab-parallel cross-entropy). tp rank 0 of a group sends each pack's
+// per-document sums to world rank 0 as soon as it is scored, which journals them
+// (launch/journal.h) and at the end adds them up per document, in pack order, so a
+// resumed run's sums equal an uninterrupted run's bit for bit.
 #pragma once
 
 #include <cstdint>
@@ -17,9 +20,11 @@ class Job;
 struct LossOptions {
   std::string model;        // --model: directory or name
   std::string input;        // --input: JSONL, {"text": ...} or {"ids": [...], "labels": [...]} per line
-  std::string output;       // --output: per-document JSONL {"index", "tokens", "nll_sum", "mean_nll"}
+  std::string output;       // --output: per-document JSONL {"index", "tokens", "nll_sum", "mean_nll"}; a journal beside it meanwhile
+  bool resume = false;      // --resume: keep the documents in --output and its journal, score the rest
   int64_t max_seq_len = 0;  // --max-seq-len: tokens per packed sequence (0: min(max_position_embeddings, 8192))
   int tp = 0;               // --tp: ranks per tensor-parallel group (0: all ranks); dp = world / tp
+  double comm_timeout = 600;  // --comm-timeout: seconds without progress of a wait (0: none)
   int threads = 0;          // --threads: BLAS threads per rank (0: cores / ranks on the node)
   std::string backend;      // --backend cpu|cuda; empty: cuda when a device is visible, else cpu
   std::string weight_dtype = "auto";  // --weight-dtype auto|f32|bf16|f16 (held_weight_dtype)
@@ -31,7 +36,9 @@ struct LossOptions {
 std::optional<LossOptions> parse_loss_options(int argc, char** argv, std::string& help_text);
 
 /// Runs the evaluation; rank 0 prints scored tokens, mean NLL per token, perplexity and
-/// tokens/s to stdout and writes --output. Returns the exit code.
+/// tokens/s to stdout and writes --output, journaling each scored pack beside it as it
+/// is done. SIGINT/SIGTERM/SIGUSR1 stop it after the packs in flight (exit 130, the
+/// finished documents in --output and the journal). Returns the exit code.
 int run_loss(const LossOptions& options, Job& job);
 
 }  // namespace linnet

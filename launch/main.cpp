@@ -1,5 +1,6 @@
-// linnet-tp: the executable. Initializes MPI, parses the command line, runs the
-// subcommand, and makes every rank exit non-zero together on an error (launch/job.h).
+// linnet-tp: the executable. Initializes MPI and the watch over waits for other ranks
+// (parallel/comm_watch.h), parses the command line, runs the subcommand, and makes every
+// rank exit non-zero together on an error (launch/job.h).
 #include <mpi.h>
 
 #include <cstdio>
@@ -11,6 +12,7 @@
 #include "launch/info_command.h"
 #include "launch/loss_command.h"
 #include "launch/job.h"
+#include "parallel/comm_watch.h"
 
 #ifndef LINNET_VERSION
 #define LINNET_VERSION "unknown"
@@ -18,31 +20,39 @@
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
+  linnet::init_comm_watch(MPI_COMM_WORLD);
   int code = 0;
   {
     linnet::Job job(MPI_COMM_WORLD);
     linnet::CommandLine cl;
     // Every rank parses the same argv, so a usage error is the same everywhere.
-    if (!job.load_phase([&] { cl = linnet::parse_command_line(argc, argv); })) {
-      code = linnet::kUsageExit;
-    } else if (cl.kind == linnet::CommandLine::Kind::kHelp) {
-      if (job.rank() == 0) std::fputs(cl.help_text.c_str(), stdout);
-    } else if (cl.kind == linnet::CommandLine::Kind::kVersion) {
-      if (job.rank() == 0) std::printf("linnet-tp %s\n", LINNET_VERSION);
-    } else if (cl.kind == linnet::CommandLine::Kind::kLoss) {
-      code = linnet::run_loss(cl.loss, job);
-    } else if (cl.kind == linnet::CommandLine::Kind::kBench) {
-      code = linnet::run_bench(cl.bench, job);
-    } else if (cl.kind == linnet::CommandLine::Kind::kInfo) {
-      code = linnet::run_info(cl.info, job);
-    } else if (cl.kind == linnet::CommandLine::Kind::kTemplate) {
-      code = linnet::run_template(cl.chat_template, job);
-    } else if (cl.kind == linnet::CommandLine::Kind::kTokenize) {
-      code = linnet::run_tokenize(cl.tokenize, job);
-    } else {
-      code = linnet::run_generate(cl.generate, job);
+    try {
+      if (!job.load_phase([&] { cl = linnet::parse_command_line(argc, argv); })) {
+        code = linnet::kUsageExit;
+      } else if (cl.kind == linnet::CommandLine::Kind::kHelp) {
+        if (job.rank() == 0) std::fputs(cl.help_text.c_str(), stdout);
+      } else if (cl.kind == linnet::CommandLine::Kind::kVersion) {
+        if (job.rank() == 0) std::printf("linnet-tp %s\n", LINNET_VERSION);
+      } else if (cl.kind == linnet::CommandLine::Kind::kLoss) {
+        code = linnet::run_loss(cl.loss, job);
+      } else if (cl.kind == linnet::CommandLine::Kind::kBench) {
+        code = linnet::run_bench(cl.bench, job);
+      } else if (cl.kind == linnet::CommandLine::Kind::kInfo) {
+        code = linnet::run_info(cl.info, job);
+      } else if (cl.kind == linnet::CommandLine::Kind::kTemplate) {
+        code = linnet::run_template(cl.chat_template, job);
+      } else if (cl.kind == linnet::CommandLine::Kind::kTokenize) {
+        code = linnet::run_tokenize(cl.tokenize, job);
+      } else {
+        code = linnet::run_generate(cl.generate, job);
+      }
+    } catch (const std::exception& e) {
+      // A collective outside the subcommands' own handlers (a timeout while the lines
+      // are broadcast, say): end the job the same way.
+      job.abort(e.what());
     }
   }
+  linnet::finalize_comm_watch();
   MPI_Finalize();
   return code;
 }

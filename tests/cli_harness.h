@@ -6,7 +6,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -16,6 +18,7 @@
 #include <functional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -102,6 +105,75 @@ class CliTest : public testing::Test {
     r.out = slurp(out);
     r.err = slurp(err);
     return r;
+  }
+
+  // A wrapper for run(): world rank `rank` starts linnet-tp in the background and gets
+  // `signal` (e.g. "9", "STOP", "INT") once `file` has at least `lines` lines (at most
+  // after 60 s), then the wrapper waits for it.
+  static std::string signal_when_lines(int rank, const std::string& signal, const fs::path& file, int lines) {
+    return "sh -c 'if [ \"$OMPI_COMM_WORLD_RANK\" = " + std::to_string(rank) +
+           " ]; then \"$0\" \"$@\" & p=$!; i=0; while [ \"$(cat " + file.string() +
+           " 2>/dev/null | wc -l)\" -lt " + std::to_string(lines) +
+           " ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done; kill -" + signal +
+           " $p; wait $p; exit $?; else exec \"$0\" \"$@\"; fi'";
+  }
+
+  // Lines of `file` now (0 when absent).
+  static int count_lines(const fs::path& file) {
+    const std::string text = slurp(file);
+    return static_cast<int>(std::count(text.begin(), text.end(), '\n'));
+  }
+
+  // Starts `cmd` under /bin/sh -c with SIGINT and SIGQUIT at their default actions (a
+  // shell's background job would ignore them, and a script could not trap them), its
+  // stdout and stderr to tmp_/stdout and tmp_/stderr. Returns its pid.
+  pid_t spawn(const std::string& cmd) {
+    const std::string full = "exec " + cmd + " >" + quote((tmp_ / "stdout").string()) + " 2>" +
+                             quote((tmp_ / "stderr").string()) + " </dev/null";
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      std::signal(SIGINT, SIG_DFL);
+      std::signal(SIGQUIT, SIG_DFL);
+      ::execl("/bin/sh", "sh", "-c", full.c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    return pid;
+  }
+
+  // Waits up to `seconds` for a spawn()ed `pid` (then SIGKILLs it: code 124). Returns
+  // its exit code, stdout and stderr.
+  Result wait_spawned(pid_t pid, double seconds) {
+    Result r;
+    const auto t0 = std::chrono::steady_clock::now();
+    int status = 0;
+    for (;;) {
+      const pid_t w = ::waitpid(pid, &status, WNOHANG);
+      if (w == pid) {
+        r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        break;
+      }
+      if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > seconds) {
+        ::kill(pid, SIGKILL);
+        ::waitpid(pid, &status, 0);
+        r.code = 124;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    r.out = slurp(tmp_ / "stdout");
+    r.err = slurp(tmp_ / "stderr");
+    return r;
+  }
+
+  // Waits up to `seconds` until `file` has at least `lines` lines; false when it did not.
+  static bool wait_for_lines(const fs::path& file, int lines, double seconds) {
+    const auto t0 = std::chrono::steady_clock::now();
+    while (count_lines(file) < lines) {
+      if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > seconds) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return true;
   }
 
   fs::path copy_model() {

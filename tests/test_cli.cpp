@@ -591,7 +591,11 @@ TEST_F(Cli, SigtermOnOneRankStopsEveryRankAndKeepsFinishedRequests) {
   const size_t at = r.err.find("interrupted: ");
   ASSERT_NE(at, std::string::npos) << r.err;
   const size_t done = std::stoul(r.err.substr(at + 13));
-  EXPECT_NE(r.err.find(" of 20000 requests done (kept in --output); rerun with --resume"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(" of 20000 requests done (kept in --output and in the journal " + (tmp_ / "out.jsonl.journal").string() +
+                       "); rerun with --resume"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.code, 130) << "every rank exits 130, and mpirun reports it";
   EXPECT_EQ(r.out, "");
   ASSERT_TRUE(fs::exists(output));
   const auto lines = output_lines(output);

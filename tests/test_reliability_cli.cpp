@@ -1,0 +1,314 @@
+// Crash safety of `linnet-tp generate --input` and `loss` end to end (issue 14): every
+// finished request / pack is in the journal beside --output as soon as it is done; kill
+// -9 of a rank, then --resume, gives a file byte-identical to an uninterrupted run; a
+// torn last journal line is ignored; a lost output folder loses nothing; a stopped rank
+// is named within --comm-timeout + 10 s; SIGINT to a rank or to scripts/mpirun.sh stops
+// a loss run with exit 130 and the finished documents kept.
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "tests/cli_harness.h"
+#include "tests/test_data.h"
+
+namespace linnet {
+namespace {
+
+using test::CliTest;
+using test::quote;
+using test::Result;
+using test::slurp;
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::vector<std::string> lines_of(const fs::path& p) {
+  std::vector<std::string> out;
+  std::ifstream in(p);
+  for (std::string l; std::getline(in, l);) out.push_back(l);
+  return out;
+}
+
+// `n` story openings of 1 to 9 words in a varied order.
+void write_prompts(const fs::path& in, int n) {
+  const std::vector<std::string> words = {"Once", "upon", "a", "time,", "there", "was", "a", "little", "dog"};
+  const std::vector<std::string> starts = {"", "Lily and Ben ", "The sun was hot. ", "Tom had a red ball. "};
+  std::ofstream f(in);
+  for (int i = 0; i < n; ++i) {
+    std::string p = starts[static_cast<size_t>(i % 4)];
+    for (int w = 0; w < 1 + (i * 5) % 9; ++w) p += (w ? " " : "") + words[static_cast<size_t>(w)];
+    f << json{{"prompt", p}}.dump() << "\n";
+  }
+}
+
+// 120 documents of 3 to 150 token ids (a fixed LCG), so that --max-seq-len 64 cuts some
+// of them over several packs and packs hold several documents.
+void write_documents(const fs::path& in) {
+  std::ofstream f(in);
+  uint32_t x = 12345;
+  auto next = [&] { return x = x * 1664525u + 1013904223u; };
+  for (int d = 0; d < 120; ++d) {
+    const int len = 3 + static_cast<int>(next() >> 8) % 148;
+    std::vector<int> ids;
+    for (int i = 0; i < len; ++i) ids.push_back(1 + static_cast<int>((next() >> 8) % 511));
+    f << json{{"ids", ids}}.dump() << "\n";
+  }
+}
+
+// Seconds since the epoch, as `date +%s.%N` writes them.
+double now_epoch() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+class Reliability : public CliTest {
+ protected:
+  std::string stories() const { return quote(test::stories_dir().string()); }
+
+  // Like signal_when_lines, and the moment the signal is sent goes to `mark` (epoch seconds).
+  static std::string stop_when_lines(int rank, const fs::path& file, int lines, const fs::path& mark) {
+    return "sh -c 'if [ \"$OMPI_COMM_WORLD_RANK\" = " + std::to_string(rank) +
+           " ]; then \"$0\" \"$@\" & p=$!; i=0; while [ \"$(cat " + file.string() +
+           " 2>/dev/null | wc -l)\" -lt " + std::to_string(lines) +
+           " ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done; date +%s.%N > " + mark.string() +
+           "; kill -STOP $p; wait $p; exit $?; else exec \"$0\" \"$@\"; fi'";
+  }
+};
+
+TEST_F(Reliability, GenerateResumeAfterKill9OfARankIsByteIdentical) {
+  const fs::path in = tmp_ / "prompts.jsonl", full = tmp_ / "full.jsonl", out = tmp_ / "out.jsonl";
+  const fs::path journal = tmp_ / "out.jsonl.journal";
+  write_prompts(in, 40);
+  const std::string args = "--model " + stories() + " --input " + quote(in.string()) +
+                           " --max-new-tokens 100 --temperature 0.8 --max-batch 4";
+  const Result a = run(2, args + " --seed 11 --output " + quote(full.string()));
+  ASSERT_EQ(a.code, 0) << a.err;
+  EXPECT_FALSE(fs::exists(tmp_ / "full.jsonl.journal")) << "the journal goes once --output is written";
+  const std::vector<std::string> want = lines_of(full);
+  ASSERT_EQ(want.size(), 40u);
+
+  // Rank 1 is killed once 6 requests are in the journal.
+  const Result k = run(2, args + " --seed 11 --output " + quote(out.string()), signal_when_lines(1, "9", journal, 7));
+  EXPECT_NE(k.code, 0);
+  EXPECT_NE(k.code, 124) << "timed out";
+  EXPECT_FALSE(fs::exists(out));
+  EXPECT_NE(k.err.find("journal: " + journal.string()), std::string::npos) << k.err;
+  const std::vector<std::string> got = lines_of(journal);
+  ASSERT_GE(got.size(), 7u) << k.err;
+  EXPECT_LT(got.size(), 41u) << "the kill came after the last request";
+  const json header = json::parse(got[0]);
+  EXPECT_EQ(header["linnet-tp journal"], "generate");
+  EXPECT_EQ(header["seed"], 11);
+  std::vector<bool> journaled(want.size(), false);
+  for (size_t i = 1; i < got.size(); ++i) {
+    const size_t index = json::parse(got[i])["index"].get<size_t>();
+    ASSERT_LT(index, want.size());
+    EXPECT_EQ(got[i], want[index]) << "journal line " << i + 1 << " is not the final line of its request";
+    journaled[index] = true;
+  }
+
+  // A run without --resume would lose them: refused, naming the journal.
+  const Result fresh = run(1, args + " --output " + quote(out.string()));
+  EXPECT_EQ(fresh.code, 1);
+  EXPECT_NE(fresh.err.find(journal.string() + ": an unfinished run left its journal here: give --resume"),
+            std::string::npos)
+      << fresh.err;
+
+  // kill -9 in the middle of a write leaves a torn last line: it is ignored.
+  size_t missing = 0;
+  while (journaled[missing]) ++missing;
+  {
+    std::ofstream f(journal, std::ios::app | std::ios::binary);
+    if (slurp(journal).back() != '\n') f << "\n";  // the kill may have cut one already
+    f << want[missing].substr(0, 40);
+  }
+  // No --seed: the journal's seed, so the rest samples as the killed run would have.
+  const Result r = run(2, args + " --output " + quote(out.string()) + " --resume");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("ignoring " + journal.string() + ":"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("a last line without its newline (40 bytes"), std::string::npos) << r.err;
+  EXPECT_EQ(slurp(out), slurp(full));
+  EXPECT_EQ(r.out, a.out);
+  EXPECT_FALSE(fs::exists(journal));
+}
+
+TEST_F(Reliability, LossResumeAfterKill9OfRank0IsByteIdentical) {
+  const fs::path in = tmp_ / "docs.jsonl", full = tmp_ / "full.jsonl", out = tmp_ / "out.jsonl";
+  const fs::path journal = tmp_ / "out.jsonl.journal";
+  write_documents(in);
+  const std::string args = "loss --model " + stories() + " --input " + quote(in.string()) + " --max-seq-len 64";
+  const Result a = run(2, args + " --output " + quote(full.string()));
+  ASSERT_EQ(a.code, 0) << a.err;
+  ASSERT_EQ(lines_of(full).size(), 120u);
+  EXPECT_FALSE(fs::exists(tmp_ / "full.jsonl.journal"));
+
+  // Rank 0, which writes the journal, is killed once 10 packs are in it.
+  const Result k = run(2, args + " --output " + quote(out.string()), signal_when_lines(0, "9", journal, 11));
+  EXPECT_NE(k.code, 0);
+  EXPECT_NE(k.code, 124) << "timed out";
+  EXPECT_FALSE(fs::exists(out));
+  const std::vector<std::string> got = lines_of(journal);
+  ASSERT_GE(got.size(), 11u) << k.err;
+  const json header = json::parse(got[0]);
+  EXPECT_EQ(header["linnet-tp journal"], "loss");
+  EXPECT_EQ(header["documents"], 120);
+  EXPECT_EQ(header["max_seq_len"], 64);
+  EXPECT_LT(got.size(), header["packs"].get<size_t>() + 1) << "the kill came after the last pack";
+  for (size_t i = 1; i + 1 < got.size(); ++i) {  // the last one may be torn
+    const json rec = json::parse(got[i]);
+    EXPECT_TRUE(rec["pack"].is_number_unsigned()) << got[i];
+    EXPECT_FALSE(rec["docs"].empty()) << got[i];
+  }
+
+  const Result r = run(2, args + " --output " + quote(out.string()) + " --resume");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(slurp(out), slurp(full));
+  // The same sums, so the same summary (tokens/s aside).
+  EXPECT_EQ(r.out.substr(0, r.out.find("tokens/s")), a.out.substr(0, a.out.find("tokens/s")));
+  EXPECT_FALSE(fs::exists(journal));
+}
+
+// SIGINT to one rank: every rank stops after the pack in flight, the documents done are
+// in --output and the journal, the run exits 130, and --resume finishes it.
+TEST_F(Reliability, SigintToALossRankKeepsFinishedDocumentsAndExits130) {
+  const fs::path in = tmp_ / "docs.jsonl", full = tmp_ / "full.jsonl", out = tmp_ / "out.jsonl";
+  const fs::path journal = tmp_ / "out.jsonl.journal";
+  write_documents(in);
+  const std::string args = "loss --model " + stories() + " --input " + quote(in.string()) + " --max-seq-len 64";
+  ASSERT_EQ(run(2, args + " --output " + quote(full.string())).code, 0);
+  const std::vector<std::string> want = lines_of(full);
+
+  const Result k = run(2, args + " --output " + quote(out.string()), signal_when_lines(1, "INT", journal, 6));
+  EXPECT_EQ(k.code, 130) << k.err;
+  const size_t at = k.err.find("interrupted: ");
+  ASSERT_NE(at, std::string::npos) << k.err;
+  const size_t done = std::stoul(k.err.substr(at + 13));
+  EXPECT_NE(k.err.find(" of 120 documents done (kept in --output and in the journal " + journal.string() +
+                       "); rerun with --resume"),
+            std::string::npos)
+      << k.err;
+  EXPECT_EQ(k.out, "") << "no summary of a part of the documents";
+  const std::vector<std::string> kept = lines_of(out);
+  EXPECT_EQ(kept.size(), done);
+  EXPECT_GT(done, 0u);
+  EXPECT_LT(done, 120u);
+  for (const auto& line : kept) EXPECT_EQ(line, want[json::parse(line)["index"].get<size_t>()]);
+  EXPECT_TRUE(fs::exists(journal));
+
+  const Result r = run(2, args + " --output " + quote(out.string()) + " --resume");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(slurp(out), slurp(full));
+  EXPECT_FALSE(fs::exists(journal));
+}
+
+// Open MPI's mpirun never passes SIGINT on (it exits 1); scripts/mpirun.sh turns it into
+// SIGUSR1, which mpirun forwards, so the run stops gracefully and exits 130.
+TEST_F(Reliability, SigintToScriptsMpirunStopsALossRunWithExit130) {
+  const fs::path in = tmp_ / "docs.jsonl", out = tmp_ / "out.jsonl", journal = tmp_ / "out.jsonl.journal";
+  write_documents(in);
+  const fs::path script = test::test_data_dir() / ".." / ".." / "scripts" / "mpirun.sh";
+  ASSERT_TRUE(fs::exists(script)) << script;
+  const pid_t pid = spawn(quote(script.string()) + " -np 2 " + quote(bin_.string()) + " loss --model " + stories() +
+                          " --input " + quote(in.string()) + " --max-seq-len 64 --output " + quote(out.string()));
+  ASSERT_TRUE(wait_for_lines(journal, 6, 60)) << slurp(tmp_ / "stderr");
+  ::kill(pid, SIGINT);
+  const Result r = wait_spawned(pid, 60);
+  EXPECT_EQ(r.code, 130) << r.err;
+  EXPECT_NE(r.err.find("interrupted: "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(" of 120 documents done (kept in --output"), std::string::npos) << r.err;
+  EXPECT_GT(lines_of(out).size(), 0u);
+  EXPECT_TRUE(fs::exists(journal));
+}
+
+// A rank stopped mid-run (SIGSTOP) while its tp group waits in a collective: every rank
+// exits non-zero within --comm-timeout + 10 s, the message naming the stopped rank.
+TEST_F(Reliability, AStoppedRankIsNamedWithinTheCommTimeout) {
+  const fs::path in = tmp_ / "prompts.jsonl", out = tmp_ / "out.jsonl", journal = tmp_ / "out.jsonl.journal";
+  const fs::path mark = tmp_ / "stopped_at";
+  write_prompts(in, 64);
+  const Result r = run(2,
+                       "--model " + stories() + " --input " + quote(in.string()) +
+                           " --max-new-tokens 200 --max-batch 4 --comm-timeout 5 --output " + quote(out.string()),
+                       stop_when_lines(1, journal, 3, mark));
+  const double since_stop = now_epoch() - std::stod(slurp(mark));
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.code, 124) << "timed out: " << r.err;
+  EXPECT_LT(since_stop, 15.0) << r.err;
+  EXPECT_NE(r.err.find("made no progress for 5 s (--comm-timeout 5"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("rank 1 "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("stopped (SIGSTOP or a debugger)"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("the finished work is kept in the journal " + journal.string()), std::string::npos) << r.err;
+  EXPECT_GE(lines_of(journal).size(), 3u);
+}
+
+// The stopped rank is in another dp group: it shares no collective with rank 0, which
+// has finished its share and waits at the end of the run for its heartbeats.
+TEST_F(Reliability, AStoppedRankOfAnotherDpGroupIsNamedAtTheFinishLine) {
+  const fs::path in = tmp_ / "prompts.jsonl", out = tmp_ / "out.jsonl", journal = tmp_ / "out.jsonl.journal";
+  const fs::path mark = tmp_ / "stopped_at";
+  {
+    // Group 0 (even lines) gets one token each, group 1 (odd lines) up to 150.
+    std::ofstream f(in);
+    for (int i = 0; i < 240; ++i) f << json{{"prompt", "Once upon a time"}, {"max_new_tokens", i % 2 ? 150 : 1}}.dump() << "\n";
+  }
+  // Stopped once group 0's 120 lines and 3 of group 1 are in the journal.
+  const Result r = run(2,
+                       "--model " + stories() + " --input " + quote(in.string()) +
+                           " --tp 1 --comm-timeout 5 --output " + quote(out.string()),
+                       stop_when_lines(1, journal, 124, mark));
+  const double since_stop = now_epoch() - std::stod(slurp(mark));
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.code, 124) << "timed out: " << r.err;
+  EXPECT_LT(since_stop, 15.0) << r.err;
+  EXPECT_NE(r.err.find("waiting at the end of the run for the ranks still working: no sign of progress for 5 s "
+                       "(--comm-timeout 5) from rank 1 (pid "),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("stopped (SIGSTOP or a debugger)"), std::string::npos) << r.err;
+  EXPECT_GE(lines_of(journal).size(), 124u);
+}
+
+// The output's folder is removed mid-run: the journal goes on in TMPDIR, the final error
+// says where and how to resume, and resuming from it gives the uninterrupted run's file.
+TEST_F(Reliability, ALostOutputFolderLosesNoFinishedRequest) {
+  const fs::path in = tmp_ / "prompts.jsonl", full = tmp_ / "full.jsonl", sub = tmp_ / "sub";
+  const fs::path out = sub / "out.jsonl", journal = sub / "out.jsonl.journal", rescue = tmp_ / "rescue";
+  write_prompts(in, 32);
+  fs::create_directories(sub);
+  fs::create_directories(rescue);
+  const std::string args = "--model " + stories() + " --input " + quote(in.string()) +
+                           " --max-new-tokens 120 --max-batch 4 --output ";
+  ASSERT_EQ(run(2, args + quote(full.string())).code, 0);
+  const std::string remove_folder =
+      "env TMPDIR=" + rescue.string() + " sh -c 'if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then \"$0\" \"$@\" & p=$!; i=0; "
+      "while [ \"$(cat " + journal.string() + " 2>/dev/null | wc -l)\" -lt 5 ] && [ $i -lt 1200 ]; do sleep 0.05; "
+      "i=$((i+1)); done; rm -rf " + sub.string() + "; wait $p; exit $?; else exec \"$0\" \"$@\"; fi'";
+  const Result r = run(2, args + quote(out.string()), remove_folder);
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find("--output " + out.string()), std::string::npos) << r.err;
+  std::vector<fs::path> moved;
+  for (const auto& e : fs::directory_iterator(rescue)) moved.push_back(e.path());
+  ASSERT_EQ(moved.size(), 1u) << r.err;
+  EXPECT_NE(r.err.find("the finished work is kept in the journal " + moved[0].string() +
+                       " (moved there when its folder vanished): put it back as " + journal.string() +
+                       " and rerun with --resume"),
+            std::string::npos)
+      << r.err;
+  // Everything finished is there: all 32 requests (the run ended before it failed).
+  EXPECT_EQ(lines_of(moved[0]).size(), 33u);
+
+  fs::create_directories(sub);
+  fs::rename(moved[0], journal);
+  const Result again = run(2, args + quote(out.string()) + " --resume");
+  ASSERT_EQ(again.code, 0) << again.err;
+  EXPECT_NE(again.err.find("requests: 0 (0 failed), 32 kept from --output and the journal"), std::string::npos)
+      << again.err;
+  EXPECT_EQ(slurp(out), slurp(full));
+}
+
+}  // namespace
+}  // namespace linnet
