@@ -17,7 +17,7 @@
 #include "launch/jsonl_input.h"
 #include "launch/jsonl_output.h"
 #include "launch/model_path.h"
-#include "loader/tokenizer.h"
+#include "loader/tokenizer/tokenizer.h"
 #include "parallel/mpi_communicator.h"
 #include "runtime/backend_factory.h"
 #include "runtime/weights.h"
