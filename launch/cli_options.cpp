@@ -235,6 +235,7 @@ CommandLine parse_command_line(int argc, char** argv) {
     ("backend", "cpu or cuda (default: cuda when a CUDA device is visible, else cpu)",
      cxxopts::value<std::string>())
     ("weight-dtype", kWeightDtypeHelp, cxxopts::value<std::string>())
+    ("kv-cache-dtype", kKvCacheDtypeHelp, cxxopts::value<std::string>())
     ("verbose", "Print the shard plan, KV cache size, sampling settings and seed to stderr")
     ("version", "Print the version and exit")
     ("h,help", "Print this help and exit");
@@ -340,6 +341,7 @@ CommandLine parse_command_line(int argc, char** argv) {
   read_in_range(r, "threads", 1, kMaxThreads, g.threads);
   read_backend(r, g.backend);
   read_weight_dtype(r, g.weight_dtype);
+  read_kv_cache_dtype(r, g.kv_cache_dtype);
   g.verbose = r.count("verbose") > 0;
   g.chat = r.count("chat") > 0;
   return cl;

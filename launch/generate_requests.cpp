@@ -4,7 +4,7 @@
 
 #include "common/error.h"
 #include "launch/jsonl_input.h"
-#include "loader/chat_template.h"
+#include "loader/chat/chat_template.h"
 
 namespace linnet {
 

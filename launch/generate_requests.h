@@ -12,9 +12,9 @@
 #include <nlohmann/json.hpp>
 
 #include "launch/cli_options.h"
-#include "loader/chat_template.h"
+#include "loader/chat/chat_template.h"
 #include "loader/generation_config.h"
-#include "loader/tokenizer.h"
+#include "loader/tokenizer/tokenizer.h"
 #include "runtime/generate.h"
 #include "runtime/model_loader.h"
 

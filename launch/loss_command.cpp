@@ -22,7 +22,7 @@
 #include "launch/jsonl_output.h"
 #include "launch/model_path.h"
 #include "launch/run_relay.h"
-#include "loader/tokenizer.h"
+#include "loader/tokenizer/tokenizer.h"
 #include "parallel/comm_watch.h"
 #include "parallel/mpi_communicator.h"
 #include "runtime/backend_factory.h"
@@ -364,6 +364,7 @@ std::optional<LossOptions> parse_loss_options(int argc, char** argv, std::string
     ("backend", "cpu or cuda (default: cuda when a CUDA device is visible, else cpu)",
      cxxopts::value<std::string>())
     ("weight-dtype", kWeightDtypeHelp, cxxopts::value<std::string>())
+    ("kv-cache-dtype", kKvCacheDtypeHelp, cxxopts::value<std::string>())
     ("verbose", "Print the plan and per-rank details to stderr")
     ("h,help", "Print this help and exit");
   // clang-format on
@@ -387,6 +388,7 @@ std::optional<LossOptions> parse_loss_options(int argc, char** argv, std::string
   read_in_range(r, "threads", 1, kMaxThreads, o.threads);
   read_backend(r, o.backend);
   read_weight_dtype(r, o.weight_dtype);
+  read_kv_cache_dtype(r, o.kv_cache_dtype);
   o.verbose = r.count("verbose") > 0;
   return o;
 }
@@ -465,7 +467,8 @@ int run_loss(const LossOptions& o, Job& job) {
         // No KV cache is kept between passes; the packed pass needs one of pack_len rows.
         const ScalarType held =
             held_weight_dtype(o.weight_dtype, o.backend, from_dtype(files->checkpoint.dominant_dtype()));
-        const RankMemory need = rank_memory(files->config, plan, pack_len, 1, held);
+        const ScalarType kv_dtype = held_kv_cache_dtype(o.kv_cache_dtype, o.backend);
+        const RankMemory need = rank_memory(files->config, plan, pack_len, 1, held, kv_dtype);
         check_memory(need, available_host_memory(), w.local_size);
         std::unique_ptr<Tokenizer> tok;
         if (std::filesystem::exists(dir / "tokenizer.json")) {
@@ -485,7 +488,7 @@ int run_loss(const LossOptions& o, Job& job) {
                                           [&](const Chunk& c) { return kept_docs.count(c.doc) == 0; });
           if (needed) todo.push_back(k);
         }
-        backend = make_backend(o.backend, o.threads, w.local_rank, w.local_size, held);
+        backend = make_backend(o.backend, o.threads, w.local_rank, w.local_size, held, kv_dtype);
         engine = make_engine(*files, plan, *backend, tp_communicator(*backend, *groups.tp, w.local_size),
                              /*max_seq_len=*/1);
         info("dp group " + std::to_string(w.dp_rank) + "/" + std::to_string(w.dp_size) + ", tp rank " +

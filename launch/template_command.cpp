@@ -16,8 +16,8 @@
 #include "launch/job.h"
 #include "launch/jsonl_input.h"
 #include "launch/model_path.h"
-#include "loader/chat_template.h"
-#include "loader/tokenizer.h"
+#include "loader/chat/chat_template.h"
+#include "loader/tokenizer/tokenizer.h"
 
 namespace linnet {
 namespace {

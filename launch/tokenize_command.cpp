@@ -15,7 +15,7 @@
 #include "launch/cli_parse.h"
 #include "launch/job.h"
 #include "launch/model_path.h"
-#include "loader/tokenizer.h"
+#include "loader/tokenizer/tokenizer.h"
 
 namespace linnet {
 namespace {

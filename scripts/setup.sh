@@ -10,6 +10,7 @@ PACKAGES=(
   libcxxopts-dev nlohmann-json3-dev
   libgtest-dev
   libicu-dev libpcre2-dev
+  iproute2
 )
 
 missing=()

@@ -13,7 +13,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "loader/tokenizer.h"
+#include "loader/tokenizer/tokenizer.h"
 
 int main(int argc, char** argv) {
   if (argc < 3) {

@@ -13,7 +13,7 @@
 
 #include <gtest/gtest.h>
 
-#include "loader/tokenizer.h"
+#include "loader/tokenizer/tokenizer.h"
 #include "parallel/mpi_communicator.h"
 #include "runtime/batch_generate.h"
 #include "runtime/model_loader.h"

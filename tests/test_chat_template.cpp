@@ -17,8 +17,8 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
-#include "loader/chat_template.h"
-#include "loader/tokenizer.h"
+#include "loader/chat/chat_template.h"
+#include "loader/tokenizer/tokenizer.h"
 #include "tests/cli_harness.h"
 #include "tests/test_data.h"
 
@@ -234,7 +234,7 @@ TEST(ChatTemplate, GarbageTemplatesFailCleanly) {
 }
 
 // Issue 14: templates that would overflow the stack, exhaust memory or run for minutes
-// are refused by the interpreter's limits (loader/jinja.h), naming the template and line.
+// are refused by the interpreter's limits (loader/chat/jinja.h), naming the template and line.
 TEST(ChatTemplate, HostileTemplatesHitTheLimits) {
   const auto repeat = [](const std::string& s, int n) {
     std::string out;

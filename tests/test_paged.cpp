@@ -14,7 +14,7 @@
 #include <gtest/gtest.h>
 
 #include "common/error.h"
-#include "loader/tokenizer.h"
+#include "loader/tokenizer/tokenizer.h"
 #include "parallel/mpi_communicator.h"
 #include "runtime/batch_generate.h"
 #include "runtime/generate.h"

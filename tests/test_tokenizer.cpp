@@ -7,7 +7,7 @@
 #include <random>
 
 #include "common/error.h"
-#include "loader/tokenizer.h"
+#include "loader/tokenizer/tokenizer.h"
 #include "tests/test_data.h"
 
 namespace linnet {

@@ -6,8 +6,8 @@
 #include <unistd.h>
 
 #include "common/error.h"
-#include "loader/tokenizer.h"
-#include "loader/tokenizer_regex.h"
+#include "loader/tokenizer/tokenizer.h"
+#include "loader/tokenizer/tokenizer_regex.h"
 #include "tests/test_data.h"
 
 namespace linnet {

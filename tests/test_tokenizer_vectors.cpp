@@ -5,7 +5,7 @@
 // piece after the last separator is empty), as llama.cpp's test-tokenizer-0 reads it.
 #include <sstream>
 
-#include "loader/tokenizer.h"
+#include "loader/tokenizer/tokenizer.h"
 #include "tests/test_data.h"
 
 namespace linnet {

@@ -6,7 +6,7 @@
 #include <cmath>
 
 #include "common/error.h"
-#include "loader/jinja.h"
+#include "loader/chat/jinja.h"
 
 namespace linnet::jinja {
 namespace {

@@ -1,11 +1,11 @@
 // Chat templates: parse once (lexer -> parser), render per request (evaluator), and the
 // variables transformers' apply_chat_template passes to a template.
-#include "loader/chat_template.h"
+#include "loader/chat/chat_template.h"
 
 #include "common/error.h"
-#include "loader/jinja.h"
-#include "loader/tokenizer.h"
-#include "loader/tokenizer_parts.h"
+#include "loader/chat/jinja.h"
+#include "loader/tokenizer/tokenizer.h"
+#include "common/utf8.h"
 
 namespace linnet {
 
@@ -24,7 +24,7 @@ std::string ChatTemplate::render(const nlohmann::ordered_json& variables) const 
   // Strings the template slices by byte (or the model's own text) can split a character;
   // refused here, naming the template, rather than by the JSON writer of the output line.
   for (std::size_t i = 0; i < text.size();) {
-    const std::size_t len = tok::utf8_length_at(text, i);
+    const std::size_t len = utf8_length_at(text, i);
     if (len == 0) {
       throw Error("the rendered text is not valid UTF-8 (invalid UTF-8 at byte offset " + std::to_string(i) + ")",
                   *name_);

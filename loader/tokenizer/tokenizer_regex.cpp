@@ -2,14 +2,14 @@
 // compilation (JIT when the platform has it), and find_iter with Oniguruma's rule for
 // empty matches (onig crate, FindMatches::next).
 #define PCRE2_CODE_UNIT_WIDTH 8
-#include "loader/tokenizer_regex.h"
+#include "loader/tokenizer/tokenizer_regex.h"
 
 #include <pcre2.h>
 
 #include <algorithm>
 
 #include "common/error.h"
-#include "loader/tokenizer_parts.h"
+#include "loader/tokenizer/tokenizer_parts.h"
 
 namespace linnet::tok {
 namespace {

@@ -9,7 +9,7 @@
 
 #include "common/error.h"
 #include "loader/json_brief.h"
-#include "loader/tokenizer_parts.h"
+#include "loader/tokenizer/tokenizer_parts.h"
 
 namespace linnet::tok {
 namespace {

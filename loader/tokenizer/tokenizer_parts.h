@@ -1,5 +1,5 @@
 // The components of the tokenizer pipeline, each built from its tokenizer.json section.
-// Internal to loader/ (tokenizer.h is the API).
+// Internal to loader/tokenizer/ (tokenizer.h is the API).
 //
 // Each component is a small class holding a list of steps, a std::variant per step
 // type; a "Sequence" in the JSON flattens into that list. Supporting another type is one
@@ -21,8 +21,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "loader/tokenizer.h"
-#include "loader/tokenizer_regex.h"
+#include "loader/tokenizer/tokenizer.h"
+#include "loader/tokenizer/tokenizer_regex.h"
+#include "common/utf8.h"
 
 namespace linnet::tok {
 
@@ -30,18 +31,11 @@ using Json = nlohmann::json;
 
 // ---- UTF-8 and Unicode properties (tokenizer_pipeline.cpp) ----
 
-/// Length of the valid UTF-8 sequence that starts at s[i] (1..4), or 0 when the bytes
-/// there are not one (overlong forms, surrogates and > U+10FFFF are invalid, as in Rust).
-std::size_t utf8_length_at(std::string_view s, std::size_t i);
-
-/// @throws Error "invalid UTF-8 at byte offset N" (where = `where`) unless `s` is valid.
-void check_utf8(std::string_view s, const std::string& where);
-
-/// The code point at s[i]; s must hold a valid sequence there.
-char32_t utf8_decode_at(std::string_view s, std::size_t i);
-
-/// The code point that ends at s[end-1]; s[..end) must be valid UTF-8 and end > 0.
-char32_t utf8_decode_before(std::string_view s, std::size_t end);
+// The UTF-8 helpers live in common/utf8.h (the chat templates and the server use them too).
+using linnet::utf8_length_at;
+using linnet::check_utf8;
+using linnet::utf8_decode_at;
+using linnet::utf8_decode_before;
 
 /// Unicode White_Space (Rust's char::is_whitespace), from ICU.
 bool is_unicode_whitespace(char32_t c);

@@ -11,7 +11,7 @@
 // which a later invalid byte would turn into U+FFFDs, and while the window text ends in
 // U+FFFD (an unfinished character, for decoders that decode bytes lossily).
 #include "common/error.h"
-#include "loader/tokenizer_parts.h"
+#include "loader/tokenizer/tokenizer_parts.h"
 
 namespace linnet {
 namespace {

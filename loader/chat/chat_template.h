@@ -2,7 +2,7 @@
 // chat_template.jinja) into the prompt text, byte-identical to transformers'
 // apply_chat_template(tokenize=False).
 //
-// Design choice: a small Jinja interpreter of our own (loader/jinja*.cpp) instead of a
+// Design choice: a small Jinja interpreter of our own (loader/chat/jinja*.cpp) instead of a
 // library: Debian packages no C++ Jinja engine, and exact output needs Jinja2's
 // whitespace rules and Python's value semantics, which the interpreter follows
 // (transformers' environment: trim_blocks, lstrip_blocks, loopcontrols, its tojson,
@@ -37,7 +37,7 @@ class ChatTemplate {
   /// values map to Python's: object -> dict in key order, array -> list, null -> None).
   /// @throws Error "<name> line N: ..." on a runtime error, including the template's own
   ///   raise_exception("...") (its message is kept), and on passing a limit of
-  ///   loader/jinja.h (nesting, output size, evaluation steps, repetition, range());
+  ///   loader/chat/jinja.h (nesting, output size, evaluation steps, repetition, range());
   ///   Error "<name>: the rendered text is not valid UTF-8 ..." when the output is not.
   std::string render(const nlohmann::ordered_json& variables) const;
 

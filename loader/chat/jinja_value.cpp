@@ -5,7 +5,7 @@
 #include <cmath>
 #include <cstdio>
 
-#include "loader/jinja.h"
+#include "loader/chat/jinja.h"
 
 namespace linnet::jinja {
 

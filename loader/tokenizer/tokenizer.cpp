@@ -11,7 +11,7 @@
 #include "common/error.h"
 #include "loader/file_io.h"
 #include "loader/json_brief.h"
-#include "loader/tokenizer_parts.h"
+#include "loader/tokenizer/tokenizer_parts.h"
 
 namespace linnet {
 namespace tok {

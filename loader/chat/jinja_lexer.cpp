@@ -7,7 +7,7 @@
 #include <string_view>
 
 #include "common/error.h"
-#include "loader/jinja.h"
+#include "loader/chat/jinja.h"
 
 namespace linnet::jinja {
 namespace {
