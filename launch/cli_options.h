@@ -15,6 +15,11 @@
 #include "launch/tokenize_command.h"
 #include "runtime/sampler.h"
 
+namespace cxxopts {
+class Options;
+class ParseResult;
+}  // namespace cxxopts
+
 namespace linnet {
 
 /// Options of `linnet-tp [generate]`.
@@ -78,6 +83,17 @@ struct RequestSettings {
 ///   non-empty stop strings, top_logprobs in [0, kMaxTopLogprobs]).
 RequestSettings apply_request_keys(const nlohmann::ordered_json& line, RequestSettings defaults,
                                    const std::string& where);
+
+/// Declares the flags that load a model and size its engine, shared by generate and
+/// serve: --model, --tp, --max-seq-len, --max-batch (help `max_batch_help`),
+/// --kv-cache-tokens, --kv-cache-memory-fraction, --no-prefix-caching, --cuda-graphs,
+/// --threads, --backend, --weight-dtype, --verbose. `dp_note` ends --tp's help (what
+/// the dp groups split).
+void add_engine_options(cxxopts::Options& opts, const std::string& dp_note, const std::string& max_batch_help);
+
+/// Reads the flags of add_engine_options into `g`.
+/// @throws Error naming the option on a missing --model or a value out of range.
+void read_engine_options(const cxxopts::ParseResult& r, GenerateOptions& g);
 
 /// What the command line asked for.
 struct CommandLine {

@@ -26,6 +26,7 @@
 #include "launch/generate_requests.h"
 #include "launch/jsonl_input.h"
 #include "launch/jsonl_output.h"
+#include "launch/model_setup.h"
 #include "launch/model_path.h"
 #include "launch/progress.h"
 #include "loader/chat/chat_template.h"
@@ -311,22 +312,13 @@ int run_generate(const GenerateOptions& o, Job& job) {
   std::vector<int64_t> eos;
   RequestSettings defaults;
   const bool loaded = job.load_phase([&] {
-    const std::filesystem::path model_dir = resolve_model_dir(o.model);
-    files = std::make_unique<ModelFiles>(open_model(model_dir));
-    const ShardPlan plan = ShardPlan::make(files->config, w.tp_rank, w.tp_size);
-    const int64_t max_seq_len = resolve_max_seq_len(files->config, o.max_seq_len);
-    tokenizer = std::make_unique<Tokenizer>(Tokenizer::from_dir(model_dir));
-    if (tokenizer->vocab_size() > files->config.vocab_size) {
-      throw Error("the tokenizer knows more ids than the model has embedding rows", (model_dir / "tokenizer.json").string(),
-                  "ids < config.json vocab_size = " + std::to_string(files->config.vocab_size),
-                  "ids up to " + std::to_string(tokenizer->vocab_size() - 1));
-    }
-    defaults = resolve_defaults(o, files->generation);
-    // Phi-3 pads its embedding to 32064 rows while the tokenizer knows 32011 ids: never
-    // draw an id the tokenizer cannot decode.
-    defaults.sampling.vocab_limit = std::min<int64_t>(files->config.vocab_size, tokenizer->vocab_size());
-    Sampler check(defaults.sampling);  // validates generation_config.json's values before any rank starts
-    eos = resolve_eos(*files, *tokenizer);
+    GenerationModel m = open_generation_model(o, w);
+    const std::filesystem::path& model_dir = m.model_dir;
+    const int64_t max_seq_len = m.max_seq_len;
+    files = std::move(m.files);
+    tokenizer = std::move(m.tokenizer);
+    defaults = m.defaults;
+    eos = m.eos;
 
     std::vector<int64_t> skip;
     for (const auto& s : kept_indices) skip.push_back(std::stoll(s));
@@ -420,39 +412,7 @@ int run_generate(const GenerateOptions& o, Job& job) {
     const int64_t share = static_cast<int64_t>((todo.size() + static_cast<size_t>(w.dp_size) - 1 -
                                                 static_cast<size_t>(w.dp_rank)) / static_cast<size_t>(w.dp_size));
     const int64_t batch_rows = std::max<int64_t>(1, std::min<int64_t>(o.max_batch, share));
-    const ScalarType held =
-        held_weight_dtype(o.weight_dtype, o.backend, from_dtype(files->checkpoint.dominant_dtype()));
-    const int64_t kv_tokens =
-        resolve_kv_cache_tokens(files->config, plan, max_seq_len, batch_rows, o.kv_cache_tokens,
-                                o.kv_cache_memory_fraction, available_host_memory(), w.local_size, held);
-    const RankMemory need = rank_memory(files->config, plan, kv_tokens, 1, held);
-    check_memory(need, available_host_memory(), w.local_size);
-    const int threads = blas_threads_per_rank(o.threads, w.local_size);
-    backend = make_backend(o.backend, threads, w.local_rank, w.local_size, held);
-    engine = make_engine(*files, plan, *backend, tp_communicator(*backend, *groups.tp, w.local_size), max_seq_len,
-                         batch_rows, kKvPageSize,
-                         kv_tokens / kKvPageSize, o.cuda_graphs);
-    if (w.world_rank == 0 && o.cuda_graphs && !engine->cuda_graphs()) {
-      warn_once("--cuda-graphs has no effect here: graphs need --backend cuda and NCCL (or a single rank)");
-    }
-    if (w.world_rank == 0) {  // the memory a rank holds, as the model cards state it
-      std::fprintf(stderr, "[linnet-tp] per rank: weights %s (%s), KV cache %s (%lld pages of %lld positions, f32; "
-                   "--max-seq-len %lld), backend %s\n",
-                   format_bytes(need.weight_bytes).c_str(), scalar_type_name(held),
-                   format_bytes(engine->kv_cache_bytes()).c_str(),
-                   static_cast<long long>(engine->num_pages()), static_cast<long long>(engine->page_size()),
-                   static_cast<long long>(max_seq_len), backend->name().c_str());
-    }
-    info("dp group " + std::to_string(w.dp_rank) + "/" + std::to_string(w.dp_size) + ", tp rank " +
-         std::to_string(w.tp_rank) + "/" + std::to_string(w.tp_size) + ": " +
-         std::to_string(plan.num_heads_local) + " heads, " + std::to_string(plan.num_kv_heads_local) +
-         " KV heads, " + std::to_string(plan.intermediate_local) + " MLP units, vocab rows [" +
-         std::to_string(plan.vocab_begin) + ", " + std::to_string(plan.vocab_begin + plan.vocab_local) +
-         "), backend " + backend->name() + " (" + std::to_string(threads) + " BLAS threads on cpu), KV cache " + std::to_string(engine->num_pages()) +
-         " pages x " + std::to_string(engine->page_size()) + " positions = " + format_bytes(engine->kv_cache_bytes()) +
-         " (up to " + std::to_string(batch_rows) + " requests at once), weights " +
-         format_bytes(need.weight_bytes) + " (" + scalar_type_name(held) + "); read " + format_bytes(static_cast<int64_t>(files->checkpoint.bytes_read())) +
-         " of the checkpoint's " + format_bytes(static_cast<int64_t>(files->checkpoint.total_bytes())));
+    build_generation_engine(o, *files, m.plan, max_seq_len, groups, batch_rows, backend, engine);
   });
   if (!loaded) return kLoadErrorExit;
 
