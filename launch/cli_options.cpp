@@ -9,6 +9,7 @@
 
 #include "common/error.h"
 #include "launch/cli_parse.h"
+#include "launch/serve_command.h"
 #include "runtime/model_loader.h"
 
 namespace linnet {
@@ -68,6 +69,7 @@ bool temperature_ok(double t) { return std::isfinite(t) && t >= 0.0; }
 bool top_p_ok(double p) { return p > 0.0 && p <= 1.0; }
 bool min_p_ok(double p) { return p >= 0.0 && p <= 1.0; }
 bool penalty_ok(double p) { return std::isfinite(p) && p > 0.0; }
+bool openai_penalty_ok(double p) { return p >= -2.0 && p <= 2.0; }
 
 }  // namespace
 
@@ -79,6 +81,10 @@ RequestSettings apply_request_keys(const ordered_json& line, RequestSettings s, 
   p.min_p = number_key(line, "min_p", where, min_p_ok, "a number in [0, 1]", p.min_p);
   p.repetition_penalty = number_key(line, "repetition_penalty", where, penalty_ok, "a finite number > 0",
                                     p.repetition_penalty);
+  p.presence_penalty = number_key(line, "presence_penalty", where, openai_penalty_ok, "a number in [-2, 2]",
+                                  p.presence_penalty);
+  p.frequency_penalty = number_key(line, "frequency_penalty", where, openai_penalty_ok, "a number in [-2, 2]",
+                                   p.frequency_penalty);
   if (const ordered_json* v = key_of(line, "seed")) {
     if (!v->is_number_unsigned() && !(v->is_number_integer() && v->get<int64_t>() >= 0)) {
       bad_key(where, "seed", "an integer in [0, 2^64-1]", *v);
@@ -216,6 +222,13 @@ CommandLine parse_command_line(int argc, char** argv) {
     if (options) cl.bench = *options;
     return cl;
   }
+  if (argc > 1 && std::strcmp(argv[1], "serve") == 0) {
+    CommandLine cl;
+    const auto options = parse_serve_options(argc, argv, cl.help_text);
+    cl.kind = options ? CommandLine::Kind::kServe : CommandLine::Kind::kHelp;
+    if (options) cl.serve = *options;
+    return cl;
+  }
   if (argc > 1 && std::strcmp(argv[1], "template") == 0) {
     CommandLine cl;
     const auto options = parse_template_options(argc, argv, cl.help_text);
@@ -229,14 +242,15 @@ CommandLine parse_command_line(int argc, char** argv) {
                         "every rank loads its slice of the checkpoint and computes its share of\n"
                         "each layer.\n\n"
                         "  mpirun -np 4 linnet-tp --model DIR --prompt TEXT\n\n"
-                        "Subcommands: generate (the default), loss, bench, info, tokenize, template (see SUBCOMMAND --help).\n");
+                        "Subcommands: generate (the default), serve, loss, bench, info, tokenize, template (see SUBCOMMAND --help).\n");
   opts.custom_help("[generate] [OPTIONS]");
   // clang-format off
   opts.add_options()
     ("prompt", "Prompt text (raw, unless --chat)", cxxopts::value<std::string>())
     ("input", "JSONL file, one {\"prompt\": ...} per line, generated with continuous batching "
      "(instead of --prompt); a {\"messages\": [...], ...} line is rendered with the chat template. "
-     "A line may set temperature, top_k, top_p, min_p, repetition_penalty, seed, max_new_tokens, "
+     "A line may set temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty, "
+     "frequency_penalty, seed, max_new_tokens, "
      "stop, stop_token_ids, logprobs, top_logprobs (default: the flags)",
      cxxopts::value<std::string>())
     ("chat", "Treat --prompt (and each {\"prompt\"} line) as one user message and render it with the "

@@ -71,14 +71,7 @@ int run_batch(Engine& engine, const BatchRun& b, const std::vector<int64_t>& eos
   std::vector<BatchRequest> reqs(mine.size());
   for (size_t k = 0; k < mine.size(); ++k) {
     const Request& r = b.requests[mine[k]];
-    reqs[k].prompt = r.ids;
-    reqs[k].sampling = r.settings.sampling;
-    reqs[k].sampling.seed = r.settings.seed ? *r.settings.seed : seed + static_cast<uint64_t>(r.index);
-    reqs[k].max_new_tokens = r.settings.max_new_tokens;
-    reqs[k].eos_ids = eos;
-    reqs[k].eos_ids.insert(reqs[k].eos_ids.end(), r.settings.stop_token_ids.begin(), r.settings.stop_token_ids.end());
-    reqs[k].top_logprobs = r.settings.top_logprobs;
-    reqs[k].error = r.error;
+    reqs[k] = batch_request(r, eos, r.settings.seed ? *r.settings.seed : seed + static_cast<uint64_t>(r.index));
   }
 
   StopRelay relay(MPI_COMM_WORLD);
@@ -211,36 +204,22 @@ bool run_single(Engine& engine, const Tokenizer& tok, const Request& r, const st
   sampling.seed = seed;
   std::vector<int64_t> stop_ids = eos;
   stop_ids.insert(stop_ids.end(), r.settings.stop_token_ids.begin(), r.settings.stop_token_ids.end());
-  std::unique_ptr<StreamingDetokenizer> stream;
-  std::string shown;
-  if (is_root) stream = std::make_unique<StreamingDetokenizer>(tok, r.ids);
-  // With stop strings, text is held back until it cannot be the start of one.
-  size_t hold = 0;
-  for (const auto& s : r.settings.stop) hold = std::max(hold, s.size() - 1);
-  std::string text;
-  auto show = [&](bool final) {
-    size_t upto = final ? text.size() : (text.size() > hold ? text.size() - hold : 0);
-    size_t cut = std::string::npos;
-    for (const auto& s : r.settings.stop) cut = std::min(cut, text.find(s));
-    if (cut != std::string::npos) upto = std::min(upto, cut);
-    if (upto > shown.size()) {
-      std::fwrite(text.data() + shown.size(), 1, upto - shown.size(), stdout);
-      std::fflush(stdout);
-      shown = text.substr(0, upto);
-    }
+  std::unique_ptr<CompletionStream> stream;
+  if (is_root) stream = std::make_unique<CompletionStream>(tok, r);
+  auto show = [&](const std::string& text) {
+    if (text.empty()) return;
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    std::fflush(stdout);
   };
   StopScan scan;
   GenerationResult g = generate_until(
       engine, r.ids, sampling, r.settings.max_new_tokens, stop_ids,
       [&](int32_t id) {
-        if (!stream) return;
-        text += stream->push(id);
-        show(false);
+        if (stream) show(stream->push(id));
       },
       [&](int32_t id) { return scan.push(tok, r, id); });
   if (!is_root) return g.finish_reason == "error";
-  text += stream->flush();
-  show(true);
+  show(stream->finish());
   std::fputc('\n', stdout);
   std::fflush(stdout);
   if (g.finish_reason == "error") warn_once("--prompt: " + g.error);

@@ -122,7 +122,7 @@ void BatchSession::sample(const std::vector<int64_t>& ids, const std::vector<flo
       }
       const std::span<const float> row = std::span<const float>(logits).subspan(k * V, V);
       try {
-        const int32_t token = e.sampler->sample(row, e.context);
+        const int32_t token = e.sampler->sample(row, e.context, res.ids);
         if (req.top_logprobs >= 0) {
           res.logprobs.push_back(Sampler::logprobs(row, token, req.top_logprobs, req.sampling.vocab_limit));
         }
