@@ -174,7 +174,8 @@ int run_serve(const ServeOptions& o, Job& job) {
     lc.shutdown_grace_s = o.shutdown_grace_s;
     lc.prefix_caching = o.engine.prefix_caching;
     run_serve_loop(*engine, lc);
-    if (server) server->stop();
+    // Every request has ended in the engine; let their responses finish writing.
+    if (server) server->stop(std::chrono::milliseconds(static_cast<int64_t>(1000.0 * std::min(o.shutdown_grace_s, 5.0) + 1000)));
   } catch (const std::exception& e) {
     job.abort(e.what());
   }

@@ -1,6 +1,7 @@
 #include "launch/serve_http.h"
 
 #include <pthread.h>
+#include <sys/socket.h>
 #include <signal.h>
 
 #include <ctime>
@@ -21,6 +22,7 @@ struct ApiServer::State {
   std::atomic<bool>& draining;
   std::mutex mutex;
   std::shared_ptr<const ServedModel> model;  // set once ready
+  std::atomic<int64_t> open_responses{0};    // generation responses not yet released
 
   std::shared_ptr<const ServedModel> served() {
     std::lock_guard<std::mutex> lock(mutex);
@@ -74,6 +76,7 @@ struct Generation {
   size_t done = 0;
   bool failed = false;
   bool complete = false;  // the whole response was written
+  std::atomic<int64_t>* open = nullptr;
 
   const Tokenizer& tok() const { return *model->api.tokenizer; }
 
@@ -265,6 +268,13 @@ ApiServer::ApiServer(HttpConfig config, ServeQueue& queue, ServeMetrics& metrics
   svr.set_keep_alive_timeout(5);
   svr.set_keep_alive_max_count(1000);
   svr.set_tcp_nodelay(true);
+  // The listening socket, to widen httplib's accept backlog of 5 (a burst of clients
+  // would otherwise overflow it) once it listens.
+  svr.set_socket_options([this](int sock) {
+    int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+    listen_fd_ = sock;
+  });
 
   // Authentication for the API routes; the key is compared in constant time.
   svr.set_pre_routing_handler([&st](const httplib::Request& req, httplib::Response& res) {
@@ -340,6 +350,7 @@ ApiServer::ApiServer(HttpConfig config, ServeQueue& queue, ServeMetrics& metrics
       g->model = model;
       g->metrics = &st.metrics;
       g->queue = &st.queue;
+      g->open = &st.open_responses;
       g->id = random_id(chat ? "chatcmpl-" : "cmpl-");
       g->created = static_cast<int64_t>(std::time(nullptr));
       g->channel = std::make_shared<ServeChannel>();
@@ -366,11 +377,15 @@ ApiServer::ApiServer(HttpConfig config, ServeQueue& queue, ServeMetrics& metrics
         return reject(ApiError(429, "the server's queue is full; retry later", "", "", "queue_full"));
       }
       if (admit == ServeQueue::Admit::kClosed) return reject(ApiError(503, "the server is shutting down"));
+      ++st.open_responses;
 
       // The response is written as the tokens come; the client leaving (httplib tests
       // the socket between calls) or a failed write ends it, and the releaser abandons
       // the channel so the engine cancels what is left.
       auto provider = [g](size_t, httplib::DataSink& sink) {
+        // A closed socket (the peer's FIN, seen by a peek) ends the response even while
+        // nothing is written (a non-streaming request waits without writing).
+        if (!sink.is_writable()) return false;
         std::vector<ServeEvent> events;
         g->channel->wait(events, std::chrono::milliseconds(100));
         const std::string frames = g->apply(events);
@@ -393,6 +408,7 @@ ApiServer::ApiServer(HttpConfig config, ServeQueue& queue, ServeMetrics& metrics
           if (c.finish == "error") outcome = "failed";
         }
         g->metrics->request_done(outcome);
+        --*g->open;
       };
       if (g->req.stream) {
         res.set_header("Cache-Control", "no-cache");
@@ -410,15 +426,15 @@ ApiServer::~ApiServer() { stop(); }
 
 int ApiServer::bind() {
   const HttpConfig& c = state_->config;
+  int port = c.port;
   if (c.port == 0) {
-    const int port = server_->bind_to_any_port(c.host);
+    port = server_->bind_to_any_port(c.host);
     if (port <= 0) throw Error("cannot listen (is the address valid?)", c.host + ":0");
-    return port;
-  }
-  if (!server_->bind_to_port(c.host, c.port)) {
+  } else if (!server_->bind_to_port(c.host, c.port)) {
     throw Error("cannot listen (address in use or not valid?)", c.host + ":" + std::to_string(c.port));
   }
-  return c.port;
+  if (listen_fd_ >= 0) ::listen(listen_fd_, 4096);  // the kernel caps it at somaxconn
+  return port;
 }
 
 void ApiServer::start() {
@@ -438,8 +454,12 @@ void ApiServer::ready(ServedModel model) {
   state_->model = std::move(m);
 }
 
-void ApiServer::stop() {
+void ApiServer::stop(std::chrono::milliseconds timeout) {
   if (!server_) return;
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  while (state_->open_responses > 0 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
   if (thread_.joinable()) {
     // stop() is a no-op until the thread listens.
     for (int i = 0; i < 2000 && !server_->is_running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));

@@ -7,6 +7,8 @@
 // engine cancels its choices at the next step.
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -57,8 +59,9 @@ class ApiServer {
   void ready(ServedModel model);
   /// A stop signal arrived: new generation requests get 503 from now on.
   void drain() { draining_ = true; }
-  /// Stops listening and joins the server's threads (each open response ends first).
-  void stop();
+  /// Waits up to `timeout` for the responses still being written (their requests have
+  /// ended in the engine), then stops listening and joins the server's threads.
+  void stop(std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
 
  private:
   struct State;
@@ -66,6 +69,7 @@ class ApiServer {
   std::unique_ptr<httplib::Server> server_;
   std::thread thread_;
   std::atomic<bool> draining_{false};
+  int listen_fd_ = -1;
 };
 
 }  // namespace linnet
