@@ -54,6 +54,7 @@ std::optional<BenchOptions> parse_bench_options(int argc, char** argv, std::stri
     ("backend", "cpu or cuda (default: cuda when a CUDA device is visible, else cpu)",
      cxxopts::value<std::string>())
     ("weight-dtype", kWeightDtypeHelp, cxxopts::value<std::string>())
+    ("kv-cache-dtype", kKvCacheDtypeHelp, cxxopts::value<std::string>())
     ("batch", "Sequences decoded together", cxxopts::value<int64_t>())
     ("prompt-len", "Tokens per prompt (default 128)", cxxopts::value<int64_t>())
     ("new-tokens", "Decode steps (default 32)", cxxopts::value<int64_t>())
@@ -80,6 +81,7 @@ std::optional<BenchOptions> parse_bench_options(int argc, char** argv, std::stri
   if (!o.config.empty() && !o.random_weights) throw Error("needs --random-weights (a config has no weights)", "--config");
   read_backend(r, o.backend);
   read_weight_dtype(r, o.weight_dtype);
+  read_kv_cache_dtype(r, o.kv_cache_dtype);
   read_at_least<int64_t>(r, "batch", 1, o.batch);
   read_at_least<int64_t>(r, "prompt-len", 1, o.prompt_len);
   read_at_least<int64_t>(r, "new-tokens", 0, o.new_tokens);
@@ -124,9 +126,11 @@ int run_bench(const BenchOptions& o, Job& job) {
         }
         held = held_weight_dtype(o.weight_dtype, o.backend,
                                  files ? from_dtype(files->checkpoint.dominant_dtype()) : config_weight_dtype(config));
-        backend = make_backend(o.backend, o.threads, w.local_rank, w.local_size, held);
+        const ScalarType kv_dtype = held_kv_cache_dtype(o.kv_cache_dtype, o.backend);
+        backend = make_backend(o.backend, o.threads, w.local_rank, w.local_size, held, kv_dtype);
         if (backend->device() == Device::kCpu) {
-          check_memory(rank_memory(config, plan, max_seq_len, o.batch, held), available_host_memory(), w.local_size);
+          check_memory(rank_memory(config, plan, max_seq_len, o.batch, held, kv_dtype), available_host_memory(),
+                       w.local_size);
         }
       })) {
     return kLoadErrorExit;
@@ -153,9 +157,9 @@ int run_bench(const BenchOptions& o, Job& job) {
                   scalar_type_name(held), format_bytes(weight_bytes_local(config, plan, held)).c_str(),
                   o.random_weights ? "made" : "loaded", load_s);
       std::printf("cpu kernels: %s, %d threads per rank\n", cpu::isa_name(cpu::active_isa()), cpu::num_threads());
-      std::printf("kv cache: %s per rank (%lld rows x %lld positions, f32)\n",
+      std::printf("kv cache: %s per rank (%lld rows x %lld positions, %s)\n",
                   format_bytes(engine.kv_cache_bytes()).c_str(), static_cast<long long>(o.batch),
-                  static_cast<long long>(max_seq_len));
+                  static_cast<long long>(max_seq_len), scalar_type_name(backend->kv_cache_dtype()));
       std::printf("cuda graphs: %s\n", engine.cuda_graphs() ? "on"
                                         : o.cuda_graphs ? "off (they need --backend cuda and NCCL or one rank)"
                                                         : "off");

@@ -23,6 +23,7 @@ struct BenchOptions {
   bool random_weights = false;  // --random-weights: N(0, 0.02) matrices, unit norms
   std::string backend;        // --backend cpu|cuda; empty: cuda when a device is visible
   std::string weight_dtype = "auto";  // --weight-dtype auto|f32|bf16|f16 (held_weight_dtype)
+  std::string kv_cache_dtype = "f32";  // --kv-cache-dtype f32|bf16 (held_kv_cache_dtype)
   int64_t batch = 1;          // --batch: sequences (KV cache rows)
   int64_t prompt_len = 128;   // --prompt-len: tokens per prompt
   int64_t new_tokens = 32;    // --new-tokens: decode steps

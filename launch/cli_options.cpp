@@ -157,6 +157,7 @@ void add_engine_options(cxxopts::Options& opts, const std::string& dp_note, cons
     ("backend", "cpu or cuda (default: cuda when a CUDA device is visible, else cpu)",
      cxxopts::value<std::string>())
     ("weight-dtype", kWeightDtypeHelp, cxxopts::value<std::string>())
+    ("kv-cache-dtype", kKvCacheDtypeHelp, cxxopts::value<std::string>())
     ("verbose", "Print the shard plan, KV cache size, sampling settings and seed to stderr");
   // clang-format on
 }
@@ -190,6 +191,7 @@ void read_engine_options(const cxxopts::ParseResult& r, GenerateOptions& g) {
   read_in_range(r, "threads", 1, kMaxThreads, g.threads);
   read_backend(r, g.backend);
   read_weight_dtype(r, g.weight_dtype);
+  read_kv_cache_dtype(r, g.kv_cache_dtype);
   g.verbose = r.count("verbose") > 0;
 }
 

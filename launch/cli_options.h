@@ -52,6 +52,7 @@ struct GenerateOptions {
   bool cuda_graphs = false;          // --cuda-graphs: replay decode steps as CUDA graphs (untested on a GPU yet)
   std::string backend;               // --backend cpu|cuda; empty: cuda when a device is visible, else cpu
   std::string weight_dtype = "auto"; // --weight-dtype auto|f32|bf16|f16 (held_weight_dtype)
+  std::string kv_cache_dtype = "f32";  // --kv-cache-dtype f32|bf16 (held_kv_cache_dtype)
   bool verbose = false;
 };
 

@@ -125,4 +125,10 @@ void read_weight_dtype(const cxxopts::ParseResult& r, std::string& out) {
   }
 }
 
+void read_kv_cache_dtype(const cxxopts::ParseResult& r, std::string& out) {
+  if (!r.count("kv-cache-dtype")) return;
+  out = r["kv-cache-dtype"].as<std::string>();
+  if (out != "f32" && out != "bf16") throw Error("invalid value", "--kv-cache-dtype", "f32 or bf16", out);
+}
+
 }  // namespace linnet

@@ -56,9 +56,18 @@ void read_backend(const cxxopts::ParseResult& r, std::string& out);
 /// @throws Error naming --weight-dtype when it is not auto, f32, bf16 or f16.
 void read_weight_dtype(const cxxopts::ParseResult& r, std::string& out);
 
+/// When --kv-cache-dtype was given: `out` = its value.
+/// @throws Error naming --kv-cache-dtype when it is not f32 or bf16.
+void read_kv_cache_dtype(const cxxopts::ParseResult& r, std::string& out);
+
+/// The --kv-cache-dtype option's help line, shared by generate, loss and bench.
+inline constexpr const char* kKvCacheDtypeHelp =
+    "KV cache dtype: f32 (default) or bf16 (half the cache bytes; each K/V value rounded to "
+    "bf16 as it is stored, widened exactly as attention reads it; CPU backend only)";
+
 /// The --weight-dtype option's help line, shared by generate, loss and bench.
 inline constexpr const char* kWeightDtypeHelp =
     "Weight matrices in memory: auto (the checkpoint's dtype; config.json's torch_dtype for random weights), "
-    "f32, bf16 or f16 (CPU backend; CUDA holds bf16). Activations, KV cache and sums stay f32";
+    "f32, bf16 or f16 (CPU backend; CUDA holds bf16). Activations and sums stay f32";
 
 }  // namespace linnet

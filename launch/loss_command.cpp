@@ -156,6 +156,7 @@ std::optional<LossOptions> parse_loss_options(int argc, char** argv, std::string
     ("backend", "cpu or cuda (default: cuda when a CUDA device is visible, else cpu)",
      cxxopts::value<std::string>())
     ("weight-dtype", kWeightDtypeHelp, cxxopts::value<std::string>())
+    ("kv-cache-dtype", kKvCacheDtypeHelp, cxxopts::value<std::string>())
     ("verbose", "Print the plan and per-rank details to stderr")
     ("h,help", "Print this help and exit");
   // clang-format on
@@ -176,6 +177,7 @@ std::optional<LossOptions> parse_loss_options(int argc, char** argv, std::string
   read_in_range(r, "threads", 1, kMaxThreads, o.threads);
   read_backend(r, o.backend);
   read_weight_dtype(r, o.weight_dtype);
+  read_kv_cache_dtype(r, o.kv_cache_dtype);
   o.verbose = r.count("verbose") > 0;
   return o;
 }
@@ -211,7 +213,8 @@ int run_loss(const LossOptions& o, Job& job) {
         // No KV cache is kept between passes; the packed pass needs one of pack_len rows.
         const ScalarType held =
             held_weight_dtype(o.weight_dtype, o.backend, from_dtype(files->checkpoint.dominant_dtype()));
-        const RankMemory need = rank_memory(files->config, plan, pack_len, 1, held);
+        const ScalarType kv_dtype = held_kv_cache_dtype(o.kv_cache_dtype, o.backend);
+        const RankMemory need = rank_memory(files->config, plan, pack_len, 1, held, kv_dtype);
         check_memory(need, available_host_memory(), w.local_size);
         std::unique_ptr<Tokenizer> tok;
         if (std::filesystem::exists(dir / "tokenizer.json")) {
@@ -221,7 +224,7 @@ int run_loss(const LossOptions& o, Job& job) {
           docs.push_back(parse_document(l, o.input + ":" + std::to_string(l.line), tok.get(), files->config.vocab_size));
         }
         packs = pack(docs, pack_len);
-        backend = make_backend(o.backend, o.threads, w.local_rank, w.local_size, held);
+        backend = make_backend(o.backend, o.threads, w.local_rank, w.local_size, held, kv_dtype);
         engine = make_engine(*files, plan, *backend, tp_communicator(*backend, *groups.tp, w.local_size),
                              /*max_seq_len=*/1);
         info("dp group " + std::to_string(w.dp_rank) + "/" + std::to_string(w.dp_size) + ", tp rank " +

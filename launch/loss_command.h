@@ -23,6 +23,7 @@ struct LossOptions {
   int threads = 0;          // --threads: BLAS threads per rank (0: cores / ranks on the node)
   std::string backend;      // --backend cpu|cuda; empty: cuda when a device is visible, else cpu
   std::string weight_dtype = "auto";  // --weight-dtype auto|f32|bf16|f16 (held_weight_dtype)
+  std::string kv_cache_dtype = "f32";  // --kv-cache-dtype f32|bf16 (held_kv_cache_dtype)
   bool verbose = false;
 };
 

@@ -44,13 +44,14 @@ void build_generation_engine(const GenerateOptions& o, const ModelFiles& files, 
   const WorldConfig& w = groups.world_config;
   const ScalarType held =
       held_weight_dtype(o.weight_dtype, o.backend, from_dtype(files.checkpoint.dominant_dtype()));
+  const ScalarType kv_dtype = held_kv_cache_dtype(o.kv_cache_dtype, o.backend);
   const int64_t kv_tokens =
       resolve_kv_cache_tokens(files.config, plan, max_seq_len, batch_rows, o.kv_cache_tokens,
-                              o.kv_cache_memory_fraction, available_host_memory(), w.local_size, held);
-  const RankMemory need = rank_memory(files.config, plan, kv_tokens, 1, held);
+                              o.kv_cache_memory_fraction, available_host_memory(), w.local_size, held, kv_dtype);
+  const RankMemory need = rank_memory(files.config, plan, kv_tokens, 1, held, kv_dtype);
   check_memory(need, available_host_memory(), w.local_size);
   const int threads = blas_threads_per_rank(o.threads, w.local_size);
-  backend = make_backend(o.backend, threads, w.local_rank, w.local_size, held);
+  backend = make_backend(o.backend, threads, w.local_rank, w.local_size, held, kv_dtype);
   engine = make_engine(files, plan, *backend, tp_communicator(*backend, *groups.tp, w.local_size), max_seq_len,
                        batch_rows, kKvPageSize,
                        kv_tokens / kKvPageSize, o.cuda_graphs);
@@ -58,11 +59,12 @@ void build_generation_engine(const GenerateOptions& o, const ModelFiles& files, 
     warn_once("--cuda-graphs has no effect here: graphs need --backend cuda and NCCL (or a single rank)");
   }
   if (w.world_rank == 0) {  // the memory a rank holds, as the model cards state it
-    std::fprintf(stderr, "[linnet-tp] per rank: weights %s (%s), KV cache %s (%lld pages of %lld positions, f32; "
+    std::fprintf(stderr, "[linnet-tp] per rank: weights %s (%s), KV cache %s (%lld pages of %lld positions, %s; "
                  "--max-seq-len %lld), backend %s\n",
                  format_bytes(need.weight_bytes).c_str(), scalar_type_name(held),
                  format_bytes(engine->kv_cache_bytes()).c_str(),
                  static_cast<long long>(engine->num_pages()), static_cast<long long>(engine->page_size()),
+                 scalar_type_name(backend->kv_cache_dtype()),
                  static_cast<long long>(max_seq_len), backend->name().c_str());
   }
   info("dp group " + std::to_string(w.dp_rank) + "/" + std::to_string(w.dp_size) + ", tp rank " +

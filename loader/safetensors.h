@@ -27,11 +27,7 @@ const char* dtype_name(DType dtype);
 /// Bytes per element: 4, 2, 2.
 std::size_t dtype_size(DType dtype);
 
-/// f32 -> bfloat16 bits, round to nearest even (torch's .to(torch.bfloat16)); NaN stays NaN.
-uint16_t float_to_bf16(float f);
-/// f32 -> IEEE binary16 bits, round to nearest even; overflow to inf, subnormals kept.
-uint16_t float_to_half(float f);
-/// out[i] = float_to_bf16(src[i]) (to == BF16) or float_to_half(src[i]) (to == F16),
+/// out[i] = float_to_bf16(src[i]) (common/float16.h) (to == BF16) or float_to_half(src[i]) (to == F16),
 /// i < n.
 void narrow_f32(const float* src, int64_t n, DType to, uint16_t* out);
 

@@ -4,7 +4,8 @@
 // found) to kernels/cuda. The math of each op is documented in kernels/cpu/ops.h.
 //
 // Memory: every pointer an op takes refers to this backend's memory (host for the CPU
-// backend, the current device for CUDA). Activations and the KV cache are f32; weight
+// backend, the current device for CUDA). Activations are f32, the KV cache f32 or (CPU,
+// --kv-cache-dtype) bf16; weight
 // matrices are in the backend's weight dtype (f32, bf16 or f16 on CPU, bf16 on CUDA) and are passed
 // as Tensors so an op can see their dtype; small i32 inputs (token ids, positions, page
 // tables, key ranges) are uploaded once per pass with upload_i32.
@@ -40,6 +41,9 @@ class Backend {
   /// The dtype load_weights should read matrices in for upload_matrix: the CPU
   /// backend's weight dtype (--weight-dtype); f32 on CUDA (converted on the device).
   virtual ScalarType host_weight_dtype() const { return ScalarType::kF32; }
+  /// The dtype of the KV cache tensors the Engine makes on this backend (kv_cache.h):
+  /// f32, or bf16 on the CPU backend with --kv-cache-dtype bf16.
+  virtual ScalarType kv_cache_dtype() const { return ScalarType::kF32; }
   /// A weight vector (norm weights, rotary inverse frequencies; host f32) kept f32 in
   /// this backend's memory.
   virtual Tensor upload_vector(const Tensor& host) = 0;
@@ -63,16 +67,17 @@ class Backend {
   /// Paged grouped-query attention (cpu::attention in kernels/cpu/ops.h): query r reads
   /// the keys at logical positions [key_begin[r], key_end[r]) of its sequence, position
   /// p living in cache row page_table[r * max_pages + p / page_size] * page_size +
-  /// p % page_size of k_cache / v_cache.
-  virtual void attention(const float* q, int64_t q_stride, const float* k_cache, const float* v_cache, float* out,
+  /// p % page_size of k_cache / v_cache (tensors in kv_cache_dtype()).
+  virtual void attention(const float* q, int64_t q_stride, const Tensor& k_cache, const Tensor& v_cache, float* out,
                          int64_t rows, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
                          const int32_t* page_table, int64_t max_pages, int64_t page_size,
                          const int32_t* key_begin, const int32_t* key_end) = 0;
   virtual void rmsnorm_heads(float* x, int64_t rows, int64_t row_stride, int64_t n_heads, int64_t head_dim,
                              const float* weight, float eps) = 0;
   virtual void add_inplace(float* x, const float* y, int64_t n) = 0;
-  /// cache[slots[r] * row_elems + i] = src[r * src_stride + i] (slots i32, backend memory).
-  virtual void store_rows(const float* src, int64_t src_stride, float* cache, int64_t row_elems,
+  /// cache[slots[r] * row_elems + i] = src[r * src_stride + i] (slots i32, backend memory;
+  /// `cache` in kv_cache_dtype(), a bf16 cache rounds to nearest even).
+  virtual void store_rows(const float* src, int64_t src_stride, Tensor& cache, int64_t row_elems,
                           const int32_t* slots, int64_t rows) = 0;
   /// out[r, :] = src[index[r], :] for r < n; rows of `cols` floats (index i32, backend memory).
   virtual void gather_rows(const float* src, int64_t cols, const int32_t* index, int64_t n, float* out) = 0;
@@ -127,8 +132,10 @@ class Backend {
 int blas_threads_per_rank(int requested, int ranks_on_node);
 
 /// Host backend: kernels/cpu with `num_threads` threads, weight matrices held in
-/// `weight_dtype` (kF32, kBF16 or kF16; activations, KV cache and sums stay f32).
+/// `weight_dtype` (kF32, kBF16 or kF16), the KV cache in `kv_cache_dtype` (kF32 or
+/// kBF16); activations and sums stay f32.
 /// @throws Error for another dtype.
-std::unique_ptr<Backend> make_cpu_backend(int num_threads, ScalarType weight_dtype = ScalarType::kF32);
+std::unique_ptr<Backend> make_cpu_backend(int num_threads, ScalarType weight_dtype = ScalarType::kF32,
+                                          ScalarType kv_cache_dtype = ScalarType::kF32);
 
 }  // namespace linnet

@@ -5,17 +5,18 @@
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/threads.h"
 #include "runtime/cuda_backend.h"
+#include "runtime/weights.h"
 
 namespace linnet {
 
 std::string default_backend_kind() { return cuda_device_count() > 0 ? "cuda" : "cpu"; }
 
 std::unique_ptr<Backend> make_backend(const std::string& kind_in, int threads, int local_rank, int local_size,
-                                      ScalarType weight_dtype) {
+                                      ScalarType weight_dtype, ScalarType kv_cache_dtype) {
   const std::string kind = kind_in.empty() ? default_backend_kind() : kind_in;
   if (kind == "cpu") {
     const int n = blas_threads_per_rank(threads, local_size);
-    auto backend = make_cpu_backend(n, weight_dtype);
+    auto backend = make_cpu_backend(n, weight_dtype, kv_cache_dtype);
     const cpu::Placement placement = cpu::pin_threads(local_rank, local_size);
     info("cpu backend: " + std::to_string(n) + " threads, " + placement.where + ", " +
          cpu::isa_name(cpu::active_isa()) + " kernels");
@@ -27,6 +28,10 @@ std::unique_ptr<Backend> make_backend(const std::string& kind_in, int threads, i
     if (n == 0) {
       throw Error("no CUDA device (" + cuda_device_error() + ")", "--backend cuda", "a visible CUDA device",
                   "none (use --backend cpu)");
+    }
+    if (kv_cache_dtype != ScalarType::kF32) {
+      throw Error("the CUDA backend keeps an f32 KV cache", "--kv-cache-dtype", "f32 with --backend cuda",
+                  scalar_type_name(kv_cache_dtype));
     }
     return make_cuda_backend(local_rank % n);
   }
@@ -49,6 +54,16 @@ ScalarType held_weight_dtype(const std::string& flag, const std::string& backend
   if (flag == "bf16") return ScalarType::kBF16;
   if (flag == "f16") return ScalarType::kF16;
   return auto_dtype;
+}
+
+ScalarType held_kv_cache_dtype(const std::string& flag, const std::string& backend_kind) {
+  if (flag.empty() || flag == "f32") return ScalarType::kF32;
+  if (flag != "bf16") throw Error("unknown KV cache dtype", "--kv-cache-dtype", "f32 or bf16", flag);
+  const std::string kind = backend_kind.empty() ? default_backend_kind() : backend_kind;
+  if (kind == "cuda") {
+    throw Error("the CUDA backend keeps an f32 KV cache", "--kv-cache-dtype", "f32 with --backend cuda", flag);
+  }
+  return ScalarType::kBF16;
 }
 
 Communicator& tp_communicator(Backend& backend, MpiCommunicator& tp, int local_size) {

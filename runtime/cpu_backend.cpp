@@ -26,8 +26,13 @@ cpu::WeightType weight_type(const Tensor& w, const char* op) {
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(int num_threads, ScalarType weight_dtype) : weight_dtype_(weight_dtype) {
+  CpuBackend(int num_threads, ScalarType weight_dtype, ScalarType kv_cache_dtype)
+      : weight_dtype_(weight_dtype), kv_cache_dtype_(kv_cache_dtype) {
     if (weight_dtype == ScalarType::kI32) throw Error("i32 is not a weight dtype", "make_cpu_backend");
+    if (kv_cache_dtype != ScalarType::kF32 && kv_cache_dtype != ScalarType::kBF16) {
+      throw Error(std::string("the CPU KV cache is f32 or bf16, not ") + scalar_type_name(kv_cache_dtype),
+                  "--kv-cache-dtype");
+    }
     cpu::set_num_threads(num_threads);
   }
   Device device() const override { return Device::kCpu; }
@@ -55,6 +60,7 @@ class CpuBackend final : public Backend {
     return Tensor::wrap(host.shape(), weight_dtype_, Device::kCpu, std::move(storage), data);
   }
   ScalarType host_weight_dtype() const override { return weight_dtype_; }
+  ScalarType kv_cache_dtype() const override { return kv_cache_dtype_; }
   Tensor upload_vector(const Tensor& host) override { return host; }
   Tensor upload_i32(std::span<const int32_t> values) override {
     return Tensor::from_i32(std::vector<int32_t>(values.begin(), values.end()));
@@ -82,27 +88,49 @@ class CpuBackend final : public Backend {
   void swiglu(const float* gate_up, float* out, int64_t rows, int64_t inter) override {
     cpu::swiglu(gate_up, out, rows, inter);
   }
-  void attention(const float* q, int64_t q_stride, const float* k_cache, const float* v_cache, float* out,
+  void attention(const float* q, int64_t q_stride, const Tensor& k_cache, const Tensor& v_cache, float* out,
                  int64_t rows, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, const int32_t* page_table,
                  int64_t max_pages, int64_t page_size, const int32_t* key_begin, const int32_t* key_end) override {
-    cpu::attention(q, q_stride, k_cache, v_cache, out, rows, n_heads, n_kv_heads, head_dim, page_table, max_pages,
-                   page_size, key_begin, key_end);
+    check_cache(k_cache, "attention");
+    check_cache(v_cache, "attention");
+    if (kv_cache_dtype_ == ScalarType::kBF16) {
+      cpu::attention(q, q_stride, static_cast<const uint16_t*>(k_cache.raw()),
+                     static_cast<const uint16_t*>(v_cache.raw()), out, rows, n_heads, n_kv_heads, head_dim,
+                     page_table, max_pages, page_size, key_begin, key_end);
+    } else {
+      cpu::attention(q, q_stride, k_cache.data(), v_cache.data(), out, rows, n_heads, n_kv_heads, head_dim,
+                     page_table, max_pages, page_size, key_begin, key_end);
+    }
   }
   void rmsnorm_heads(float* x, int64_t rows, int64_t row_stride, int64_t n_heads, int64_t head_dim,
                      const float* weight, float eps) override {
     cpu::rmsnorm_heads(x, rows, row_stride, n_heads, head_dim, weight, eps);
   }
   void add_inplace(float* x, const float* y, int64_t n) override { cpu::add_inplace(x, y, n); }
-  void store_rows(const float* src, int64_t src_stride, float* cache, int64_t row_elems,
+  void store_rows(const float* src, int64_t src_stride, Tensor& cache, int64_t row_elems,
                   const int32_t* slots, int64_t rows) override {
-    cpu::store_rows(src, src_stride, cache, row_elems, slots, rows);
+    check_cache(cache, "store_rows");
+    if (kv_cache_dtype_ == ScalarType::kBF16) {
+      cpu::store_rows(src, src_stride, static_cast<uint16_t*>(cache.raw()), row_elems, slots, rows);
+    } else {
+      cpu::store_rows(src, src_stride, cache.data(), row_elems, slots, rows);
+    }
   }
   void gather_rows(const float* src, int64_t cols, const int32_t* index, int64_t n, float* out) override {
     cpu::gather_rows(src, cols, index, n, out);
   }
 
  private:
+  void check_cache(const Tensor& cache, const char* op) const {
+    if (cache.dtype() != kv_cache_dtype_) {
+      throw Error(std::string("a KV cache tensor in ") + scalar_type_name(cache.dtype()) + ", the backend's is " +
+                      scalar_type_name(kv_cache_dtype_),
+                  std::string("CpuBackend::") + op);
+    }
+  }
+
   ScalarType weight_dtype_;
+  ScalarType kv_cache_dtype_;
 };
 
 }  // namespace
@@ -113,8 +141,8 @@ int blas_threads_per_rank(int requested, int ranks_on_node) {
   return std::max(1, cores / std::max(1, ranks_on_node));
 }
 
-std::unique_ptr<Backend> make_cpu_backend(int num_threads, ScalarType weight_dtype) {
-  return std::make_unique<CpuBackend>(num_threads, weight_dtype);
+std::unique_ptr<Backend> make_cpu_backend(int num_threads, ScalarType weight_dtype, ScalarType kv_cache_dtype) {
+  return std::make_unique<CpuBackend>(num_threads, weight_dtype, kv_cache_dtype);
 }
 
 }  // namespace linnet

@@ -25,6 +25,7 @@
 #include "parallel/self_communicator.h"
 #include "parallel/staged_communicator.h"
 #include "runtime/cuda_backend.h"
+#include "runtime/weights.h"
 #ifdef LINNET_HAVE_NCCL
 #include "parallel/nccl_communicator.h"
 #endif
@@ -211,9 +212,11 @@ class CudaBackend final : public Backend {
   void swiglu(const float* gate_up, float* out, int64_t rows, int64_t inter) override {
     cuda::launch_swiglu(gate_up, out, rows, inter, stream_);
   }
-  void attention(const float* q, int64_t q_stride, const float* k_cache, const float* v_cache, float* out,
+  void attention(const float* q, int64_t q_stride, const Tensor& k_cache_t, const Tensor& v_cache_t, float* out,
                  int64_t rows, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, const int32_t* page_table,
                  int64_t max_pages, int64_t page_size, const int32_t* key_begin, const int32_t* key_end) override {
+    const float* k_cache = f32_cache(k_cache_t, "attention");
+    const float* v_cache = f32_cache(v_cache_t, "attention");
     const int splits = cuda::attention_num_splits(rows, n_kv_heads, max_pages * page_size, num_sms_);
     const size_t ws = cuda::attention_workspace_floats(rows, n_heads, head_dim, splits);
     Tensor workspace;
@@ -227,8 +230,9 @@ class CudaBackend final : public Backend {
     cuda::launch_rmsnorm_heads(x, rows, row_stride, n_heads, head_dim, weight, eps, stream_);
   }
   void add_inplace(float* x, const float* y, int64_t n) override { cuda::launch_add_inplace(x, y, n, stream_); }
-  void store_rows(const float* src, int64_t src_stride, float* cache, int64_t row_elems, const int32_t* slots,
+  void store_rows(const float* src, int64_t src_stride, Tensor& cache_t, int64_t row_elems, const int32_t* slots,
                   int64_t rows) override {
+    float* cache = const_cast<float*>(f32_cache(cache_t, "store_rows"));
     cuda::launch_store_rows(src, src_stride, cache, row_elems, slots, rows, stream_);
   }
   void gather_rows(const float* src, int64_t cols, const int32_t* index, int64_t n, float* out) override {
@@ -342,6 +346,16 @@ class CudaBackend final : public Backend {
 
  private:
   static constexpr size_t kPinnedBytes = size_t{1} << 20;
+
+  // The CUDA backend keeps an f32 KV cache (kv_cache_dtype() is f32: --kv-cache-dtype
+  // bf16 is refused for it before anything is built).
+  static const float* f32_cache(const Tensor& cache, const char* op) {
+    if (cache.dtype() != ScalarType::kF32) {
+      throw Error(std::string("the CUDA KV cache is f32, not ") + scalar_type_name(cache.dtype()),
+                  std::string("CudaBackend::") + op);
+    }
+    return cache.data();
+  }
 
   // `values` copied into the pinned arena (at most kPinnedBytes); returns where.
   const void* stage(std::span<const int32_t> values) {

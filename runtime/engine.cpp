@@ -198,9 +198,9 @@ Tensor Engine::run_pass(const PassInputs& in, KvCache& cache, std::span<const in
     }
     backend_.rope(qkv.data(), S, qkv_cols, nh, hd, positions, inv_freq_.data());
     backend_.rope(qkv.data() + nh * hd, S, qkv_cols, nkv, hd, positions, inv_freq_.data());
-    backend_.store_rows(qkv.data() + nh * hd, qkv_cols, cache.k[l].data(), nkv * hd, slots, S);
-    backend_.store_rows(qkv.data() + (nh + nkv) * hd, qkv_cols, cache.v[l].data(), nkv * hd, slots, S);
-    backend_.attention(qkv.data(), qkv_cols, cache.k[l].data(), cache.v[l].data(), attn.data(), S, nh, nkv, hd,
+    backend_.store_rows(qkv.data() + nh * hd, qkv_cols, cache.k[l], nkv * hd, slots, S);
+    backend_.store_rows(qkv.data() + (nh + nkv) * hd, qkv_cols, cache.v[l], nkv * hd, slots, S);
+    backend_.attention(qkv.data(), qkv_cols, cache.k[l], cache.v[l], attn.data(), S, nh, nkv, hd,
                        in.page_table, in.max_pages, cache.page_size, in.key_begin, in.key_end);
     backend_.matmul_nt(attn.data(), L.wo, partial.data(), S, nh * hd, H);
     comm_.all_reduce_sum(partial.data(), static_cast<size_t>(S * H));  // row-parallel o_proj

@@ -46,19 +46,19 @@ int64_t resolve_max_seq_len(const ModelConfig& config, int64_t requested) {
 }
 
 RankMemory rank_memory(const ModelConfig& config, const ShardPlan& plan, int64_t max_seq_len,
-                       int64_t batch_rows, ScalarType weight_dtype) {
+                       int64_t batch_rows, ScalarType weight_dtype, ScalarType kv_cache_dtype) {
   int64_t positions = 0;
   return RankMemory{weight_bytes_local(config, plan, weight_dtype),
                     KvCache::bytes_for(config.num_hidden_layers,
                                        __builtin_mul_overflow(max_seq_len, batch_rows, &positions) ? INT64_MAX : positions,
-                                       plan.num_kv_heads_local, config.head_dim),
-                    weight_dtype};
+                                       plan.num_kv_heads_local, config.head_dim, kv_cache_dtype),
+                    weight_dtype, kv_cache_dtype};
 }
 
 int64_t resolve_kv_cache_tokens(const ModelConfig& config, const ShardPlan& plan, int64_t max_seq_len,
                                 int64_t batch_rows, std::optional<int64_t> tokens,
                                 std::optional<double> memory_fraction, int64_t node_available_bytes,
-                                int ranks_on_node, ScalarType weight_dtype) {
+                                int ranks_on_node, ScalarType weight_dtype, ScalarType kv_cache_dtype) {
   const int64_t page = kKvPageSize;
   if (max_seq_len < 1 || max_seq_len > kMaxSeqLenLimit) {
     throw Error("invalid value", "--max-seq-len", "in [1, " + std::to_string(kMaxSeqLenLimit) + "]",
@@ -89,7 +89,8 @@ int64_t resolve_kv_cache_tokens(const ModelConfig& config, const ShardPlan& plan
     const int64_t share = node_available_bytes / std::max(1, ranks_on_node);
     const int64_t weights = weight_bytes_local(config, plan, weight_dtype);
     const int64_t free_bytes = share - weights;
-    const int64_t per_token = KvCache::bytes_for(config.num_hidden_layers, 1, plan.num_kv_heads_local, config.head_dim);
+    const int64_t per_token =
+        KvCache::bytes_for(config.num_hidden_layers, 1, plan.num_kv_heads_local, config.head_dim, kv_cache_dtype);
     if (free_bytes <= 0) {
       throw Error("no memory is left for the KV cache after the weights (" + format_bytes(share) +
                       " per rank, weights " + format_bytes(weights) + ")",

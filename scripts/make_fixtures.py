@@ -71,7 +71,7 @@ transformers, with seeded random weights:
        (keys a query attends to in transformers, self included, measured;
        null = full causal attention, checked), "greedy" {"prompt_ids" (first 8
        prompt ids), "new_tokens" (24), "output_ids_f32",
-       "output_ids_bf16_weights"} (generate(do_sample=False) with EOS
+       "output_ids_bf16_weights", "output_ids_bf16_kv"} (generate(do_sample=False) with EOS
        disabled, equal to an uncached argmax loop), "min_greedy_margin" (the
        smallest top-2 logit gap over those greedy steps),
        "logits_f32" (f32 file, f32 math), "logits_bf16_weights" (bf16 file
@@ -80,6 +80,10 @@ transformers, with seeded random weights:
        rounded to bf16 first: the CUDA backend's numerics), each
        40 rows of vocab_size exact doubles of the float32 (or bf16) values,
        full uncached forward pass over prompt_ids, eager attention,
+       "logits_bf16_kv" (f32 file, f32 math, every attention layer's key and
+       value states rounded to bf16 first: --kv-cache-dtype bf16), with
+       "bf16_kv_noise_spread" (the same noise test on the K/V states) and
+       "tolerance_bf16_kv" (max(1e-4, 2 x that spread)),
        "bf16_gemm_inputs_noise_spread" (how far logits_bf16_gemm_inputs moves
        when f32-level noise, 1e-6 to 4e-6 relative, as another summation order
        makes, is added before each bf16 rounding, so activations land on the
@@ -92,6 +96,7 @@ transformers, with seeded random weights:
 """
 
 import argparse
+import contextlib
 import copy
 import json
 import math
@@ -212,6 +217,45 @@ def full_logits_bf16_gemm_inputs(model, ids):
     finally:
         for h in hooks:
             h.remove()
+
+
+@contextlib.contextmanager
+def bf16_kv_states(model, rel_noise=0.0, seed=0):
+    """Within it, every attention layer's key and value states (after rope and any QK
+    norm: what a KV cache holds) are rounded to bfloat16 and back before the attention
+    math: what --kv-cache-dtype bf16 stores and reads. With rel_noise, seeded relative
+    noise is added before the rounding (the spread another f32 summation order makes)."""
+    gen = torch.Generator().manual_seed(seed)
+    patched = {}
+
+    def rounded(k):
+        if rel_noise:
+            k = k * (1 + rel_noise * torch.randn(k.shape, generator=gen))
+        return k.to(torch.bfloat16).to(torch.float32)
+
+    for m in model.modules():
+        mod = sys.modules[type(m).__module__]
+        if hasattr(mod, "eager_attention_forward") and mod not in patched:
+            orig = mod.eager_attention_forward
+            patched[mod] = orig
+
+            def wrapper(module, query, key, value, *a, _orig=orig, **kw):
+                return _orig(module, query, rounded(key), rounded(value), *a, **kw)
+            mod.eager_attention_forward = wrapper
+    if not patched:
+        sys.exit("no eager_attention_forward to round the KV states in")
+    try:
+        yield
+    finally:
+        for mod, orig in patched.items():
+            mod.eager_attention_forward = orig
+
+
+@torch.no_grad()
+def full_logits_bf16_kv(model, ids, rel_noise=0.0, seed=0):
+    """full_logits under bf16_kv_states."""
+    with bf16_kv_states(model, rel_noise, seed):
+        return full_logits(model, ids)
 
 
 @torch.no_grad()
@@ -829,6 +873,11 @@ def make_one_fixture(args, fx, src):
     lgbw = full_logits(mbw, prompt)
     lgbc = full_logits(mbc, prompt)
     lgbg = full_logits_bf16_gemm_inputs(mbw, prompt)
+    lgkv = full_logits_bf16_kv(m32, prompt)
+    if float((lgkv - lg32).abs().max()) == 0.0:
+        sys.exit(f"{name}: rounding the KV states to bf16 changed nothing (not hooked?)")
+    kv_spread = max(float((full_logits_bf16_kv(m32, prompt, rel, seed) - lgkv).abs().max())
+                    for seed, rel in ((1, 1e-6), (2, 1e-6), (3, 4e-6), (4, 4e-6)))
     spread = bf16_gemm_inputs_noise_spread(mbw, prompt, lgbg)
     if 2 * spread >= 0.5:
         sys.exit(f"{name}: bf16 noise spread {spread} too large for a CUDA "
@@ -839,9 +888,10 @@ def make_one_fixture(args, fx, src):
     gp = prompt[:FIXTURE_GREEDY_PROMPT]
     greedy = {"prompt_ids": gp, "new_tokens": FIXTURE_GREEDY_NEW}
     margins = {}
-    for tag, m in (("f32", m32), ("bf16_weights", mbw)):
-        new = greedy_generate_no_eos(m, gp, FIXTURE_GREEDY_NEW)
-        ref, marg = greedy_uncached_margins(m, gp, FIXTURE_GREEDY_NEW)
+    for tag, m, kv in (("f32", m32, None), ("bf16_weights", mbw, None), ("bf16_kv", m32, "bf16")):
+        with (bf16_kv_states(m) if kv else contextlib.nullcontext()):
+            new = greedy_generate_no_eos(m, gp, FIXTURE_GREEDY_NEW)
+            ref, marg = greedy_uncached_margins(m, gp, FIXTURE_GREEDY_NEW)
         if new != ref:
             sys.exit(f"{name} {tag}: generate() and uncached argmax disagree:"
                      f"\n  {new}\n  {ref}")
@@ -890,10 +940,14 @@ def make_one_fixture(args, fx, src):
         "max_abs_diff_bf16_gemm_inputs_vs_bf16_weights": float((lgbg - lgbw).abs().max()),
         "bf16_gemm_inputs_noise_spread": spread,
         "tolerance_cuda": 2 * spread,
+        "max_abs_diff_bf16_kv_vs_f32": float((lgkv - lg32).abs().max()),
+        "bf16_kv_noise_spread": kv_spread,
+        "tolerance_bf16_kv": max(1e-4, 2 * kv_spread),
         "logits_f32": [[float(v) for v in r] for r in lg32.numpy()],
         "logits_bf16_weights": [[float(v) for v in r] for r in lgbw.numpy()],
         "logits_bf16_compute": [[float(v) for v in r] for r in lgbc.float().numpy()],
         "logits_bf16_gemm_inputs": [[float(v) for v in r] for r in lgbg.numpy()],
+        "logits_bf16_kv": [[float(v) for v in r] for r in lgkv.numpy()],
     })
     write_json(os.path.join(root, "golden.json"), gold)
 
@@ -917,7 +971,9 @@ def make_one_fixture(args, fx, src):
           f"max |bf16_compute - f32| {gold['max_abs_diff_bf16_compute_vs_f32']:.3g}, "
           f"max |bf16_gemm_inputs - bf16_weights| "
           f"{gold['max_abs_diff_bf16_gemm_inputs_vs_bf16_weights']:.3g}, "
-          f"CUDA tolerance {gold['tolerance_cuda']:.3g}")
+          f"CUDA tolerance {gold['tolerance_cuda']:.3g}, "
+          f"max |bf16_kv - f32| {gold['max_abs_diff_bf16_kv_vs_f32']:.3g}, "
+          f"bf16 KV tolerance {gold['tolerance_bf16_kv']:.3g}")
     return cfg_f32
 
 

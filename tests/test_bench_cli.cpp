@@ -2,6 +2,7 @@
 // and 2, and a real checkpoint (stories260k); every result line is printed with a
 // positive number, and bad option combinations are refused.
 #include <regex>
+#include <sstream>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -63,6 +64,38 @@ TEST_F(BenchCli, WeightDtypeHalvesTheWeightBytes) {
   const Result bad = run(1, args + " --weight-dtype fp8");
   EXPECT_NE(bad.code, 0);
   EXPECT_NE(bad.err.find("--weight-dtype"), std::string::npos) << bad.err;
+  EXPECT_NE(bad.err.find("fp8"), std::string::npos) << bad.err;
+}
+
+// "kv cache: 24.00 KiB per rank (...)" -> bytes.
+double kv_cache_bytes(const std::string& out) {
+  const size_t at = out.find("kv cache: ");
+  if (at == std::string::npos) return -1;
+  std::istringstream in(out.substr(at + 10));
+  double v = 0;
+  std::string unit;
+  in >> v >> unit;
+  for (const auto& [name, scale] : {std::pair{"B", 1.0}, {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}}) {
+    if (unit == name) return v * scale;
+  }
+  return -1;
+}
+
+TEST_F(BenchCli, KvCacheDtypeBf16HalvesTheCacheBytes) {
+  const auto config = test::test_data_dir() / "fixtures" / "llama31" / "f32" / "config.json";
+  // 16 rows of 128 positions: 0.50 MiB in f32 (sizes the line prints exactly).
+  const std::string args = "bench --config " + quote(config.string()) +
+                           " --random-weights --backend cpu --batch 16 --prompt-len 8 --new-tokens 4 --max-seq-len 128";
+  const Result f32 = run(1, args), bf16 = run(1, args + " --kv-cache-dtype bf16");
+  expect_results(f32);
+  expect_results(bf16);
+  EXPECT_NE(f32.out.find("positions, f32)"), std::string::npos) << f32.out;
+  EXPECT_NE(bf16.out.find("positions, bf16)"), std::string::npos) << bf16.out;
+  EXPECT_EQ(kv_cache_bytes(f32.out), 0.5 * 1048576) << f32.out;
+  EXPECT_EQ(kv_cache_bytes(bf16.out), kv_cache_bytes(f32.out) / 2) << bf16.out;
+  const Result bad = run(1, args + " --kv-cache-dtype fp8");
+  EXPECT_EQ(bad.code, 2) << bad.err;
+  EXPECT_NE(bad.err.find("--kv-cache-dtype"), std::string::npos) << bad.err;
   EXPECT_NE(bad.err.find("fp8"), std::string::npos) << bad.err;
 }
 

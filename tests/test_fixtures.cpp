@@ -31,10 +31,12 @@ struct Fixture {
   std::string logits_key; // golden logits of that checkpoint
   std::string greedy_key;
   ScalarType held = ScalarType::kF32;  // the CPU backend's --weight-dtype
+  ScalarType kv = ScalarType::kF32;    // the CPU backend's --kv-cache-dtype
 };
 
 std::ostream& operator<<(std::ostream& os, const Fixture& f) {
-  return os << f.name << "/" << f.variant << (f.held == ScalarType::kBF16 ? " held in bf16" : "");
+  return os << f.name << "/" << f.variant << (f.held == ScalarType::kBF16 ? " held in bf16" : "")
+            << (f.kv == ScalarType::kBF16 ? " with a bf16 KV cache" : "");
 }
 
 std::vector<Fixture> all_fixtures() {
@@ -47,6 +49,11 @@ std::vector<Fixture> all_fixtures() {
     // ... and kept in bf16 in memory (--weight-dtype auto on a bf16 checkpoint): the
     // kernels widen each weight exactly, so the same golden holds.
     out.push_back({name, "bf16", "logits_bf16_weights", "output_ids_bf16_weights", ScalarType::kBF16});
+    // f32 weights, bf16 KV cache (--kv-cache-dtype bf16): transformers in f32 with every
+    // attention layer's key and value states rounded to bf16 ("logits_bf16_kv"), held to
+    // the golden's "tolerance_bf16_kv" (2 x the spread f32-level noise before that
+    // rounding makes in transformers itself; at least 1e-4).
+    out.push_back({name, "f32", "logits_bf16_kv", "output_ids_bf16_kv", ScalarType::kF32, ScalarType::kBF16});
   }
   out.push_back({"phi3", "f32_sharded", "logits_f32", "output_ids_f32"});
   return out;
@@ -66,7 +73,7 @@ class FixtureTest : public testing::TestWithParam<Fixture> {
     golden_ = test::read_json(dir / "golden.json");
     files_ = std::make_unique<ModelFiles>(open_model(dir / f.variant));
     world_ = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD);
-    backend_ = make_cpu_backend(1, f.held);
+    backend_ = make_cpu_backend(1, f.held, f.kv);
     const int tp = world_->size();
     if (files_->config.num_attention_heads % tp != 0) {
       EXPECT_THROW(ShardPlan::make(files_->config, world_->rank(), tp), Error);
@@ -77,6 +84,7 @@ class FixtureTest : public testing::TestWithParam<Fixture> {
     vocab_ = files_->config.vocab_size;
     for (const auto& row : golden_[f.logits_key]) expected_.push_back(row.get<std::vector<float>>());
     prompt_ = golden_["prompt_ids"].get<std::vector<int32_t>>();
+    if (f.kv == ScalarType::kBF16) atol_ = std::max(kAtol, golden_["tolerance_bf16_kv"].get<float>());
   }
 
   nlohmann::json golden_;
@@ -87,13 +95,14 @@ class FixtureTest : public testing::TestWithParam<Fixture> {
   int64_t vocab_ = 0;
   std::vector<std::vector<float>> expected_;
   std::vector<int32_t> prompt_;
+  float atol_ = kAtol;
 };
 
 TEST_P(FixtureTest, ForwardMatchesTransformers) {
   const auto logits = engine_->forward(prompt_);
   ASSERT_EQ(logits.size(), prompt_.size() * static_cast<size_t>(vocab_));
   for (size_t i = 0; i < prompt_.size(); ++i) {
-    EXPECT_LT(max_abs_diff(logits.data() + i * vocab_, expected_[i]), kAtol) << GetParam() << " position " << i;
+    EXPECT_LT(max_abs_diff(logits.data() + i * vocab_, expected_[i]), atol_) << GetParam() << " position " << i;
   }
 }
 
@@ -101,10 +110,10 @@ TEST_P(FixtureTest, PrefillAndEveryDecodeStepMatchTransformers) {
   // 10 prompt tokens in one pass, then one token at a time past the sliding window.
   const size_t p = 10;
   const auto first = engine_->prefill(std::span(prompt_).first(p), 0);
-  EXPECT_LT(max_abs_diff(first.data(), expected_[p - 1]), kAtol) << GetParam();
+  EXPECT_LT(max_abs_diff(first.data(), expected_[p - 1]), atol_) << GetParam();
   for (size_t i = p; i < prompt_.size(); ++i) {
     const auto step = engine_->decode(prompt_[i], static_cast<int64_t>(i));
-    EXPECT_LT(max_abs_diff(step.data(), expected_[i]), kAtol) << GetParam() << " decode position " << i;
+    EXPECT_LT(max_abs_diff(step.data(), expected_[i]), atol_) << GetParam() << " decode position " << i;
   }
 }
 
@@ -119,7 +128,8 @@ TEST_P(FixtureTest, GreedyContinuationMatchesTransformers) {
 INSTANTIATE_TEST_SUITE_P(Seeds, FixtureTest, testing::ValuesIn(all_fixtures()),
                          [](const testing::TestParamInfo<Fixture>& i) {
                            return i.param.name + "_" + i.param.variant +
-                                  (i.param.held == ScalarType::kBF16 ? "_held_bf16" : "");
+                                  (i.param.held == ScalarType::kBF16 ? "_held_bf16" : "") +
+                                  (i.param.kv == ScalarType::kBF16 ? "_kv_bf16" : "");
                          });
 
 TEST(Llama3Rope, InverseFrequenciesOfTheRealConfigMatchTransformers) {

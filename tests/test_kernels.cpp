@@ -1,6 +1,8 @@
 // CPU kernels against naive double-precision references written from the formulas in
 // modeling_llama.py (tolerance atol + |ref| * rtol, as llm.c compares kernels).
 #include <algorithm>
+#include <bit>
+#include <cstdint>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -260,6 +262,68 @@ TEST(Kernels, StoreRowsScattersByPosition) {
   const std::vector<int32_t> pos = {3, 1};
   store_rows(src.data(), 3, cache.data(), 2, pos.data(), 2);
   EXPECT_EQ(cache, (std::vector<float>{0, 0, 3, 4, 0, 0, 1, 2}));
+}
+
+// A bf16 cache rounds each K/V element to nearest even as it is stored (torch's
+// .to(torch.bfloat16): ties go to the even mantissa, NaN stays NaN).
+TEST(Kernels, StoreRowsIntoBf16CacheRoundsToNearestEven) {
+  const float tie_down = 1.0f + 0x1p-8f;           // halfway between 1 and 1 + 2^-7: to 1 (even)
+  const float tie_up = 1.0f + 3 * 0x1p-8f;         // halfway between 1 + 2^-7 and 1 + 2^-6: to 1 + 2^-6
+  const float above = 1.0f + 0x1p-8f + 0x1p-20f;   // just above a tie: up
+  const std::vector<float> src = {tie_down, tie_up, above, -2.5f, std::nanf(""), 1e-40f};
+  std::vector<uint16_t> cache(12, 0xffff);
+  const std::vector<int32_t> pos = {1};
+  store_rows(src.data(), 6, cache.data(), 6, pos.data(), 1);
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(cache[i], 0xffff) << "row 0 untouched";
+  EXPECT_EQ(cache[6], 0x3f80);  // 1.0
+  EXPECT_EQ(cache[7], 0x3f82);  // 1 + 2^-6
+  EXPECT_EQ(cache[8], 0x3f81);  // 1 + 2^-7
+  EXPECT_EQ(cache[9], 0xc020);  // -2.5 exactly
+  EXPECT_EQ(cache[10] & 0x7f80, 0x7f80);
+  EXPECT_NE(cache[10] & 0x007f, 0);  // still a NaN
+  EXPECT_EQ(cache[11], 0x0001);      // 1e-40 = 1.09 x 2^-133: bf16 keeps f32's subnormals, not flushed to 0
+}
+
+// Attention over a bf16 cache equals, bit for bit, attention over an f32 cache holding
+// the same (bf16-rounded) values, on every ISA path, in the paged layout and across
+// several key blocks; and the bf16 values stay within bf16's rounding of the f32 result.
+TEST(Kernels, AttentionOverBf16CacheEqualsF32OverRoundedValues) {
+  for (int64_t hd : {64, 12}) {
+    const int64_t heads = 6, kv_heads = 2, len = 300, rows = 4, page = 64, pool_pages = 6;
+    const int64_t kvw = kv_heads * hd;
+    auto q = randn(rows * heads * hd, 41), k = randn(len * kvw, 42), v = randn(len * kvw, 43);
+    const std::vector<int32_t> table = {4, 1, 5, 0, 2};  // logical page -> pool page
+    std::vector<float> k32(pool_pages * page * kvw, 0.0f), v32(k32.size(), 0.0f);
+    std::vector<uint16_t> k16(k32.size(), 0), v16(k32.size(), 0);
+    std::vector<int32_t> slots(len);
+    for (int64_t p = 0; p < len; ++p) slots[p] = table[p / page] * page + p % page;
+    store_rows(k.data(), kvw, k16.data(), kvw, slots.data(), len);
+    store_rows(v.data(), kvw, v16.data(), kvw, slots.data(), len);
+    for (size_t i = 0; i < k16.size(); ++i) {  // the f32 cache of the bf16 values
+      k32[i] = std::bit_cast<float>(static_cast<uint32_t>(k16[i]) << 16);
+      v32[i] = std::bit_cast<float>(static_cast<uint32_t>(v16[i]) << 16);
+    }
+    const std::vector<int32_t> begin = {0, 0, 70, 200}, end = {300, 1, 199, 263};
+    std::vector<int32_t> tables;
+    for (int64_t r = 0; r < rows; ++r) tables.insert(tables.end(), table.begin(), table.end());
+    std::vector<float> want(rows * heads * hd);
+    attention(q.data(), heads * hd, k32.data(), v32.data(), want.data(), rows, heads, kv_heads, hd, tables.data(),
+              5, page, begin.data(), end.data());
+    const Isa active = active_isa();
+    for (Isa isa : {Isa::kGeneric, Isa::kAvx2, Isa::kAvx512}) {
+      if (!isa_supported(isa)) continue;
+      set_isa(isa);
+      for (int threads : {1, 2}) {
+        set_num_threads(threads);
+        std::vector<float> got(want.size());
+        attention(q.data(), heads * hd, k16.data(), v16.data(), got.data(), rows, heads, kv_heads, hd,
+                  tables.data(), 5, page, begin.data(), end.data());
+        EXPECT_EQ(got, want) << isa_name(isa) << ", " << threads << " threads, head_dim " << hd;
+      }
+      set_num_threads(1);
+    }
+    set_isa(active);
+  }
 }
 
 TEST(Kernels, GatherRowsPicksRowsByIndex) {

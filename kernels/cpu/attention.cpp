@@ -26,11 +26,19 @@ namespace avx2_path {
 void attention_impl(const float* q, int64_t q_stride, const float* k_cache, const float* v_cache, float* out,
                     int64_t rows, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, const int32_t* page_table,
                     int64_t max_pages, int64_t page_size, const int32_t* key_begin, const int32_t* key_end);
+void attention_impl_bf16(const float* q, int64_t q_stride, const uint16_t* k_cache, const uint16_t* v_cache,
+                         float* out, int64_t rows, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
+                         const int32_t* page_table, int64_t max_pages, int64_t page_size, const int32_t* key_begin,
+                         const int32_t* key_end);
 }
 namespace avx512_path {
 void attention_impl(const float* q, int64_t q_stride, const float* k_cache, const float* v_cache, float* out,
                     int64_t rows, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, const int32_t* page_table,
                     int64_t max_pages, int64_t page_size, const int32_t* key_begin, const int32_t* key_end);
+void attention_impl_bf16(const float* q, int64_t q_stride, const uint16_t* k_cache, const uint16_t* v_cache,
+                         float* out, int64_t rows, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
+                         const int32_t* page_table, int64_t max_pages, int64_t page_size, const int32_t* key_begin,
+                         const int32_t* key_end);
 }
 
 void attention(const float* q, int64_t q_stride, const float* k_cache, const float* v_cache, float* out,
@@ -47,6 +55,22 @@ void attention(const float* q, int64_t q_stride, const float* k_cache, const flo
   }
   generic_path::attention_impl(q, q_stride, k_cache, v_cache, out, rows, n_heads, n_kv_heads, head_dim, page_table,
                                max_pages, page_size, key_begin, key_end);
+}
+
+void attention(const float* q, int64_t q_stride, const uint16_t* k_cache, const uint16_t* v_cache, float* out,
+               int64_t rows, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, const int32_t* page_table,
+               int64_t max_pages, int64_t page_size, const int32_t* key_begin, const int32_t* key_end) {
+  switch (active_isa()) {
+    case Isa::kAvx512:
+      return avx512_path::attention_impl_bf16(q, q_stride, k_cache, v_cache, out, rows, n_heads, n_kv_heads,
+                                              head_dim, page_table, max_pages, page_size, key_begin, key_end);
+    case Isa::kAvx2:
+      return avx2_path::attention_impl_bf16(q, q_stride, k_cache, v_cache, out, rows, n_heads, n_kv_heads, head_dim,
+                                            page_table, max_pages, page_size, key_begin, key_end);
+    case Isa::kGeneric: break;
+  }
+  generic_path::attention_impl_bf16(q, q_stride, k_cache, v_cache, out, rows, n_heads, n_kv_heads, head_dim,
+                                    page_table, max_pages, page_size, key_begin, key_end);
 }
 
 void gather_rows(const float* src, int64_t cols, const int32_t* index, int64_t n, float* out) {

@@ -4,7 +4,11 @@
 // vectorizes the head_dim loops (dot products as eight lane sums, the value update) on
 // that ISA. Multiply and add stay separate (-ffp-contract=off), so every path gives the
 // same bits (kernels/CMakeLists.txt builds these files with -ffp-contract=off).
-// Not a public header: it defines LINNET_ATTENTION_NS::attention_impl. It uses no
+// The cache is f32 or bf16 (--kv-cache-dtype): a bf16 element is widened exactly
+// (its bits are the float's upper half) where it is read, so a bf16 cache gives the
+// same bits as an f32 cache holding the same bf16-rounded values.
+// Not a public header: it defines LINNET_ATTENTION_NS::attention_impl (f32 cache) and
+// attention_impl_bf16 (bf16 cache). It uses no
 // std:: template or inline function (min, max, vector, exp wrappers): those would be
 // emitted once per ISA file and the linker would keep one copy for all, possibly the
 // AVX-512 one on a CPU without it. Helpers live in the per-ISA namespace instead.
@@ -23,20 +27,28 @@ constexpr int64_t kMaxHeadDim = 1024;  // accumulators up to this live on the st
 inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
 inline float fmax(float a, float b) { return a < b ? b : a; }
 
+// A cache element as f32: itself, or a bf16 widened exactly.
+inline float kv_load(const float* p, int64_t i) { return p[i]; }
+inline float kv_load(const uint16_t* p, int64_t i) {
+  return __builtin_bit_cast(float, static_cast<uint32_t>(p[i]) << 16);
+}
+
 // sum_d a[d] b[d] as eight lane sums over d = l (mod 8), combined pairwise, then the tail.
-inline float dot(const float* a, const float* b, int64_t n) {
+template <typename KV>
+inline float dot(const float* a, const KV* b, int64_t n) {
   float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   const int64_t nv = n / 8 * 8;
   for (int64_t d = 0; d < nv; d += 8)
-    for (int l = 0; l < 8; ++l) lane[l] = lane[l] + a[d + l] * b[d + l];
+    for (int l = 0; l < 8; ++l) lane[l] = lane[l] + a[d + l] * kv_load(b, d + l);
   float s = ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
-  for (int64_t d = nv; d < n; ++d) s = s + a[d] * b[d];
+  for (int64_t d = nv; d < n; ++d) s = s + a[d] * kv_load(b, d);
   return s;
 }
 
-void attention_impl(const float* q, int64_t q_stride, const float* k_cache, const float* v_cache, float* out,
-               int64_t rows, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, const int32_t* page_table,
-               int64_t max_pages, int64_t page_size, const int32_t* key_begin, const int32_t* key_end) {
+template <typename KV>
+void attention_body(const float* q, int64_t q_stride, const KV* k_cache, const KV* v_cache, float* out,
+                    int64_t rows, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, const int32_t* page_table,
+                    int64_t max_pages, int64_t page_size, const int32_t* key_begin, const int32_t* key_end) {
   const int64_t group = n_heads / n_kv_heads;
   const int64_t kv_stride = n_kv_heads * head_dim;
   const float scale = 1.0f / __builtin_sqrtf(static_cast<float>(head_dim));
@@ -81,8 +93,8 @@ void attention_impl(const float* q, int64_t q_stride, const float* k_cache, cons
         for (int64_t j = 0; j < n; ++j) {
           const float e = __builtin_expf(scores[j] - m_new);
           l += e;
-          const float* vt = v_cache + rows_of[j] * kv_stride + kvh * head_dim;
-          for (int64_t d = 0; d < head_dim; ++d) acc[d] += e * vt[d];
+          const KV* vt = v_cache + rows_of[j] * kv_stride + kvh * head_dim;
+          for (int64_t d = 0; d < head_dim; ++d) acc[d] += e * kv_load(vt, d);
         }
         m = m_new;
       }
@@ -92,6 +104,21 @@ void attention_impl(const float* q, int64_t q_stride, const float* k_cache, cons
     }
     if (acc != stack_acc) std::free(acc);
   }
+}
+
+void attention_impl(const float* q, int64_t q_stride, const float* k_cache, const float* v_cache, float* out,
+                    int64_t rows, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, const int32_t* page_table,
+                    int64_t max_pages, int64_t page_size, const int32_t* key_begin, const int32_t* key_end) {
+  attention_body(q, q_stride, k_cache, v_cache, out, rows, n_heads, n_kv_heads, head_dim, page_table, max_pages,
+                 page_size, key_begin, key_end);
+}
+
+void attention_impl_bf16(const float* q, int64_t q_stride, const uint16_t* k_cache, const uint16_t* v_cache,
+                         float* out, int64_t rows, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
+                         const int32_t* page_table, int64_t max_pages, int64_t page_size, const int32_t* key_begin,
+                         const int32_t* key_end) {
+  attention_body(q, q_stride, k_cache, v_cache, out, rows, n_heads, n_kv_heads, head_dim, page_table, max_pages,
+                 page_size, key_begin, key_end);
 }
 
 }  // namespace linnet::cpu::LINNET_ATTENTION_NS

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "kernels/cpu/ops.h"
+#include "common/float16.h"
 
 namespace linnet::cpu {
 
@@ -51,6 +52,15 @@ void store_rows(const float* src, int64_t src_stride, float* cache, int64_t row_
   for (int64_t r = 0; r < rows; ++r) {
     std::memcpy(cache + static_cast<int64_t>(positions[r]) * row_elems, src + r * src_stride,
                 sizeof(float) * row_elems);
+  }
+}
+
+void store_rows(const float* src, int64_t src_stride, uint16_t* cache, int64_t row_elems,
+                const int32_t* positions, int64_t rows) {
+  for (int64_t r = 0; r < rows; ++r) {
+    uint16_t* dst = cache + static_cast<int64_t>(positions[r]) * row_elems;
+    const float* s = src + r * src_stride;
+    for (int64_t i = 0; i < row_elems; ++i) dst[i] = float_to_bf16(s[i]);
   }
 }
 }  // namespace linnet::cpu

@@ -65,6 +65,13 @@ void attention(const float* q, int64_t q_stride, const float* k_cache, const flo
                int64_t rows, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, const int32_t* page_table,
                int64_t max_pages, int64_t page_size, const int32_t* key_begin, const int32_t* key_end);
 
+/// attention over a bf16 cache (--kv-cache-dtype bf16): k_cache / v_cache hold bfloat16
+/// bits in the same layout; each element is widened exactly where it is read, so the
+/// result has the same bits as the f32 overload over a cache of those values.
+void attention(const float* q, int64_t q_stride, const uint16_t* k_cache, const uint16_t* v_cache, float* out,
+               int64_t rows, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, const int32_t* page_table,
+               int64_t max_pages, int64_t page_size, const int32_t* key_begin, const int32_t* key_end);
+
 /// out[r, :] = src[index[r], :] for r < n, rows of `cols` floats.
 void gather_rows(const float* src, int64_t cols, const int32_t* index, int64_t n, float* out);
 
@@ -77,5 +84,9 @@ namespace linnet::cpu {
 /// Scatters rows into a cache: cache[positions[r] * row_elems + i] = src[r * src_stride + i]
 /// for r < rows, i < row_elems.
 void store_rows(const float* src, int64_t src_stride, float* cache, int64_t row_elems,
+                const int32_t* positions, int64_t rows);
+/// store_rows into a bf16 cache: each element rounded to bfloat16, nearest even
+/// (common/float16.h float_to_bf16, as torch's .to(torch.bfloat16)).
+void store_rows(const float* src, int64_t src_stride, uint16_t* cache, int64_t row_elems,
                 const int32_t* positions, int64_t rows);
 }  // namespace linnet::cpu
