@@ -86,7 +86,7 @@ std::vector<double> latency_bounds() {
 
 std::string num(double v) {
   char buf[40];
-  std::snprintf(buf, sizeof buf, "%.17g", v);
+  std::snprintf(buf, sizeof buf, "%.10g", v);
   return buf;
 }
 
