@@ -5,7 +5,7 @@
 # prompts with the same settings through `generate --input` (continuous batching, no
 # HTTP) and the ratio of output tokens/s. Never a pass/fail: numbers for the README.
 # Usage: scripts/bench_serve.sh [--model DIR] [--np N] [--clients C] [--prompts P]
-#        [--max-tokens T] [--max-batch B] [--build DIR]
+#        [--max-tokens T] [--max-batch B] [--threads N] [--build DIR]
 # Defaults: stories260k, np 1, 16 clients, 128 prompts, 128 tokens each, --max-batch 16.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,6 +16,7 @@ C=16
 P=128
 T=128
 B=16
+EXTRA=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --model) MODEL=$2; shift 2 ;;
@@ -24,6 +25,7 @@ while [ $# -gt 0 ]; do
     --prompts) P=$2; shift 2 ;;
     --max-tokens) T=$2; shift 2 ;;
     --max-batch) B=$2; shift 2 ;;
+    --threads) EXTRA+=(--threads "$2"); shift 2 ;;
     --build) BUILD=$2; shift 2 ;;
     *) echo "bench_serve.sh: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -48,7 +50,7 @@ for ((i = 0; i < P; i++)); do
 done > "$TMP/requests.jsonl"
 sed 's/"max_tokens"/"max_new_tokens"/' "$TMP/requests.jsonl" > "$TMP/input.jsonl"
 
-"${MPIRUN[@]}" -np "$NP" "$BIN" serve --model "$MODEL" --port 0 --max-batch "$B" 2> "$TMP/serve.err" &
+"${MPIRUN[@]}" -np "$NP" "$BIN" serve --model "$MODEL" --port 0 --max-batch "$B" ${EXTRA[@]+"${EXTRA[@]}"} 2> "$TMP/serve.err" &
 SERVER_PID=$!
 PORT=""
 for _ in $(seq 1 600); do
@@ -65,7 +67,7 @@ kill -TERM "$RANK0"
 wait "$SERVER_PID" || true
 SERVER_PID=""
 
-"${MPIRUN[@]}" -np "$NP" "$BIN" --model "$MODEL" --input "$TMP/input.jsonl" --max-batch "$B" > /dev/null 2> "$TMP/gen.err"
+"${MPIRUN[@]}" -np "$NP" "$BIN" --model "$MODEL" --input "$TMP/input.jsonl" --max-batch "$B" ${EXTRA[@]+"${EXTRA[@]}"} > /dev/null 2> "$TMP/gen.err"
 gen_tps=$(sed -n 's/.*, \([0-9.]*\) tokens\/s,.*/\1/p' "$TMP/gen.err" | tail -1)
 gen_s=$(sed -n 's/.*new tokens: [0-9]*, \([0-9.]*\) s,.*/\1/p' "$TMP/gen.err" | tail -1)
 
@@ -74,7 +76,7 @@ python_free_json() {  # field of the client's JSON line
 }
 rps=$(python_free_json requests_per_s)
 tps=$(python_free_json output_tokens_per_s)
-echo "model $(basename "$MODEL"), np $NP, $C concurrent streaming clients, $P prompts x $T new tokens (greedy), --max-batch $B"
+echo "model $(basename "$MODEL"), np $NP, $C concurrent streaming clients, $P prompts x $T new tokens (greedy), --max-batch $B ${EXTRA[*]+${EXTRA[*]}}"
 echo
 echo "| run | requests/s | output tokens/s | TTFT p50 / p99 ms | ITL p50 / p99 ms |"
 echo "|---|---|---|---|---|"
