@@ -49,7 +49,8 @@ std::optional<ServeOptions> parse_serve_options(int argc, char** argv, std::stri
      cxxopts::value<double>()->default_value("10"))
     ("h,help", "Print this help and exit");
   // clang-format on
-  add_engine_options(opts, "serve needs one tp group (--tp = ranks)", "Requests decoded together (continuous batching)");
+  add_engine_options(opts, "dp groups take the requests (each to the group with the fewest in flight)",
+                     "Requests decoded together per dp group (continuous batching)");
   const auto parsed = parse_options(opts, argc, argv, "serve", help_text);
   if (!parsed) return std::nullopt;
   const cxxopts::ParseResult& r = *parsed;
@@ -86,19 +87,11 @@ int run_serve(const ServeOptions& o, Job& job) {
   if (!made) return kUsageExit;
   MpiGroups& groups = *made;
   const WorldConfig& w = groups.world_config;
-  if (w.dp_size > 1) {
-    if (w.world_rank == 0) {
-      print_error(-1, "--tp " + std::to_string(w.tp_size) + " makes " + std::to_string(w.dp_size) +
-                          " dp groups; serve runs one tp group for now: give --tp " + std::to_string(w.world_size) +
-                          " (or leave it out)");
-    }
-    return kUsageExit;
-  }
   install_stop_handlers();
   const bool root = w.world_rank == 0;
 
   // Rank 0 listens first, so /health says 503 while the model loads.
-  ServeQueue queue(o.engine.max_batch + o.max_queue);
+  ServeQueue queue(o.engine.max_batch * w.dp_size + o.max_queue);
   ServeMetrics metrics;
   std::unique_ptr<ApiServer> server;
   if (!job.load_phase([&] {
@@ -155,8 +148,10 @@ int run_serve(const ServeOptions& o, Job& job) {
     sm.eos = m.eos;
     const std::string name = sm.api.served_name;
     server->ready(std::move(sm));
-    std::fprintf(stderr, "[linnet-tp] serve: ready, model \"%s\", tp %d, up to %lld requests at once, %lld KV pages\n",
-                 name.c_str(), w.tp_size, static_cast<long long>(o.engine.max_batch),
+    std::fprintf(stderr,
+                 "[linnet-tp] serve: ready, model \"%s\", %d dp group(s) x tp %d, up to %lld requests at once per "
+                 "group, %lld KV pages per group\n",
+                 name.c_str(), w.dp_size, w.tp_size, static_cast<long long>(o.engine.max_batch),
                  static_cast<long long>(engine->num_pages()));
   }
 

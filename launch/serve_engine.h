@@ -1,9 +1,10 @@
 // The engine side of `linnet-tp serve`: HTTP handler threads hand requests to the main
 // thread through a ServeQueue and get their tokens back through a ServeChannel each;
-// the main thread of every rank of the tp group runs one BatchSession. Before each step
-// the group's first rank broadcasts the step's plan (new requests with their ids and
-// sampling settings, cancellations, shutdown), so every rank makes the same session
-// calls. Only the main thread calls MPI or the engine (MPI_THREAD_FUNNELED).
+// the main threads of each tp group run one BatchSession. Before each step the group's
+// first rank broadcasts the step's plan (new requests with their ids and sampling
+// settings, cancellations, shutdown), so every rank makes the same session calls; world
+// rank 0 hands requests to the other dp groups' first ranks and gets their tokens back
+// by MPI messages. Only the main threads call MPI or the engine (MPI_THREAD_FUNNELED).
 #pragma once
 
 #include <atomic>
@@ -143,9 +144,10 @@ struct ServeLoopConfig {
   bool prefix_caching = true;
 };
 
-/// Runs the serve loop on every rank of the tp group until a SIGINT/SIGTERM (on any
-/// rank) has been drained: requests in flight finish, or are cancelled once
-/// shutdown_grace_s has passed. Requires dp_size == 1.
+/// Runs the serve loop on every rank (launch/serve_loop.cpp) until a SIGINT/SIGTERM (on
+/// any rank) has been drained: requests in flight finish, or are cancelled once
+/// shutdown_grace_s has passed. With several dp groups, world rank 0 hands each
+/// submission to the group with the fewest choices in flight.
 /// @throws Error from the engine or MPI (the caller aborts the job).
 void run_serve_loop(Engine& engine, const ServeLoopConfig& config);
 

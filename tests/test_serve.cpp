@@ -176,6 +176,17 @@ class Serve : public test::CliTest {
     return std::nan("");
   }
 
+  // The metric once it reaches `value` (a response's outcome is counted when httplib
+  // releases it, just after the client has read it), or its value after 2 s.
+  static double wait_metric(const Server& s, const std::string& name, double value) {
+    double v = metric(s, name);
+    for (int i = 0; i < 100 && v != value; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      v = metric(s, name);
+    }
+    return v;
+  }
+
   // generate --input over `lines` on `np` ranks: the output lines.
   std::vector<json> generate(int np, const std::vector<json>& lines, const std::string& args = "",
                              const fs::path& model = test::stories_dir()) {
@@ -411,15 +422,55 @@ TEST_F(Serve, ConcurrentClientsAreBatched) {
     }
   }
   EXPECT_GT(metric(s, "linnet_step_sequences_max"), 1.0);
-  // A response's outcome is counted once httplib has released it, just after the client read it.
-  double finished = 0;
-  for (int i = 0; i < 100 && (finished = metric(s, "linnet_requests_total{outcome=\"finished\"}")) < 36.0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  EXPECT_EQ(finished, 36.0);
+  EXPECT_EQ(wait_metric(s, "linnet_requests_total{outcome=\"finished\"}", 36.0), 36.0);
   EXPECT_EQ(metric(s, "linnet_kv_pages_in_use"), 0.0);
   EXPECT_GT(metric(s, "linnet_generation_tokens_total"), 0.0);
   EXPECT_EQ(stop(s), 0);
+}
+
+// Two dp groups of tp 2 (-np 4 --tp 2): concurrent requests are spread over both
+// groups and give the texts generate gives; echo logprobs come back from either group.
+TEST_F(Serve, DataParallelGroups) {
+  std::vector<json> lines;
+  for (int i = 0; i < 8; ++i) {
+    lines.push_back({{"prompt", kPrompts[static_cast<size_t>(i) % kPrompts.size()]}, {"max_new_tokens", 20},
+                     {"temperature", 0.7}, {"seed", 100 + i}, {"logprobs", true}});
+  }
+  const std::vector<json> expected = generate(1, lines);
+  ASSERT_EQ(expected.size(), lines.size());
+  Server s = start(4, "--tp 2 --max-batch 2");
+  track(s);
+  std::vector<json> got(lines.size());
+  std::vector<std::thread> clients;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    clients.emplace_back([&, i] {
+      json body = lines[i];
+      body["max_tokens"] = body["max_new_tokens"];
+      body.erase("max_new_tokens");
+      body["logprobs"] = 0;
+      got[i] = post(s, "/v1/completions", body);
+    });
+  }
+  for (auto& t : clients) t.join();
+  for (size_t i = 0; i < lines.size(); ++i) {
+    ASSERT_TRUE(got[i].contains("choices")) << got[i].dump();
+    EXPECT_EQ(got[i]["choices"][0]["text"], expected[i]["completion"]) << i;
+    const json& lps = got[i]["choices"][0]["logprobs"]["token_logprobs"];
+    ASSERT_EQ(lps.size(), expected[i]["logprobs"].size());
+    for (size_t k = 0; k < lps.size(); ++k) {
+      EXPECT_NEAR(lps[k].get<double>(), expected[i]["logprobs"][k]["logprob"].get<double>(), 1e-4);
+    }
+  }
+  // The pool metrics add up both groups' pools.
+  std::smatch m;
+  const std::string err = test::slurp(s.err);
+  ASSERT_TRUE(std::regex_search(err, m, std::regex(R"((\d+) KV pages per group)"))) << err;
+  EXPECT_EQ(metric(s, "linnet_kv_pages_total"), 2.0 * std::stod(m[1]));
+  EXPECT_EQ(wait_metric(s, "linnet_requests_total{outcome=\"finished\"}", 8.0), 8.0);
+  const json echo = post(s, "/v1/completions", {{"prompt", "Once upon a time"}, {"echo", true}, {"max_tokens", 0},
+                                                {"logprobs", 0}});
+  EXPECT_TRUE(echo["choices"][0]["logprobs"]["token_logprobs"][0].is_null());
+  EXPECT_EQ(stop(s), 0) << test::slurp(s.err);
 }
 
 // A client that leaves (streaming or not) cancels its request and frees its KV pages.
