@@ -1,6 +1,9 @@
 #include "launch/cli_parse.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -85,6 +88,25 @@ Error bad_value_error(cxxopts::Options& opts, const std::vector<char*>& args, co
   return Error(fallback, "command line");
 }
 
+// cxxopts reads a floating-point value with operator>>, which stops at the first
+// character it cannot use, so "0.5abc" would read as 0.5: every value of a
+// floating-point option (one that takes "0.5" but not "x") must be a whole number text.
+void check_whole_numbers(cxxopts::Options& opts, const cxxopts::ParseResult& r) {
+  const std::vector<OptionInfo> infos = option_infos(opts);
+  for (const auto& kv : r.arguments()) {
+    const auto it = std::find_if(infos.begin(), infos.end(), [&](const OptionInfo& o) { return o.name == kv.key(); });
+    if (it == infos.end() || it->is_boolean || it->is_container) continue;
+    if (!parses(opts, it->name, "0.5") || parses(opts, it->name, "x")) continue;
+    const std::string& v = kv.value();
+    char* end = nullptr;
+    errno = 0;
+    const double d = std::strtod(v.c_str(), &end);
+    if (v.empty() || end != v.c_str() + v.size() || errno == ERANGE || !std::isfinite(d)) {
+      throw Error("invalid value", "--" + it->name, "a finite number", "'" + v + "'");
+    }
+  }
+}
+
 }  // namespace
 
 std::optional<cxxopts::ParseResult> parse_options(cxxopts::Options& opts, int argc, char** argv,
@@ -104,6 +126,7 @@ std::optional<cxxopts::ParseResult> parse_options(cxxopts::Options& opts, int ar
   if (!r.unmatched().empty()) {
     throw Error("unexpected argument '" + r.unmatched().front() + "'", "command line");
   }
+  check_whole_numbers(opts, r);
   if (r.count("help")) {
     help_text = opts.help();
     return std::nullopt;

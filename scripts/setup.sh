@@ -11,6 +11,7 @@ PACKAGES=(
   libcpp-httplib-dev
   libgtest-dev
   libicu-dev libpcre2-dev
+  iproute2
 )
 
 missing=()

@@ -87,8 +87,9 @@ TEST_F(BenchCli, KvCacheDtypeBf16HalvesTheCacheBytes) {
   const std::string args = "bench --config " + quote(config.string()) +
                            " --random-weights --backend cpu --batch 16 --prompt-len 8 --new-tokens 4 --max-seq-len 128";
   const Result f32 = run(1, args), bf16 = run(1, args + " --kv-cache-dtype bf16");
-  expect_results(f32);
-  expect_results(bf16);
+  // (Not expect_results: on this tiny model "achieved GB/s" can print 0.0 on a loaded machine.)
+  ASSERT_EQ(f32.code, 0) << f32.err;
+  ASSERT_EQ(bf16.code, 0) << bf16.err;
   EXPECT_NE(f32.out.find("positions, f32)"), std::string::npos) << f32.out;
   EXPECT_NE(bf16.out.find("positions, bf16)"), std::string::npos) << bf16.out;
   EXPECT_EQ(kv_cache_bytes(f32.out), 0.5 * 1048576) << f32.out;

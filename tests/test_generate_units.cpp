@@ -139,6 +139,10 @@ TEST(CommandLine, UnparsableValuesNameTheOptionAndTheValue) {
            {{"--max-new-tokens", "1e12"}, "--max-new-tokens: invalid value (expected an integer"},
            {{"--temperature", "nan"}, "--temperature: invalid value (expected a finite number, got 'nan')"},
            {{"--temperature=inf"}, "--temperature: invalid value (expected a finite number, got 'inf')"},
+           // operator>> would stop at the first bad character: "0.5abc" read as 0.5.
+           {{"--temperature", "0.5abc"}, "--temperature: invalid value (expected a finite number, got '0.5abc')"},
+           {{"--top-p=0.9x"}, "--top-p: invalid value (expected a finite number, got '0.9x')"},
+           {{"--kv-cache-memory-fraction", "1e400"}, "--kv-cache-memory-fraction: invalid value (expected a finite"},
            {{"--top-p", "nan"}, "--top-p: invalid value (expected a finite number, got 'nan')"},
            {{"--min-p", "-inf"}, "--min-p: invalid value (expected a finite number, got '-inf')"},
            {{"--repetition-penalty", "NaN"}, "--repetition-penalty: invalid value (expected a finite number"},

@@ -174,15 +174,24 @@ TEST_P(AttentionTest, PagedLayoutMatchesContiguous) {
   EXPECT_EQ(got, want);
 }
 
-// Long key ranges cross several key blocks of the online softmax: still the double
-// reference; and the thread count and the rows beside a query change no bit.
+// Long key ranges cross several key blocks of the online softmax and, past 1024 keys,
+// several key splits (flash-decoding): still the double reference; and the thread
+// count, the ISA path and the rows beside a query change no bit.
 TEST(Kernels, AttentionOverManyKeyBlocksIsExactAndInvariant) {
-  for (int64_t hd : {64, 12}) {
-    const int64_t heads = 6, kv_heads = 2, len = 300, rows = 5;
+  struct Case {
+    int64_t hd, len;
+    std::vector<int32_t> begin, end;
+  };
+  for (const Case& cs : {Case{64, 300, {0, 0, 70, 0, 10}, {300, 1, 199, 129, 300}},
+                         Case{12, 300, {0, 0, 70, 0, 10}, {300, 1, 199, 129, 300}},
+                         Case{64, 2600, {0, 0, 5, 1024, 1500}, {2600, 1025, 2053, 2048, 1600}}}) {
+    const int64_t hd = cs.hd, len = cs.len;
+    const int64_t heads = 6, kv_heads = 2, rows = 5;
     const int64_t kvw = kv_heads * hd;
     auto q = randn(rows * heads * hd, 31), k = randn(len * kvw, 32), v = randn(len * kvw, 33);
     for (auto& x : q) x *= 2.0f;  // peaked softmax: the running max moves between blocks
-    const std::vector<int32_t> begin = {0, 0, 70, 0, 10}, end = {300, 1, 199, 129, 300};
+    const std::vector<int32_t>& begin = cs.begin;
+    const std::vector<int32_t>& end = cs.end;
     const std::vector<int32_t> one_page(rows, 0);
     auto run = [&](int threads, int64_t n_rows, int64_t first) {
       set_num_threads(threads);
@@ -323,6 +332,33 @@ TEST(Kernels, AttentionOverBf16CacheEqualsF32OverRoundedValues) {
       set_num_threads(1);
     }
     set_isa(active);
+  }
+}
+
+// The element-wise ops split rows / column chunks over the threads once the work is
+// large (threads_for): the same bits with 1 and 2 threads, on sizes above and below the
+// threshold.
+TEST(Kernels, ElementwiseOpsDoNotDependOnTheThreadCount) {
+  for (int64_t rows : {1, 3, 70}) {
+    const int64_t dim = 576, inter = 1536, heads = 9, hd = 64;
+    const auto x = randn(rows * dim, 51), w = randn(dim, 52), gu = randn(rows * 2 * inter, 53);
+    const auto qk = randn(rows * heads * hd, 54), hw = randn(hd, 55);
+    std::vector<int32_t> pos(rows);
+    for (int64_t r = 0; r < rows; ++r) pos[r] = static_cast<int32_t>(1000 + 7 * r);
+    std::vector<float> inv_freq(hd / 2);
+    rope_inv_freq(10000.0, hd, inv_freq.data());
+    auto run = [&](int threads) {
+      set_num_threads(threads);
+      std::vector<float> norm(rows * dim), act(rows * inter), sum = x, rot = qk, qn = qk;
+      rmsnorm(x.data(), w.data(), norm.data(), rows, dim, 1e-5f);
+      swiglu(gu.data(), act.data(), rows, inter);
+      add_inplace(sum.data(), norm.data(), rows * dim);
+      rope(rot.data(), rows, heads * hd, heads, hd, pos.data(), inv_freq.data());
+      rmsnorm_heads(qn.data(), rows, heads * hd, heads, hd, hw.data(), 1e-6f);
+      set_num_threads(1);
+      return std::vector<std::vector<float>>{norm, act, sum, rot, qn};
+    };
+    EXPECT_EQ(run(1), run(2)) << rows << " rows";
   }
 }
 

@@ -3,15 +3,18 @@
 // running sum l, output rescaled by exp(m_old - m_new) when the max grows), so the
 // memory is one block of scores and one head_dim accumulator per pair, whatever the
 // sequence length: O(tile), not O(S). Keys are visited page by page, so the inner loops
-// run over contiguous cache rows. Pairs are spread over the rank's OpenMP threads (the
-// pair, not its keys, is the unit: flash-decoding's key splits are not done, which
-// leaves decode of one long row on n_heads-way parallelism).
+// run over contiguous cache rows. The work items spread over the rank's OpenMP threads
+// are (row, head, split): a pair with more than kSplitKeys (1024) keys is cut into splits
+// of that many keys (flash-decoding), each split's softmax state (m, l, acc) is kept,
+// and the states are combined in split order after all items are done, so decode of one
+// long row uses more than n_heads-way parallelism.
 //
 // Fixed order: a pair's result depends only on its query, its key range and the cache:
-// the blocks are cut at multiples of kKeyBlock counted from key_begin, each dot product
-// of head_dim is eight lane sums combined as in gemm.h, and each pair is computed by one
-// thread start to end. So a row alone equals the same row in any batch, and the thread
-// count changes no bit.
+// the splits are cut at multiples of kSplitKeys and the blocks at multiples of kKeyBlock,
+// both counted from key_begin; each dot product of head_dim is eight lane sums combined
+// as in gemm.h; each split is computed by one thread start to end and the splits are
+// combined in order. So a row alone equals the same row in any batch, and neither the
+// thread count nor the ISA path changes a bit.
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/ops.h"
 

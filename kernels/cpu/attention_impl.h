@@ -22,6 +22,7 @@
 namespace linnet::cpu::LINNET_ATTENTION_NS {
 
 constexpr int64_t kKeyBlock = 64;
+constexpr int64_t kSplitKeys = 1024;  // keys per split of one (row, head) pair: 16 key blocks
 constexpr int64_t kMaxHeadDim = 1024;  // accumulators up to this live on the stack, larger on the heap
 
 inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -45,6 +46,45 @@ inline float dot(const float* a, const KV* b, int64_t n) {
   return s;
 }
 
+// One (row, head) pair over keys [k0, k1) of its sequence: the online softmax's running
+// max m, running sum l and unnormalized accumulator acc[head_dim] at the end.
+template <typename KV>
+inline void attend_keys(const float* qh, const KV* k_cache, const KV* v_cache, const int32_t* table,
+                        int64_t kv_stride, int64_t kvh, int64_t head_dim, int64_t page_size, float scale, int64_t k0,
+                        int64_t k1, float* acc, float* m_out, float* l_out) {
+  float scores[kKeyBlock];
+  int64_t rows_of[kKeyBlock];
+  float m = -__builtin_inff(), l = 0.0f;
+  for (int64_t d = 0; d < head_dim; ++d) acc[d] = 0.0f;
+  for (int64_t b0 = k0; b0 < k1; b0 += kKeyBlock) {
+    const int64_t n = imin(kKeyBlock, k1 - b0);
+    float bm = -__builtin_inff();
+    int64_t page = b0 / page_size, off = b0 % page_size;  // walked, not divided, per key
+    for (int64_t j = 0; j < n; ++j) {
+      rows_of[j] = static_cast<int64_t>(table[page]) * page_size + off;
+      if (++off == page_size) {
+        off = 0;
+        ++page;
+      }
+      scores[j] = dot(qh, k_cache + rows_of[j] * kv_stride + kvh * head_dim, head_dim) * scale;
+      bm = fmax(bm, scores[j]);
+    }
+    const float m_new = fmax(m, bm);
+    const float corr = __builtin_expf(m - m_new);  // 0 on the first block (m = -inf)
+    l *= corr;
+    for (int64_t d = 0; d < head_dim; ++d) acc[d] *= corr;
+    for (int64_t j = 0; j < n; ++j) {
+      const float e = __builtin_expf(scores[j] - m_new);
+      l += e;
+      const KV* vt = v_cache + rows_of[j] * kv_stride + kvh * head_dim;
+      for (int64_t d = 0; d < head_dim; ++d) acc[d] += e * kv_load(vt, d);
+    }
+    m = m_new;
+  }
+  *m_out = m;
+  *l_out = l;
+}
+
 template <typename KV>
 void attention_body(const float* q, int64_t q_stride, const KV* k_cache, const KV* v_cache, float* out,
                     int64_t rows, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, const int32_t* page_table,
@@ -52,51 +92,71 @@ void attention_body(const float* q, int64_t q_stride, const KV* k_cache, const K
   const int64_t group = n_heads / n_kv_heads;
   const int64_t kv_stride = n_kv_heads * head_dim;
   const float scale = 1.0f / __builtin_sqrtf(static_cast<float>(head_dim));
-  int64_t keys = 0;
-  for (int64_t r = 0; r < rows; ++r) keys += key_end[r] - key_begin[r];
-  const int64_t pairs = rows * n_heads;
+  // Work items: (row, head, split), a row's keys cut into splits of kSplitKeys counted
+  // from key_begin. item_row[i] is the row of item i, first_item[r] its first item;
+  // rows of more than one split keep each split's (m, l, acc) at partial + part_at[r].
+  int64_t keys = 0, items = 0, parts = 0;
+  int64_t* first_item = static_cast<int64_t*>(std::malloc(static_cast<size_t>(rows + 1) * 8));
+  int64_t* part_at = static_cast<int64_t*>(std::malloc(static_cast<size_t>(rows + 1) * 8));
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t n = key_end[r] - key_begin[r];
+    const int64_t splits = (n + kSplitKeys - 1) / kSplitKeys;
+    keys += n;
+    first_item[r] = items;
+    part_at[r] = parts;
+    items += n_heads * splits;
+    if (splits > 1) parts += n_heads * splits * (head_dim + 2);
+  }
+  first_item[rows] = items;
+  int32_t* item_row = static_cast<int32_t*>(std::malloc(static_cast<size_t>(items) * 4 + 4));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = first_item[r]; i < first_item[r + 1]; ++i) item_row[i] = static_cast<int32_t>(r);
+  float* partial = parts > 0 ? static_cast<float*>(std::malloc(static_cast<size_t>(parts) * 4)) : nullptr;
   const int threads =
-      keys * n_heads * head_dim < (int64_t{1} << 15) ? 1 : static_cast<int>(imin(num_threads(), pairs));
+      keys * n_heads * head_dim < (int64_t{1} << 15) ? 1 : static_cast<int>(imin(num_threads(), items));
 
 #pragma omp parallel num_threads(threads)
   {
-    float scores[kKeyBlock];
-    int64_t rows_of[kKeyBlock];
     float stack_acc[kMaxHeadDim];
     float* acc = head_dim <= kMaxHeadDim ? stack_acc
                                          : static_cast<float*>(std::malloc(static_cast<size_t>(head_dim) * 4));
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t pr = 0; pr < pairs; ++pr) {
+    for (int64_t it = 0; it < items; ++it) {
+      const int64_t r = item_row[it];
+      const int64_t n = key_end[r] - key_begin[r];
+      const int64_t splits = (n + kSplitKeys - 1) / kSplitKeys;
+      const int64_t h = (it - first_item[r]) / splits, c = (it - first_item[r]) % splits;
+      const int64_t k0 = key_begin[r] + c * kSplitKeys, k1 = imin(key_end[r], k0 + kSplitKeys);
+      float m = 0.0f, l = 0.0f;
+      float* dst = splits > 1 ? partial + part_at[r] + (h * splits + c) * (head_dim + 2) + 2 : acc;
+      attend_keys(q + r * q_stride + h * head_dim, k_cache, v_cache, page_table + r * max_pages, kv_stride,
+                  h / group, head_dim, page_size, scale, k0, k1, dst, &m, &l);
+      if (splits > 1) {
+        dst[-2] = m;
+        dst[-1] = l;
+      } else {
+        const float inv = 1.0f / l;
+        float* oh = out + r * n_heads * head_dim + h * head_dim;
+        for (int64_t d = 0; d < head_dim; ++d) oh[d] = acc[d] * inv;
+      }
+    }
+    // Split rows: the splits' softmax states combined in split order (flash-decoding's
+    // reduction): M = max m_c, out = sum_c exp(m_c - M) acc_c / sum_c exp(m_c - M) l_c.
+#pragma omp for schedule(static)
+    for (int64_t pr = 0; pr < rows * n_heads; ++pr) {
       const int64_t r = pr / n_heads, h = pr % n_heads;
-      const float* qh = q + r * q_stride + h * head_dim;
-      const int64_t kvh = h / group;
-      const int32_t* table = page_table + r * max_pages;
-      float m = -__builtin_inff(), l = 0.0f;
+      const int64_t splits = (key_end[r] - key_begin[r] + kSplitKeys - 1) / kSplitKeys;
+      if (splits <= 1) continue;
+      const float* st = partial + part_at[r] + h * splits * (head_dim + 2);
+      float mx = -__builtin_inff();
+      for (int64_t c = 0; c < splits; ++c) mx = fmax(mx, st[c * (head_dim + 2)]);
+      float l = 0.0f;
       for (int64_t d = 0; d < head_dim; ++d) acc[d] = 0.0f;
-      for (int64_t b0 = key_begin[r]; b0 < key_end[r]; b0 += kKeyBlock) {
-        const int64_t n = imin(kKeyBlock, key_end[r] - b0);
-        float bm = -__builtin_inff();
-        int64_t page = b0 / page_size, off = b0 % page_size;  // walked, not divided, per key
-        for (int64_t j = 0; j < n; ++j) {
-          rows_of[j] = static_cast<int64_t>(table[page]) * page_size + off;
-          if (++off == page_size) {
-            off = 0;
-            ++page;
-          }
-          scores[j] = dot(qh, k_cache + rows_of[j] * kv_stride + kvh * head_dim, head_dim) * scale;
-          bm = fmax(bm, scores[j]);
-        }
-        const float m_new = fmax(m, bm);
-        const float corr = __builtin_expf(m - m_new);  // 0 on the first block (m = -inf)
-        l *= corr;
-        for (int64_t d = 0; d < head_dim; ++d) acc[d] *= corr;
-        for (int64_t j = 0; j < n; ++j) {
-          const float e = __builtin_expf(scores[j] - m_new);
-          l += e;
-          const KV* vt = v_cache + rows_of[j] * kv_stride + kvh * head_dim;
-          for (int64_t d = 0; d < head_dim; ++d) acc[d] += e * kv_load(vt, d);
-        }
-        m = m_new;
+      for (int64_t c = 0; c < splits; ++c) {
+        const float* sc = st + c * (head_dim + 2);
+        const float w = __builtin_expf(sc[0] - mx);
+        l += w * sc[1];
+        for (int64_t d = 0; d < head_dim; ++d) acc[d] += w * sc[2 + d];
       }
       const float inv = 1.0f / l;
       float* oh = out + r * n_heads * head_dim + h * head_dim;
@@ -104,6 +164,10 @@ void attention_body(const float* q, int64_t q_stride, const KV* k_cache, const K
     }
     if (acc != stack_acc) std::free(acc);
   }
+  std::free(partial);
+  std::free(item_row);
+  std::free(part_at);
+  std::free(first_item);
 }
 
 void attention_impl(const float* q, int64_t q_stride, const float* k_cache, const float* v_cache, float* out,

@@ -1,9 +1,15 @@
-// Row-wise and element-wise ops: embedding lookup, RMSNorm, SwiGLU, residual add.
+// Row-wise and element-wise ops: embedding lookup, RMSNorm, SwiGLU, residual add, the
+// KV-cache scatter. Each output element is computed by one thread in a fixed order
+// (RMSNorm: the row's sum of squares in double, front to back), and the rows or column
+// chunks are split over the rank's threads (threads_for) only when the work pays for
+// the fork, so results never depend on the thread count.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
-#include "kernels/cpu/ops.h"
 #include "common/float16.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/cpu/threads.h"
 
 namespace linnet::cpu {
 
@@ -20,7 +26,12 @@ void embedding_lookup(const float* table, int64_t vocab_begin, int64_t vocab_loc
   }
 }
 
+namespace {
+constexpr int64_t kChunk = 1024;  // columns per task of the element-wise ops
+}  // namespace
+
 void rmsnorm(const float* x, const float* weight, float* out, int64_t rows, int64_t dim, float eps) {
+#pragma omp parallel for num_threads(rows > 1 ? threads_for(rows * dim) : 1) schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * dim;
     float* o = out + r * dim;
@@ -32,16 +43,26 @@ void rmsnorm(const float* x, const float* weight, float* out, int64_t rows, int6
 }
 
 void swiglu(const float* gate_up, float* out, int64_t rows, int64_t inter) {
+  const int64_t chunks = (inter + kChunk - 1) / kChunk;
+#pragma omp parallel for collapse(2) num_threads(threads_for(rows * inter)) schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
-    const float* g = gate_up + r * 2 * inter;
-    const float* u = g + inter;
-    float* o = out + r * inter;
-    for (int64_t i = 0; i < inter; ++i) o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+    for (int64_t c = 0; c < chunks; ++c) {
+      const float* g = gate_up + r * 2 * inter;
+      const float* u = g + inter;
+      float* o = out + r * inter;
+      const int64_t end = std::min(inter, (c + 1) * kChunk);
+      for (int64_t i = c * kChunk; i < end; ++i) o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+    }
   }
 }
 
 void add_inplace(float* x, const float* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) x[i] += y[i];
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for num_threads(threads_for(n)) schedule(static)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t end = std::min(n, (c + 1) * kChunk);
+    for (int64_t i = c * kChunk; i < end; ++i) x[i] += y[i];
+  }
 }
 
 }  // namespace linnet::cpu
@@ -68,6 +89,7 @@ void store_rows(const float* src, int64_t src_stride, uint16_t* cache, int64_t r
 namespace linnet::cpu {
 void rmsnorm_heads(float* x, int64_t rows, int64_t row_stride, int64_t n_heads, int64_t head_dim,
                    const float* weight, float eps) {
+#pragma omp parallel for collapse(2) num_threads(threads_for(rows * n_heads * head_dim)) schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t h = 0; h < n_heads; ++h) {
       float* xh = x + r * row_stride + h * head_dim;

@@ -1,9 +1,12 @@
 // Rotary position embedding, half-split layout as in transformers (rotate_half).
 // Angles are formed in f32 (pos * inv_freq) as transformers does, so positions far
 // into the context round the same way as the reference.
+// Rows are split over the rank's threads (threads_for) when the work pays for it; each
+// element is rotated by one thread, so results do not depend on the thread count.
 #include <cmath>
 
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/threads.h"
 
 namespace linnet::cpu {
 
@@ -18,6 +21,7 @@ void rope_inv_freq(double theta, int64_t head_dim, float* out) {
 void rope(float* x, int64_t rows, int64_t row_stride, int64_t n_heads, int64_t head_dim,
           const int32_t* positions, const float* inv_freq) {
   const int64_t half = head_dim / 2;
+#pragma omp parallel for num_threads(threads_for(rows * n_heads * head_dim)) schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
     const float pos = static_cast<float>(positions[r]);
     for (int64_t i = 0; i < half; ++i) {

@@ -31,6 +31,8 @@ void set_num_threads(int n) {
 
 int num_threads() { return g_threads; }
 
+int threads_for(int64_t work) { return work < (int64_t{1} << 15) ? 1 : g_threads; }
+
 std::vector<int> core_share(int local_rank, int local_size, int cores) {
   cores = std::max(1, cores);
   local_size = std::max(1, local_size);

@@ -12,6 +12,7 @@
 // with --bind-to none). pin_threads reports it (Placement::launcher_warning).
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,12 @@ namespace linnet::cpu {
 void set_num_threads(int n);
 /// The rank's kernel thread count.
 int num_threads();
+
+/// Threads an element-wise op over `work` elements uses: 1 below 2^15 elements (a fork
+/// and join of the team costs about as much as that work), else num_threads(). Every op
+/// that uses it splits whole rows or fixed column chunks, never a sum, so its result
+/// does not depend on the count.
+int threads_for(int64_t work);
 
 /// The cores local rank `local_rank` of `local_size` owns on a node of `cores` cores:
 /// [local_rank * cores / local_size, (local_rank + 1) * cores / local_size), at least
