@@ -82,7 +82,7 @@ class CliTest : public testing::Test {
     fs::create_directories(tmp_);
   }
   void TearDown() override {
-    if (!tmp_.empty() && !std::getenv("KEEP_TMP")) fs::remove_all(tmp_);
+    if (!tmp_.empty()) fs::remove_all(tmp_);
   }
 
   // Runs `args` under mpirun -np ranks with a 60 s timeout.

@@ -290,6 +290,29 @@ TEST_F(Serve, CompletionsEqualGenerate) {
   }
 }
 
+// n > 1: the other choices reuse the first one's full prompt pages (prefix cache), and
+// greedy choices are alike.
+TEST_F(Serve, NChoicesSharePromptPages) {
+  Server s = start(1, "");
+  track(s);
+  std::string prompt = "Once upon a time";
+  for (int i = 0; i < 30; ++i) prompt += " there was a cat";
+  int status = 0;
+  const json r = post(s, "/v1/completions", {{"prompt", prompt}, {"max_tokens", 8}, {"n", 3}}, &status);
+  ASSERT_EQ(status, 200) << r.dump();
+  ASSERT_EQ(r["choices"].size(), 3u);
+  const int64_t P = r["usage"]["prompt_tokens"];
+  ASSERT_GT(P, 128);
+  for (int k = 0; k < 3; ++k) {
+    EXPECT_EQ(r["choices"][k]["index"], k);
+    EXPECT_EQ(r["choices"][k]["text"], r["choices"][0]["text"]);
+  }
+  EXPECT_EQ(r["usage"]["completion_tokens"], 24);
+  // Each later choice shares every full page but the one holding the last prompt token.
+  EXPECT_EQ(metric(s, "linnet_prefix_cache_hit_tokens_total"), 2.0 * static_cast<double>((P - 1) / 64 * 64));
+  EXPECT_EQ(stop(s), 0);
+}
+
 // Chat completions equal generate's rendering of the same messages, including a
 // template variable passed as chat_template_kwargs; streamed chunks start with the role.
 TEST_F(Serve, ChatEqualsGenerateChat) {
