@@ -9,6 +9,7 @@
 
 #include "common/error.h"
 #include "launch/cli_parse.h"
+#include "launch/serve_command.h"
 #include "runtime/model_loader.h"
 
 namespace linnet {
@@ -68,6 +69,7 @@ bool temperature_ok(double t) { return std::isfinite(t) && t >= 0.0; }
 bool top_p_ok(double p) { return p > 0.0 && p <= 1.0; }
 bool min_p_ok(double p) { return p >= 0.0 && p <= 1.0; }
 bool penalty_ok(double p) { return std::isfinite(p) && p > 0.0; }
+bool openai_penalty_ok(double p) { return p >= -2.0 && p <= 2.0; }
 
 }  // namespace
 
@@ -79,6 +81,10 @@ RequestSettings apply_request_keys(const ordered_json& line, RequestSettings s, 
   p.min_p = number_key(line, "min_p", where, min_p_ok, "a number in [0, 1]", p.min_p);
   p.repetition_penalty = number_key(line, "repetition_penalty", where, penalty_ok, "a finite number > 0",
                                     p.repetition_penalty);
+  p.presence_penalty = number_key(line, "presence_penalty", where, openai_penalty_ok, "a number in [-2, 2]",
+                                  p.presence_penalty);
+  p.frequency_penalty = number_key(line, "frequency_penalty", where, openai_penalty_ok, "a number in [-2, 2]",
+                                   p.frequency_penalty);
   if (const ordered_json* v = key_of(line, "seed")) {
     if (!v->is_number_unsigned() && !(v->is_number_integer() && v->get<int64_t>() >= 0)) {
       bad_key(where, "seed", "an integer in [0, 2^64-1]", *v);
@@ -129,6 +135,68 @@ RequestSettings apply_request_keys(const ordered_json& line, RequestSettings s, 
   return s;
 }
 
+void add_engine_options(cxxopts::Options& opts, const std::string& dp_note, const std::string& max_batch_help) {
+  // clang-format off
+  opts.add_options()
+    ("model", "Model directory (Hugging Face layout: config.json, *.safetensors, tokenizer.json)",
+     cxxopts::value<std::string>())
+    ("tp", "Ranks per tensor-parallel group (default: all ranks); world = dp x tp, and the " + dp_note,
+     cxxopts::value<int>())
+    ("max-seq-len", "KV cache length in tokens (default: min(max_position_embeddings, 8192))",
+     cxxopts::value<int64_t>())
+    ("max-batch", max_batch_help, cxxopts::value<int64_t>()->default_value("16"))
+    ("kv-cache-tokens", "Positions of the paged KV pool, in pages of 64 (default: --max-batch requests of "
+     "--max-seq-len); prompts sharing a prefix share its pages", cxxopts::value<int64_t>())
+    ("kv-cache-memory-fraction", "Size the KV pool as this fraction (0, 1] of the memory left after the "
+     "weights, instead of --kv-cache-tokens", cxxopts::value<double>())
+    ("no-prefix-caching", "Compute every prompt in full instead of sharing the KV pages of a cached prefix")
+    ("cuda-graphs", "With --backend cuda, replay decode steps as CUDA graphs (also LINNET_CUDA_GRAPHS=1; "
+     "experimental)")
+    ("threads", "BLAS threads per rank (default: cores / ranks on the node)",
+     cxxopts::value<int64_t>())
+    ("backend", "cpu or cuda (default: cuda when a CUDA device is visible, else cpu)",
+     cxxopts::value<std::string>())
+    ("weight-dtype", kWeightDtypeHelp, cxxopts::value<std::string>())
+    ("kv-cache-dtype", kKvCacheDtypeHelp, cxxopts::value<std::string>())
+    ("comm-timeout", kCommTimeoutHelp, cxxopts::value<int64_t>())
+    ("verbose", "Print the shard plan, KV cache size, sampling settings and seed to stderr");
+  // clang-format on
+}
+
+void read_engine_options(const cxxopts::ParseResult& r, GenerateOptions& g) {
+  if (!r.count("model")) throw Error("is required", "--model");
+  g.model = r["model"].as<std::string>();
+  read_at_least(r, "tp", 1, g.tp);
+  read_comm_timeout(r, g.comm_timeout);
+  read_in_range(r, "max-seq-len", 1, kMaxSeqLenLimit, g.max_seq_len);
+  g.max_batch = r["max-batch"].as<int64_t>();
+  if (g.max_batch < 1 || g.max_batch > kMaxBatchLimit) {
+    invalid("--max-batch", "an integer in [1, " + std::to_string(kMaxBatchLimit) + "]", std::to_string(g.max_batch));
+  }
+  g.prefix_caching = !r.count("no-prefix-caching");
+  g.cuda_graphs = r.count("cuda-graphs") > 0;
+  if (r.count("kv-cache-tokens") && r.count("kv-cache-memory-fraction")) {
+    invalid("--kv-cache-tokens", "not together with --kv-cache-memory-fraction", "both");
+  }
+  if (r.count("kv-cache-tokens")) {
+    g.kv_cache_tokens = r["kv-cache-tokens"].as<int64_t>();
+    if (*g.kv_cache_tokens < 1 || *g.kv_cache_tokens > kMaxKvCacheTokens) {
+      invalid("--kv-cache-tokens", "an integer in [1, " + std::to_string(kMaxKvCacheTokens) + "]",
+              std::to_string(*g.kv_cache_tokens));
+    }
+  }
+  if (r.count("kv-cache-memory-fraction")) {
+    g.kv_cache_memory_fraction = r["kv-cache-memory-fraction"].as<double>();
+    const double f = *g.kv_cache_memory_fraction;
+    if (!(f > 0.0 && f <= 1.0)) invalid("--kv-cache-memory-fraction", "in (0, 1]", num(f));
+  }
+  read_in_range(r, "threads", 1, kMaxThreads, g.threads);
+  read_backend(r, g.backend);
+  read_weight_dtype(r, g.weight_dtype);
+  read_kv_cache_dtype(r, g.kv_cache_dtype);
+  g.verbose = r.count("verbose") > 0;
+}
+
 CommandLine parse_command_line(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "info") == 0) {
     CommandLine cl;
@@ -158,6 +226,13 @@ CommandLine parse_command_line(int argc, char** argv) {
     if (options) cl.bench = *options;
     return cl;
   }
+  if (argc > 1 && std::strcmp(argv[1], "serve") == 0) {
+    CommandLine cl;
+    const auto options = parse_serve_options(argc, argv, cl.help_text);
+    cl.kind = options ? CommandLine::Kind::kServe : CommandLine::Kind::kHelp;
+    if (options) cl.serve = *options;
+    return cl;
+  }
   if (argc > 1 && std::strcmp(argv[1], "template") == 0) {
     CommandLine cl;
     const auto options = parse_template_options(argc, argv, cl.help_text);
@@ -171,16 +246,15 @@ CommandLine parse_command_line(int argc, char** argv) {
                         "every rank loads its slice of the checkpoint and computes its share of\n"
                         "each layer.\n\n"
                         "  mpirun -np 4 linnet-tp --model DIR --prompt TEXT\n\n"
-                        "Subcommands: generate (the default), loss, bench, info, tokenize, template (see SUBCOMMAND --help).\n");
+                        "Subcommands: generate (the default), serve, loss, bench, info, tokenize, template (see SUBCOMMAND --help).\n");
   opts.custom_help("[generate] [OPTIONS]");
   // clang-format off
   opts.add_options()
-    ("model", "Model directory (Hugging Face layout: config.json, *.safetensors, tokenizer.json)",
-     cxxopts::value<std::string>())
     ("prompt", "Prompt text (raw, unless --chat)", cxxopts::value<std::string>())
     ("input", "JSONL file, one {\"prompt\": ...} per line, generated with continuous batching "
      "(instead of --prompt); a {\"messages\": [...], ...} line is rendered with the chat template. "
-     "A line may set temperature, top_k, top_p, min_p, repetition_penalty, seed, max_new_tokens, "
+     "A line may set temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty, "
+     "frequency_penalty, seed, max_new_tokens, "
      "stop, stop_token_ids, logprobs, top_logprobs (default: the flags)",
      cxxopts::value<std::string>())
     ("chat", "Treat --prompt (and each {\"prompt\"} line) as one user message and render it with the "
@@ -212,34 +286,15 @@ CommandLine parse_command_line(int argc, char** argv) {
     ("logprobs", "Record each new token's log-probability (log_softmax of the raw logits) in --output")
     ("top-logprobs", "With --logprobs, also the N most probable alternatives per token (N <= 20; "
      "implies --logprobs)", cxxopts::value<int64_t>())
-    ("tp", "Ranks per tensor-parallel group (default: all ranks); world = dp x tp, and the dp "
-     "groups split the --input prompts", cxxopts::value<int>())
     ("seed", "Sampling seed (default: random, printed with --verbose; --resume takes the journal's)",
      cxxopts::value<uint64_t>())
-    ("comm-timeout", kCommTimeoutHelp, cxxopts::value<int64_t>())
-    ("max-seq-len", "KV cache length in tokens (default: min(max_position_embeddings, 8192))",
-     cxxopts::value<int64_t>())
-    ("max-batch", "With --input, prompts decoded together (continuous batching)",
-     cxxopts::value<int64_t>()->default_value("16"))
-    ("kv-cache-tokens", "Positions of the paged KV pool, in pages of 64 (default: --max-batch requests of "
-     "--max-seq-len); prompts sharing a prefix share its pages", cxxopts::value<int64_t>())
-    ("kv-cache-memory-fraction", "Size the KV pool as this fraction (0, 1] of the memory left after the "
-     "weights, instead of --kv-cache-tokens", cxxopts::value<double>())
-    ("no-prefix-caching", "Compute every prompt in full instead of sharing the KV pages of a cached prefix")
-    ("cuda-graphs", "With --backend cuda, replay decode steps as CUDA graphs (also LINNET_CUDA_GRAPHS=1; "
-     "experimental)")
     ("progress", "Draw the --input progress bar on stderr even when it is not a terminal (under mpirun a "
      "rank's stderr is a pipe, so the bar is off unless asked for)")
-    ("threads", "BLAS threads per rank (default: cores / ranks on the node)",
-     cxxopts::value<int64_t>())
-    ("backend", "cpu or cuda (default: cuda when a CUDA device is visible, else cpu)",
-     cxxopts::value<std::string>())
-    ("weight-dtype", kWeightDtypeHelp, cxxopts::value<std::string>())
-    ("kv-cache-dtype", kKvCacheDtypeHelp, cxxopts::value<std::string>())
-    ("verbose", "Print the shard plan, KV cache size, sampling settings and seed to stderr")
     ("version", "Print the version and exit")
     ("h,help", "Print this help and exit");
   // clang-format on
+  add_engine_options(opts, "dp groups split the --input prompts", "With --input, prompts decoded together "
+                     "(continuous batching)");
 
   CommandLine cl;
   const auto parsed = parse_options(opts, argc, argv, "generate", cl.help_text);
@@ -253,8 +308,7 @@ CommandLine parse_command_line(int argc, char** argv) {
     return cl;
   }
   GenerateOptions& g = cl.generate;
-  if (!r.count("model")) throw Error("is required", "--model");
-  g.model = r["model"].as<std::string>();
+  read_engine_options(r, g);
   if (r.count("prompt") > 1 || r.count("input") > 1) throw Error("given more than once", "--prompt/--input");
   if (r.count("prompt")) g.prompt = r["prompt"].as<std::string>();
   if (r.count("input")) g.input = r["input"].as<std::string>();
@@ -302,8 +356,6 @@ CommandLine parse_command_line(int argc, char** argv) {
     }
     g.logprobs = true;
   }
-  read_at_least(r, "tp", 1, g.tp);
-  read_comm_timeout(r, g.comm_timeout);
   g.resume = r.count("resume") > 0;
   if (g.resume && (g.input.empty() || g.output.empty())) throw Error("needs --input and --output", "--resume");
   if (r.count("top-k")) {
@@ -315,34 +367,7 @@ CommandLine parse_command_line(int argc, char** argv) {
     if (!top_p_ok(*g.top_p)) invalid("--top-p", "in (0, 1]", num(*g.top_p));
   }
   if (r.count("seed")) g.seed = r["seed"].as<uint64_t>();
-  read_in_range(r, "max-seq-len", 1, kMaxSeqLenLimit, g.max_seq_len);
-  g.max_batch = r["max-batch"].as<int64_t>();
-  if (g.max_batch < 1 || g.max_batch > kMaxBatchLimit) {
-    invalid("--max-batch", "an integer in [1, " + std::to_string(kMaxBatchLimit) + "]", std::to_string(g.max_batch));
-  }
-  g.prefix_caching = !r.count("no-prefix-caching");
   g.progress = r.count("progress") > 0;
-  g.cuda_graphs = r.count("cuda-graphs") > 0;
-  if (r.count("kv-cache-tokens") && r.count("kv-cache-memory-fraction")) {
-    invalid("--kv-cache-tokens", "not together with --kv-cache-memory-fraction", "both");
-  }
-  if (r.count("kv-cache-tokens")) {
-    g.kv_cache_tokens = r["kv-cache-tokens"].as<int64_t>();
-    if (*g.kv_cache_tokens < 1 || *g.kv_cache_tokens > kMaxKvCacheTokens) {
-      invalid("--kv-cache-tokens", "an integer in [1, " + std::to_string(kMaxKvCacheTokens) + "]",
-              std::to_string(*g.kv_cache_tokens));
-    }
-  }
-  if (r.count("kv-cache-memory-fraction")) {
-    g.kv_cache_memory_fraction = r["kv-cache-memory-fraction"].as<double>();
-    const double f = *g.kv_cache_memory_fraction;
-    if (!(f > 0.0 && f <= 1.0)) invalid("--kv-cache-memory-fraction", "in (0, 1]", num(f));
-  }
-  read_in_range(r, "threads", 1, kMaxThreads, g.threads);
-  read_backend(r, g.backend);
-  read_weight_dtype(r, g.weight_dtype);
-  read_kv_cache_dtype(r, g.kv_cache_dtype);
-  g.verbose = r.count("verbose") > 0;
   g.chat = r.count("chat") > 0;
   return cl;
 }

@@ -15,6 +15,11 @@
 #include "launch/tokenize_command.h"
 #include "runtime/sampler.h"
 
+namespace cxxopts {
+class Options;
+class ParseResult;
+}  // namespace cxxopts
+
 namespace linnet {
 
 /// Options of `linnet-tp [generate]`.
@@ -52,6 +57,21 @@ struct GenerateOptions {
   bool verbose = false;
 };
 
+/// Options of `linnet-tp serve`.
+struct ServeOptions {
+  GenerateOptions engine;            // the engine flags (add_engine_options): --model, --tp, --max-batch, ...
+  std::string host = "127.0.0.1";    // --host
+  int port = 8000;                   // --port (0: any free port, printed)
+  std::string api_key;               // --api-key, else LINNET_API_KEY; empty: no authentication
+  std::string served_model_name;     // --served-model-name (default: the model folder's name)
+  int64_t max_queue = 256;           // --max-queue: choices waiting beyond --max-batch before 429
+  int64_t max_n = 16;                // --max-n: most choices per prompt
+  int64_t max_body_bytes = 8 << 20;  // --max-body-bytes (413 above)
+  int64_t max_connections = 64;      // --max-connections: HTTP handler threads
+  int64_t timeout_s = 30;            // --timeout: socket read/write timeout, seconds
+  double shutdown_grace_s = 10.0;    // --shutdown-grace SECONDS
+};
+
 /// Most requests --max-batch decodes together: far above what fits a step, low enough
 /// that --max-batch x --max-seq-len never overflows.
 inline constexpr int64_t kMaxBatchLimit = 65536;
@@ -72,7 +92,7 @@ struct RequestSettings {
 };
 
 /// `defaults` with the keys of one --input line applied: temperature, top_k, top_p,
-/// min_p, repetition_penalty, seed, max_new_tokens, stop (a string or a list of
+/// min_p, repetition_penalty, presence_penalty, frequency_penalty, seed, max_new_tokens, stop (a string or a list of
 /// strings), stop_token_ids (a list of ids), logprobs (true/false), top_logprobs (N,
 /// implies logprobs). A null value counts as absent; other keys are ignored.
 /// @throws Error naming `where` (file:line) and the key when a value has the wrong JSON
@@ -81,9 +101,20 @@ struct RequestSettings {
 RequestSettings apply_request_keys(const nlohmann::ordered_json& line, RequestSettings defaults,
                                    const std::string& where);
 
+/// Declares the flags that load a model and size its engine, shared by generate and
+/// serve: --model, --tp, --max-seq-len, --max-batch (help `max_batch_help`),
+/// --kv-cache-tokens, --kv-cache-memory-fraction, --no-prefix-caching, --cuda-graphs,
+/// --threads, --backend, --weight-dtype, --verbose. `dp_note` ends --tp's help (what
+/// the dp groups split).
+void add_engine_options(cxxopts::Options& opts, const std::string& dp_note, const std::string& max_batch_help);
+
+/// Reads the flags of add_engine_options into `g`.
+/// @throws Error naming the option on a missing --model or a value out of range.
+void read_engine_options(const cxxopts::ParseResult& r, GenerateOptions& g);
+
 /// What the command line asked for.
 struct CommandLine {
-  enum class Kind { kGenerate, kTokenize, kInfo, kLoss, kTemplate, kBench, kHelp, kVersion } kind = Kind::kGenerate;
+  enum class Kind { kGenerate, kTokenize, kInfo, kLoss, kTemplate, kBench, kServe, kHelp, kVersion } kind = Kind::kGenerate;
   std::string help_text;  // for kHelp
   GenerateOptions generate;
   TokenizeOptions tokenize;  // for kTokenize
@@ -91,6 +122,7 @@ struct CommandLine {
   LossOptions loss;          // for kLoss
   TemplateOptions chat_template;  // for kTemplate
   BenchOptions bench;             // for kBench
+  ServeOptions serve;             // for kServe
 };
 
 /// Parses argv. A first argument "generate" selects that subcommand (also the default),

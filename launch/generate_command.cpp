@@ -29,6 +29,7 @@
 #include "launch/journal.h"
 #include "launch/jsonl_input.h"
 #include "launch/jsonl_output.h"
+#include "launch/model_setup.h"
 #include "launch/model_path.h"
 #include "launch/progress.h"
 #include "launch/run_relay.h"
@@ -156,14 +157,7 @@ int run_batch(Engine& engine, const BatchRun& b, const std::vector<int64_t>& eos
   std::vector<BatchRequest> reqs(mine.size());
   for (size_t k = 0; k < mine.size(); ++k) {
     const Request& r = b.requests[mine[k]];
-    reqs[k].prompt = r.ids;
-    reqs[k].sampling = r.settings.sampling;
-    reqs[k].sampling.seed = r.settings.seed ? *r.settings.seed : seed + static_cast<uint64_t>(r.index);
-    reqs[k].max_new_tokens = r.settings.max_new_tokens;
-    reqs[k].eos_ids = eos;
-    reqs[k].eos_ids.insert(reqs[k].eos_ids.end(), r.settings.stop_token_ids.begin(), r.settings.stop_token_ids.end());
-    reqs[k].top_logprobs = r.settings.top_logprobs;
-    reqs[k].error = r.error;
+    reqs[k] = batch_request(r, eos, r.settings.seed ? *r.settings.seed : seed + static_cast<uint64_t>(r.index));
   }
 
   // World rank 0: every finished request's record, from every group, as it arrives.
@@ -226,36 +220,22 @@ bool run_single(Engine& engine, const Tokenizer& tok, const Request& r, const st
   sampling.seed = seed;
   std::vector<int64_t> stop_ids = eos;
   stop_ids.insert(stop_ids.end(), r.settings.stop_token_ids.begin(), r.settings.stop_token_ids.end());
-  std::unique_ptr<StreamingDetokenizer> stream;
-  std::string shown;
-  if (is_root) stream = std::make_unique<StreamingDetokenizer>(tok, r.ids);
-  // With stop strings, text is held back until it cannot be the start of one.
-  size_t hold = 0;
-  for (const auto& s : r.settings.stop) hold = std::max(hold, s.size() - 1);
-  std::string text;
-  auto show = [&](bool final) {
-    size_t upto = final ? text.size() : (text.size() > hold ? text.size() - hold : 0);
-    size_t cut = std::string::npos;
-    for (const auto& s : r.settings.stop) cut = std::min(cut, text.find(s));
-    if (cut != std::string::npos) upto = std::min(upto, cut);
-    if (upto > shown.size()) {
-      std::fwrite(text.data() + shown.size(), 1, upto - shown.size(), stdout);
-      std::fflush(stdout);
-      shown = text.substr(0, upto);
-    }
+  std::unique_ptr<CompletionStream> stream;
+  if (is_root) stream = std::make_unique<CompletionStream>(tok, r);
+  auto show = [&](const std::string& text) {
+    if (text.empty()) return;
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    std::fflush(stdout);
   };
   StopScan scan;
   GenerationResult g = generate_until(
       engine, r.ids, sampling, r.settings.max_new_tokens, stop_ids,
       [&](int32_t id) {
-        if (!stream) return;
-        text += stream->push(id);
-        show(false);
+        if (stream) show(stream->push(id));
       },
       [&](int32_t id) { return scan.push(tok, r, id); });
   if (!is_root) return g.finish_reason == "error";
-  text += stream->flush();
-  show(true);
+  show(stream->finish());
   std::fputc('\n', stdout);
   std::fflush(stdout);
   if (g.finish_reason == "error") warn_once("--prompt: " + g.error);
@@ -356,22 +336,13 @@ int run_generate(const GenerateOptions& o, Job& job) {
   std::vector<int64_t> eos;
   RequestSettings defaults;
   const bool loaded = job.load_phase([&] {
-    const std::filesystem::path model_dir = resolve_model_dir(o.model);
-    files = std::make_unique<ModelFiles>(open_model(model_dir));
-    const ShardPlan plan = ShardPlan::make(files->config, w.tp_rank, w.tp_size);
-    const int64_t max_seq_len = resolve_max_seq_len(files->config, o.max_seq_len);
-    tokenizer = std::make_unique<Tokenizer>(Tokenizer::from_dir(model_dir));
-    if (tokenizer->vocab_size() > files->config.vocab_size) {
-      throw Error("the tokenizer knows more ids than the model has embedding rows", (model_dir / "tokenizer.json").string(),
-                  "ids < config.json vocab_size = " + std::to_string(files->config.vocab_size),
-                  "ids up to " + std::to_string(tokenizer->vocab_size() - 1));
-    }
-    defaults = resolve_defaults(o, files->generation);
-    // Phi-3 pads its embedding to 32064 rows while the tokenizer knows 32011 ids: never
-    // draw an id the tokenizer cannot decode.
-    defaults.sampling.vocab_limit = std::min<int64_t>(files->config.vocab_size, tokenizer->vocab_size());
-    Sampler check(defaults.sampling);  // validates generation_config.json's values before any rank starts
-    eos = resolve_eos(*files, *tokenizer);
+    GenerationModel m = open_generation_model(o, w);
+    const std::filesystem::path& model_dir = m.model_dir;
+    const int64_t max_seq_len = m.max_seq_len;
+    files = std::move(m.files);
+    tokenizer = std::move(m.tokenizer);
+    defaults = m.defaults;
+    eos = m.eos;
 
     std::vector<int64_t> skip;
     for (const auto& s : kept_indices) skip.push_back(std::stoll(s));
@@ -466,41 +437,7 @@ int run_generate(const GenerateOptions& o, Job& job) {
     const int64_t share = static_cast<int64_t>((todo.size() + static_cast<size_t>(w.dp_size) - 1 -
                                                 static_cast<size_t>(w.dp_rank)) / static_cast<size_t>(w.dp_size));
     const int64_t batch_rows = std::max<int64_t>(1, std::min<int64_t>(o.max_batch, share));
-    const ScalarType held =
-        held_weight_dtype(o.weight_dtype, o.backend, from_dtype(files->checkpoint.dominant_dtype()));
-    const ScalarType kv_dtype = held_kv_cache_dtype(o.kv_cache_dtype, o.backend);
-    const int64_t kv_tokens =
-        resolve_kv_cache_tokens(files->config, plan, max_seq_len, batch_rows, o.kv_cache_tokens,
-                                o.kv_cache_memory_fraction, available_host_memory(), w.local_size, held, kv_dtype);
-    const RankMemory need = rank_memory(files->config, plan, kv_tokens, 1, held, kv_dtype);
-    check_memory(need, available_host_memory(), w.local_size);
-    const int threads = blas_threads_per_rank(o.threads, w.local_size);
-    backend = make_backend(o.backend, threads, w.local_rank, w.local_size, held, kv_dtype);
-    engine = make_engine(*files, plan, *backend, tp_communicator(*backend, *groups.tp, w.local_size), max_seq_len,
-                         batch_rows, kKvPageSize,
-                         kv_tokens / kKvPageSize, o.cuda_graphs);
-    if (w.world_rank == 0 && o.cuda_graphs && !engine->cuda_graphs()) {
-      warn_once("--cuda-graphs has no effect here: graphs need --backend cuda and NCCL (or a single rank)");
-    }
-    if (w.world_rank == 0) {  // the memory a rank holds, as the model cards state it
-      std::fprintf(stderr, "[linnet-tp] per rank: weights %s (%s), KV cache %s (%lld pages of %lld positions, %s; "
-                   "--max-seq-len %lld), backend %s\n",
-                   format_bytes(need.weight_bytes).c_str(), scalar_type_name(held),
-                   format_bytes(engine->kv_cache_bytes()).c_str(),
-                   static_cast<long long>(engine->num_pages()), static_cast<long long>(engine->page_size()),
-                   scalar_type_name(backend->kv_cache_dtype()),
-                   static_cast<long long>(max_seq_len), backend->name().c_str());
-    }
-    info("dp group " + std::to_string(w.dp_rank) + "/" + std::to_string(w.dp_size) + ", tp rank " +
-         std::to_string(w.tp_rank) + "/" + std::to_string(w.tp_size) + ": " +
-         std::to_string(plan.num_heads_local) + " heads, " + std::to_string(plan.num_kv_heads_local) +
-         " KV heads, " + std::to_string(plan.intermediate_local) + " MLP units, vocab rows [" +
-         std::to_string(plan.vocab_begin) + ", " + std::to_string(plan.vocab_begin + plan.vocab_local) +
-         "), backend " + backend->name() + " (" + std::to_string(threads) + " BLAS threads on cpu), KV cache " + std::to_string(engine->num_pages()) +
-         " pages x " + std::to_string(engine->page_size()) + " positions = " + format_bytes(engine->kv_cache_bytes()) +
-         " (up to " + std::to_string(batch_rows) + " requests at once), weights " +
-         format_bytes(need.weight_bytes) + " (" + scalar_type_name(held) + "); read " + format_bytes(static_cast<int64_t>(files->checkpoint.bytes_read())) +
-         " of the checkpoint's " + format_bytes(static_cast<int64_t>(files->checkpoint.total_bytes())));
+    build_generation_engine(o, *files, m.plan, max_seq_len, groups, batch_rows, backend, engine);
   });
   if (!loaded) return kLoadErrorExit;
 

@@ -77,7 +77,8 @@ std::string prompt_text(const ordered_json& line, bool chat_flag, const Tokenize
     // A misspelt key would otherwise silently fall back to its default. (A "messages"
     // line's other keys are template variables, so those are not checked.)
     check_known_keys(line,
-                     {"prompt", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed",
+                     {"prompt", "temperature", "top_k", "top_p", "min_p", "repetition_penalty",
+                      "presence_penalty", "frequency_penalty", "seed",
                       "max_new_tokens", "stop", "stop_token_ids", "logprobs", "top_logprobs"},
                      "a \"prompt\" line", where);
     if (!chat_flag) {
@@ -155,6 +156,51 @@ ordered_json output_line(const Tokenizer& tok, const Request& r, const Generatio
 }
 
 std::string dump_line(const ordered_json& j) { return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace); }
+
+BatchRequest batch_request(const Request& r, const std::vector<int64_t>& eos, uint64_t seed) {
+  BatchRequest b;
+  b.prompt = r.ids;
+  b.sampling = r.settings.sampling;
+  b.sampling.seed = seed;
+  b.max_new_tokens = r.settings.max_new_tokens;
+  b.eos_ids = eos;
+  b.eos_ids.insert(b.eos_ids.end(), r.settings.stop_token_ids.begin(), r.settings.stop_token_ids.end());
+  b.top_logprobs = r.settings.top_logprobs;
+  b.error = r.error;
+  return b;
+}
+
+CompletionStream::CompletionStream(const Tokenizer& tok, const Request& r)
+    : stream_(tok, r.ids), stop_(r.settings.stop) {
+  for (const auto& s : stop_) hold_ = std::max(hold_, s.size() - 1);
+}
+
+std::string CompletionStream::push(int32_t token) {
+  if (stopped()) return {};
+  text_ += stream_.push(token);
+  return release(false);
+}
+
+std::string CompletionStream::finish() {
+  if (!stopped()) text_ += stream_.flush();
+  return release(true);
+}
+
+std::string CompletionStream::release(bool final) {
+  if (!stopped()) {
+    // Only an occurrence that reaches past the shown text can be new.
+    for (const auto& s : stop_) {
+      const size_t from = shown_ >= s.size() ? shown_ - s.size() + 1 : 0;
+      cut_ = std::min(cut_, text_.find(s, from));
+    }
+  }
+  size_t upto = final ? text_.size() : (text_.size() > hold_ ? text_.size() - hold_ : 0);
+  if (stopped()) upto = std::min(upto, cut_);
+  if (upto <= shown_) return {};
+  std::string out = text_.substr(shown_, upto - shown_);
+  shown_ = upto;
+  return out;
+}
 
 bool StopScan::push(const Tokenizer& tok, const Request& r, int32_t token) {
   if (r.settings.stop.empty()) return false;

@@ -15,6 +15,7 @@
 #include "loader/chat/chat_template.h"
 #include "loader/generation_config.h"
 #include "loader/tokenizer/tokenizer.h"
+#include "runtime/batch_session.h"
 #include "runtime/generate.h"
 #include "runtime/model_loader.h"
 
@@ -75,6 +76,37 @@ nlohmann::ordered_json output_line(const Tokenizer& tok, const Request& r, const
 
 /// A JSONL line of `j` (invalid UTF-8 replaced, never thrown on).
 std::string dump_line(const nlohmann::ordered_json& j);
+
+/// The BatchRequest that runs `r`: its ids, sampling settings with `seed`,
+/// max_new_tokens, `eos` plus its stop_token_ids, top_logprobs and error.
+BatchRequest batch_request(const Request& r, const std::vector<int64_t>& eos, uint64_t seed);
+
+/// The completion text of one request as its tokens arrive, for streaming: complete
+/// UTF-8 characters only (StreamingDetokenizer), text held back while it could be the
+/// start of one of the request's stop strings, and nothing from the first stop string
+/// on. The concatenation of every push() and finish() equals completion_text().
+class CompletionStream {
+ public:
+  CompletionStream(const Tokenizer& tok, const Request& r);
+  /// Appends generated `token`; returns the text that can be shown now (often "").
+  /// @throws Error when the id is out of the tokenizer's range.
+  std::string push(int32_t token);
+  /// Once generation has ended: the text still held (the detokenizer flushed), up to a
+  /// stop string.
+  std::string finish();
+  /// A stop string has appeared in the text.
+  bool stopped() const { return cut_ != std::string::npos; }
+
+ private:
+  std::string release(bool final);
+
+  StreamingDetokenizer stream_;
+  std::vector<std::string> stop_;
+  size_t hold_ = 0;                // longest stop string - 1
+  std::string text_;               // everything decoded so far
+  size_t shown_ = 0;               // bytes of text_ already returned
+  size_t cut_ = std::string::npos; // where the first stop string starts
+};
 
 /// The stop-string check of one request on tp rank 0: detokenizes the new tokens as
 /// they come and tells when the text holds one of the request's stop strings.

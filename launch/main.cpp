@@ -12,6 +12,7 @@
 #include "launch/info_command.h"
 #include "launch/loss_command.h"
 #include "launch/job.h"
+#include "launch/serve_command.h"
 #include "parallel/comm_watch.h"
 
 #ifndef LINNET_VERSION
@@ -19,7 +20,9 @@
 #endif
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  // serve's HTTP threads never call MPI: only the main thread does (FUNNELED).
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
   linnet::init_comm_watch(MPI_COMM_WORLD);
   int code = 0;
   {
@@ -35,6 +38,8 @@ int main(int argc, char** argv) {
         if (job.rank() == 0) std::printf("linnet-tp %s\n", LINNET_VERSION);
       } else if (cl.kind == linnet::CommandLine::Kind::kLoss) {
         code = linnet::run_loss(cl.loss, job);
+      } else if (cl.kind == linnet::CommandLine::Kind::kServe) {
+        code = linnet::run_serve(cl.serve, job);
       } else if (cl.kind == linnet::CommandLine::Kind::kBench) {
         code = linnet::run_bench(cl.bench, job);
       } else if (cl.kind == linnet::CommandLine::Kind::kInfo) {

@@ -1,15 +1,11 @@
-// Batch generation with continuous batching over the Engine's KV pages: requests join
-// as others finish (PagedScheduler: up to engine.max_batch() running, each with its
-// whole length's pages reserved, prompt prefixes shared through the PagePool); each
-// step is one step_paged pass with a decode token of every running request and prompt
-// chunks of the others (chunked prefill, no padding). Each request samples with its
-// own Sampler (its own seed), so its tokens do not depend on which other requests share
-// the batch.
-//
-// Everything that needs the full logits row (sampling, logprobs, the caller's stop
-// check) happens on tp rank 0, where Engine already gathered the vocab slices; one
-// broadcast per step then gives every rank of the tp group each row's token and its
-// outcome (go on, stop, error), so all ranks agree on which rows go on.
+// Batch generation with continuous batching over the Engine's KV pages: a BatchSession
+// (runtime/batch_session.h) over a fixed list of requests, stepped until every one is
+// done. Requests join as others finish (PagedScheduler: up to engine.max_batch()
+// running, each with its whole length's pages reserved, prompt prefixes shared through
+// the PagePool); each step is one step_paged pass with a decode token of every running
+// request and prompt chunks of the others (chunked prefill, no padding). Each request
+// samples with its own Sampler (its own seed), so its tokens do not depend on which
+// other requests share the batch.
 #pragma once
 
 #include <cstdint>
@@ -17,23 +13,13 @@
 #include <string>
 #include <vector>
 
+#include "runtime/batch_session.h"
 #include "runtime/engine.h"
 #include "runtime/generate.h"
 #include "runtime/page_pool.h"
 #include "runtime/sampler.h"
 
 namespace linnet {
-
-/// One prompt of a batch run.
-struct BatchRequest {
-  std::vector<int32_t> prompt;
-  SamplingParams sampling;
-  int64_t max_new_tokens = 256;
-  std::vector<int64_t> eos_ids;  // EOS and stop token ids: the token ends the request, finish "stop"
-  int64_t top_logprobs = -1;     // -1: no logprobs; N >= 0: each new token's logprob and the N
-                                 // most probable ids (GenerationResult::logprobs, tp rank 0)
-  std::string error;             // non-empty: finishes with "error" and this message, never scheduled
-};
 
 /// Called on every rank as request `index` finishes.
 using RequestDone = std::function<void(size_t index, const GenerationResult& result)>;

@@ -136,7 +136,12 @@ void PagedScheduler::append(int64_t id, int32_t token) {
 
 void PagedScheduler::finish(int64_t id) {
   const auto it = running_.find(id);
-  if (it == running_.end()) return;
+  if (it == running_.end()) {
+    // A waiting request holds no pages yet.
+    const auto w = std::find_if(waiting_.begin(), waiting_.end(), [id](const Request& r) { return r.id == id; });
+    if (w != waiting_.end()) waiting_.erase(w);
+    return;
+  }
   pool_.release(it->second.pages);
   running_.erase(it);
 }

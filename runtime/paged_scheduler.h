@@ -58,12 +58,16 @@ class PagedScheduler {
   /// The token request `id` sampled from its logits; it goes through the model in the
   /// next step.
   void append(int64_t id, int32_t token);
-  /// Ends request `id` (stop, length, error) and releases its pages.
+  /// Ends request `id` (stop, length, error, cancelled) and releases its pages; a
+  /// request still waiting is taken out of the queue. Unknown ids are ignored.
   void finish(int64_t id);
 
   bool idle() const { return waiting_.empty() && running_.empty(); }
   int64_t running() const { return static_cast<int64_t>(running_.size()); }
+  int64_t waiting() const { return static_cast<int64_t>(waiting_.size()); }
   const PagePoolStats& pool_stats() const { return pool_.stats(); }
+  /// Pages held by running requests now (the rest are free or cached).
+  int64_t pages_in_use() const { return pool_.num_pages() - pool_.available_pages(); }
 
  private:
   struct Request {

@@ -40,6 +40,12 @@ Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.se
   if (!(params.repetition_penalty > 0.0) || std::isinf(params.repetition_penalty)) {
     throw Error("invalid value", "repetition_penalty", "a finite number > 0", num(params.repetition_penalty));
   }
+  if (!(params.presence_penalty >= -2.0 && params.presence_penalty <= 2.0)) {
+    throw Error("invalid value", "presence_penalty", "in [-2, 2]", num(params.presence_penalty));
+  }
+  if (!(params.frequency_penalty >= -2.0 && params.frequency_penalty <= 2.0)) {
+    throw Error("invalid value", "frequency_penalty", "in [-2, 2]", num(params.frequency_penalty));
+  }
 }
 
 int32_t Sampler::argmax(std::span<const float> logits) {
@@ -50,7 +56,8 @@ int32_t Sampler::argmax(std::span<const float> logits) {
   return best;
 }
 
-int32_t Sampler::sample(std::span<const float> all_logits, std::span<const int32_t> context) {
+int32_t Sampler::sample(std::span<const float> all_logits, std::span<const int32_t> context,
+                        std::span<const int32_t> generated) {
   std::span<const float> logits = window(all_logits, params_.vocab_limit);
   for (size_t i = 0; i < logits.size(); ++i) {
     if (!std::isfinite(logits[i])) {
@@ -70,6 +77,24 @@ int32_t Sampler::sample(std::span<const float> all_logits, std::span<const int32
       if (id < 0 || static_cast<size_t>(id) >= penalized_.size()) continue;
       float& l = penalized_[static_cast<size_t>(id)];
       l = l < 0.0f ? l * penalty : l / penalty;
+    }
+    logits = penalized_;
+  }
+  // Presence and frequency penalties over the generated tokens (OpenAI's formula:
+  // l -= presence * [count > 0] + frequency * count).
+  if ((params_.presence_penalty != 0.0 || params_.frequency_penalty != 0.0) && !generated.empty()) {
+    if (logits.data() != penalized_.data()) penalized_.assign(logits.begin(), logits.end());
+    std::vector<int32_t> ids(generated.begin(), generated.end());
+    std::sort(ids.begin(), ids.end());
+    for (size_t i = 0; i < ids.size();) {
+      size_t j = i;
+      while (j < ids.size() && ids[j] == ids[i]) ++j;
+      const int32_t id = ids[i];
+      if (id >= 0 && static_cast<size_t>(id) < penalized_.size()) {
+        penalized_[static_cast<size_t>(id)] -= static_cast<float>(params_.presence_penalty +
+                                                                  params_.frequency_penalty * static_cast<double>(j - i));
+      }
+      i = j;
     }
     logits = penalized_;
   }

@@ -23,6 +23,10 @@ struct SamplingParams {
   double min_p = 0.0;        // drop tokens with prob < min_p * (max prob), after temperature; 0 = off
   double repetition_penalty = 1.0;  // > 0; 1 = off. Logits of ids already in the context:
                                     // l < 0 ? l * penalty : l / penalty (greedy too)
+  double presence_penalty = 0.0;   // in [-2, 2]; 0 = off. Subtracted once from the logit of
+                                   // each id already generated (OpenAI's presence penalty)
+  double frequency_penalty = 0.0;  // in [-2, 2]; 0 = off. Subtracted once per occurrence of an
+                                   // id already generated (OpenAI's frequency penalty)
   uint64_t seed = 0;
   int64_t vocab_limit = 0;   // only ids < vocab_limit may be drawn (0 = all); Phi-3's
                              // config has 32064 rows but its tokenizer knows 32011 ids
@@ -40,14 +44,17 @@ class Sampler {
  public:
   /// @throws Error naming the field when temperature < 0 or not finite, top_k < 0,
   ///   top_p is not in (0, 1], min_p is not in [0, 1], or repetition_penalty is not a
-  ///   finite number > 0.
+  ///   finite number > 0, or presence_penalty / frequency_penalty is not in [-2, 2].
   explicit Sampler(const SamplingParams& params);
 
   /// Picks a token id from `logits` (f32 [vocab]); ids >= vocab_limit are never chosen.
   /// `context` (prompt + tokens generated so far) is what the repetition penalty
-  /// penalizes; ids outside the row are ignored.
+  /// penalizes; `generated` (the new tokens only) is what the presence and frequency
+  /// penalties count, after the repetition penalty and before temperature (vLLM's
+  /// order); ids outside the row are ignored.
   /// @throws Error when a logit of the row (below vocab_limit) is NaN or infinite.
-  int32_t sample(std::span<const float> logits, std::span<const int32_t> context = {});
+  int32_t sample(std::span<const float> logits, std::span<const int32_t> context = {},
+                 std::span<const int32_t> generated = {});
 
   /// argmax over logits; ties go to the lowest id.
   static int32_t argmax(std::span<const float> logits);

@@ -8,6 +8,7 @@ PACKAGES=(
   libopenmpi-dev openmpi-bin
   libopenblas-dev
   libcxxopts-dev nlohmann-json3-dev
+  libcpp-httplib-dev
   libgtest-dev
   libicu-dev libpcre2-dev
   iproute2

@@ -1,0 +1,459 @@
+#include "launch/openai_api.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "common/error.h"
+#include "launch/jsonl_input.h"
+
+namespace linnet {
+
+using nlohmann::ordered_json;
+
+namespace {
+
+const char* default_type(int status) {
+  if (status == 401) return "authentication_error";
+  if (status == 404) return "not_found_error";
+  if (status == 429) return "rate_limit_exceeded";
+  if (status >= 500) return "server_error";
+  return "invalid_request_error";
+}
+
+std::string brief(const ordered_json& v) {
+  std::string text = dump_json(v);
+  if (text.size() > 60) text = text.substr(0, 57) + "...";
+  return text;
+}
+
+[[noreturn]] void bad(const std::string& param, const std::string& expected, const ordered_json& v) {
+  throw ApiError(400, "invalid value for \"" + param + "\": expected " + expected + ", got " + brief(v), param);
+}
+
+const ordered_json* key_of(const ordered_json& j, const char* key) {
+  const auto it = j.find(key);
+  return it == j.end() || it->is_null() ? nullptr : &*it;
+}
+
+bool is_count(const ordered_json& v) {
+  return v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0);
+}
+
+// The parameter an apply_request_keys error names ('... key "temperature"'), in the
+// API's spelling.
+std::string param_of(const Error& e, bool chat) {
+  const std::string& where = e.where();
+  const size_t k = where.find("key \"");
+  if (k == std::string::npos) return {};
+  const size_t end = where.find('"', k + 5);
+  std::string key = where.substr(k + 5, end == std::string::npos ? std::string::npos : end - k - 5);
+  if (key == "max_new_tokens") return chat ? "max_completion_tokens" : "max_tokens";
+  return key;
+}
+
+// Chat message content as a template sees it: a string, or the text parts of a list
+// joined with newlines (vLLM's rule); null stays null (an assistant turn with tools).
+ordered_json normalize_messages(const ordered_json& messages) {
+  if (!messages.is_array() || messages.empty()) bad("messages", "a non-empty list of message objects", messages);
+  ordered_json out = ordered_json::array();
+  for (const auto& m : messages) {
+    if (!m.is_object()) bad("messages", "a list of message objects", m);
+    const auto role = m.find("role");
+    if (role == m.end() || !role->is_string()) bad("messages", "each message with a string \"role\"", m);
+    ordered_json copy = m;
+    const auto content = m.find("content");
+    if (content != m.end() && content->is_array()) {
+      std::string text;
+      for (const auto& part : *content) {
+        const auto type = part.is_object() ? part.find("type") : part.end();
+        if (!part.is_object() || type == part.end() || *type != "text" || !part.contains("text") ||
+            !part["text"].is_string()) {
+          throw ApiError(400, "only text content parts ({\"type\": \"text\", \"text\": ...}) are supported",
+                         "messages");
+        }
+        if (!text.empty()) text += "\n";
+        text += part["text"].get<std::string>();
+      }
+      copy["content"] = text;
+    } else if (content != m.end() && !content->is_string() && !content->is_null()) {
+      bad("messages", "message content as a string or a list of text parts", *content);
+    }
+    out.push_back(std::move(copy));
+  }
+  return out;
+}
+
+// Keys accepted by each endpoint; the ones only accepted with their default value.
+const std::vector<std::string> kCommonKeys = {
+    "model", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
+    "frequency_penalty", "seed", "stop", "stop_token_ids", "n", "stream", "stream_options", "user",
+    "max_tokens", "logprobs", "logit_bias", "best_of", "ignore_eos"};
+const std::vector<std::string> kCompletionKeys = {"prompt", "echo", "suffix"};
+const std::vector<std::string> kChatKeys = {"messages", "max_completion_tokens", "top_logprobs",
+                                            "chat_template_kwargs", "tools", "tool_choice",
+                                            "parallel_tool_calls", "response_format"};
+
+void check_keys(const ordered_json& body, bool chat) {
+  for (const auto& [key, value] : body.items()) {
+    const auto& extra = chat ? kChatKeys : kCompletionKeys;
+    if (std::find(kCommonKeys.begin(), kCommonKeys.end(), key) != kCommonKeys.end()) continue;
+    if (std::find(extra.begin(), extra.end(), key) != extra.end()) continue;
+    throw ApiError(400, "unknown parameter \"" + key + "\"", key);
+  }
+  // Accepted only where they change nothing.
+  auto unsupported = [&](const char* key, bool ok) {
+    const ordered_json* v = key_of(body, key);
+    if (v && !ok) throw ApiError(400, std::string("\"") + key + "\" is not supported", key);
+  };
+  const ordered_json* v = nullptr;
+  unsupported("logit_bias", !(v = key_of(body, "logit_bias")) || (v->is_object() && v->empty()));
+  unsupported("best_of", !(v = key_of(body, "best_of")) || (v->is_number_integer() && v->get<int64_t>() == 1));
+  unsupported("suffix", !(v = key_of(body, "suffix")) || (v->is_string() && v->get<std::string>().empty()));
+  unsupported("ignore_eos", !(v = key_of(body, "ignore_eos")) || (v->is_boolean() && !v->get<bool>()));
+  unsupported("tool_choice", !(v = key_of(body, "tool_choice")) || *v == "none" || *v == "auto");
+  unsupported("response_format", !(v = key_of(body, "response_format")) ||
+                                     (v->is_object() && v->value("type", "") == "text"));
+  if ((v = key_of(body, "parallel_tool_calls")) && !v->is_boolean()) bad("parallel_tool_calls", "true or false", *v);
+  if ((v = key_of(body, "user")) && !v->is_string()) bad("user", "a string", *v);
+}
+
+}  // namespace
+
+ApiError::ApiError(int status, std::string message, std::string param, std::string type, std::string code)
+    : std::runtime_error(std::move(message)),
+      status_(status),
+      param_(std::move(param)),
+      type_(type.empty() ? default_type(status) : std::move(type)),
+      code_(std::move(code)) {}
+
+ordered_json ApiError::body() const {
+  ordered_json e;
+  e["message"] = what();
+  e["type"] = type_;
+  e["param"] = param_.empty() ? ordered_json() : ordered_json(param_);
+  e["code"] = code_.empty() ? ordered_json() : ordered_json(code_);
+  return {{"error", e}};
+}
+
+bool constant_time_equal(const std::string& a, const std::string& b) {
+  // Every byte of the longer one is looked at whatever matches; the length difference
+  // is folded in too.
+  const size_t n = std::max(a.size(), b.size());
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  for (size_t i = 0; i < n; ++i) {
+    const unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
+    const unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
+    diff = static_cast<unsigned char>(diff | (x ^ y));
+  }
+  volatile unsigned char sink = diff;
+  return sink == 0;
+}
+
+ApiRequest parse_api_request(const std::string& body_text, bool chat, const ApiModel& model, const ApiLimits& limits) {
+  ordered_json body;
+  try {
+    body = parse_jsonl_line(body_text, "request body");
+  } catch (const Error& e) {
+    throw ApiError(400, e.what());
+  }
+  check_keys(body, chat);
+  ApiRequest req;
+  req.chat = chat;
+  if (const ordered_json* m = key_of(body, "model")) {
+    if (!m->is_string()) bad("model", "a string", *m);
+    if (m->get<std::string>() != model.served_name) {
+      throw ApiError(404, "The model `" + m->get<std::string>() + "` does not exist (this server serves `" +
+                              model.served_name + "`)",
+                     "model", "", "model_not_found");
+    }
+  }
+  if (const ordered_json* v = key_of(body, "n")) {
+    if (!is_count(*v) || v->get<int64_t>() < 1 || v->get<int64_t>() > limits.max_n) {
+      bad("n", "an integer in [1, " + std::to_string(limits.max_n) + "]", *v);
+    }
+    req.n = v->get<int64_t>();
+  }
+  if (const ordered_json* v = key_of(body, "stream")) {
+    if (!v->is_boolean()) bad("stream", "true or false", *v);
+    req.stream = v->get<bool>();
+  }
+  if (const ordered_json* v = key_of(body, "stream_options")) {
+    if (!req.stream) throw ApiError(400, "\"stream_options\" needs \"stream\": true", "stream_options");
+    if (!v->is_object()) bad("stream_options", "an object", *v);
+    for (const auto& [k, x] : v->items()) {
+      if (k != "include_usage" && k != "continuous_usage_stats") {
+        throw ApiError(400, "unknown key \"" + k + "\" in \"stream_options\"", "stream_options");
+      }
+      if (!x.is_boolean()) bad("stream_options", "boolean values", *v);
+    }
+    req.include_usage = v->value("include_usage", false);
+  }
+  if (!chat) {
+    if (const ordered_json* v = key_of(body, "echo")) {
+      if (!v->is_boolean()) bad("echo", "true or false", *v);
+      req.echo = v->get<bool>();
+    }
+  }
+
+  // The sampling keys are generate's --input keys; translate the API's names.
+  ordered_json line = ordered_json::object();
+  for (const char* k : {"temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
+                        "frequency_penalty", "seed", "stop", "stop_token_ids"}) {
+    if (const ordered_json* v = key_of(body, k)) line[k] = *v;
+  }
+  // top_k -1 means off in vLLM's API (0 in ours).
+  if (line.contains("top_k") && line["top_k"].is_number_integer() && line["top_k"].get<int64_t>() == -1) line["top_k"] = 0;
+  std::optional<int64_t> max_tokens;
+  const char* max_key = "max_tokens";
+  for (const char* k : {"max_completion_tokens", "max_tokens"}) {
+    if (!chat && std::string(k) == "max_completion_tokens") continue;
+    if (const ordered_json* v = key_of(body, k)) {
+      if (!is_count(*v)) bad(k, "an integer >= 0", *v);
+      max_tokens = v->get<int64_t>();
+      max_key = k;
+      break;
+    }
+  }
+  if (chat) {
+    const ordered_json* lp = key_of(body, "logprobs");
+    if (lp && !lp->is_boolean()) bad("logprobs", "true or false", *lp);
+    const bool want = lp && lp->get<bool>();
+    if (const ordered_json* t = key_of(body, "top_logprobs")) {
+      if (!want) throw ApiError(400, "\"top_logprobs\" needs \"logprobs\": true", "top_logprobs");
+      if (!is_count(*t) || t->get<int64_t>() > kMaxTopLogprobs) {
+        bad("top_logprobs", "an integer in [0, " + std::to_string(kMaxTopLogprobs) + "]", *t);
+      }
+      req.logprobs = t->get<int64_t>();
+    } else if (want) {
+      req.logprobs = 0;
+    }
+  } else if (const ordered_json* lp = key_of(body, "logprobs")) {
+    if (!is_count(*lp) || lp->get<int64_t>() > kMaxTopLogprobs) {
+      bad("logprobs", "an integer in [0, " + std::to_string(kMaxTopLogprobs) + "]", *lp);
+    }
+    req.logprobs = lp->get<int64_t>();
+  }
+  if (req.logprobs >= 0) line["top_logprobs"] = req.logprobs;
+  RequestSettings settings;
+  try {
+    settings = apply_request_keys(line, model.defaults, "request");
+  } catch (const Error& e) {
+    const std::string param = param_of(e, chat);
+    throw ApiError(400, e.what(), param);
+  }
+  if (settings.sampling.top_k < 0) bad("top_k", "an integer >= 0, or -1 (off)", body["top_k"]);
+  for (int64_t id : settings.stop_token_ids) {
+    if (id >= model.vocab_size) bad("stop_token_ids", "ids < vocab_size = " + std::to_string(model.vocab_size), id);
+  }
+  req.seed = settings.seed;
+
+  // The prompts: their text and ids.
+  const Tokenizer& tok = *model.tokenizer;
+  auto check_bytes = [&](const std::string& text, const char* param) {
+    if (limits.prompt_byte_limit > 0 && static_cast<int64_t>(text.size()) > limits.prompt_byte_limit) {
+      throw ApiError(400, "the prompt has " + std::to_string(text.size()) + " bytes, more than the context of " +
+                              std::to_string(limits.max_seq_len) + " tokens can hold",
+                     param);
+    }
+  };
+  auto add_text = [&](const std::string& text, bool add_special) {
+    check_bytes(text, chat ? "messages" : "prompt");
+    Request r;
+    r.text = text;
+    try {
+      r.ids = tok.encode(text, add_special);
+    } catch (const Error& e) {
+      throw ApiError(400, std::string("cannot tokenize the prompt: ") + e.what(), chat ? "messages" : "prompt");
+    }
+    req.prompts.push_back(std::move(r));
+    req.prompt_given_as_text.push_back(true);
+  };
+  if (chat) {
+    const ordered_json* messages = key_of(body, "messages");
+    if (!messages) throw ApiError(400, "\"messages\" is required", "messages");
+    if (!model.chat) throw ApiError(400, model.chat_error, "messages");
+    ordered_json variables = ordered_json::object();
+    if (const ordered_json* kw = key_of(body, "chat_template_kwargs")) {
+      if (!kw->is_object()) bad("chat_template_kwargs", "an object", *kw);
+      for (const auto& [k, v] : kw->items()) {
+        if (k == "messages") throw ApiError(400, "\"chat_template_kwargs\" cannot set messages", "chat_template_kwargs");
+        variables[k] = v;
+      }
+    }
+    variables["messages"] = normalize_messages(*messages);
+    if (const ordered_json* tools = key_of(body, "tools")) {
+      if (!tools->is_array()) bad("tools", "a list of tool objects", *tools);
+      variables["tools"] = *tools;
+    }
+    if (!variables.contains("add_generation_prompt")) variables["add_generation_prompt"] = true;
+    std::string text;
+    bool is_chat = false;
+    try {
+      // A copy (shared, immutable tables), so prompt_text never loads one here.
+      std::unique_ptr<ModelChatTemplate> chat_copy = std::make_unique<ModelChatTemplate>(*model.chat);
+      text = prompt_text(variables, true, tok, model.model_dir, chat_copy, "messages", is_chat);
+    } catch (const Error& e) {
+      throw ApiError(400, e.what(), "messages");
+    }
+    // A rendered chat text already holds the template's BOS: no second one.
+    add_text(text, false);
+  } else {
+    const ordered_json* prompt = key_of(body, "prompt");
+    if (!prompt) throw ApiError(400, "\"prompt\" is required", "prompt");
+    const char* expected = "a string, a list of strings, a list of token ids, or a list of lists of ids";
+    auto ids_of = [&](const ordered_json& list) {
+      std::vector<int32_t> ids;
+      for (const auto& e : list) {
+        if (!is_count(e) || e.get<int64_t>() >= model.vocab_size) {
+          bad("prompt", "token ids in [0, " + std::to_string(model.vocab_size) + ")", e);
+        }
+        ids.push_back(static_cast<int32_t>(e.get<int64_t>()));
+      }
+      if (static_cast<int64_t>(ids.size()) > limits.max_seq_len) {
+        throw ApiError(400, "the prompt has " + std::to_string(ids.size()) + " tokens; this model's context is " +
+                                std::to_string(limits.max_seq_len) + " tokens",
+                       "prompt");
+      }
+      Request r;
+      r.ids = std::move(ids);
+      try {
+        r.text = tok.decode(r.ids, /*skip_special_tokens=*/false);
+      } catch (const Error& e) {
+        throw ApiError(400, std::string("cannot decode the prompt ids: ") + e.what(), "prompt");
+      }
+      req.prompts.push_back(std::move(r));
+      req.prompt_given_as_text.push_back(false);
+    };
+    if (prompt->is_string()) {
+      add_text(prompt->get<std::string>(), true);
+    } else if (prompt->is_array() && !prompt->empty()) {
+      if ((*prompt)[0].is_string()) {
+        for (const auto& p : *prompt) {
+          if (!p.is_string()) bad("prompt", expected, *prompt);
+          add_text(p.get<std::string>(), true);
+          if (static_cast<int64_t>(req.prompts.size()) > limits.max_choices) break;
+        }
+      } else if ((*prompt)[0].is_array()) {
+        for (const auto& p : *prompt) {
+          if (!p.is_array()) bad("prompt", expected, *prompt);
+          ids_of(p);
+          if (static_cast<int64_t>(req.prompts.size()) > limits.max_choices) break;
+        }
+      } else {
+        ids_of(*prompt);
+      }
+    } else {
+      bad("prompt", expected, *prompt);
+    }
+  }
+  if (static_cast<int64_t>(req.prompts.size()) * req.n > limits.max_choices) {
+    throw ApiError(400, "at most " + std::to_string(limits.max_choices) + " choices (prompts x n) per request",
+                   req.prompts.size() > 1 ? "prompt" : "n");
+  }
+  const char* prompt_param = chat ? "messages" : "prompt";
+  for (Request& r : req.prompts) {
+    const int64_t P = static_cast<int64_t>(r.ids.size());
+    if (P == 0) throw ApiError(400, "the prompt has no tokens (and the tokenizer adds no BOS)", prompt_param);
+    if (P > limits.max_seq_len) {
+      throw ApiError(400, "this model's maximum context length is " + std::to_string(limits.max_seq_len) +
+                              " tokens; the prompt has " + std::to_string(P),
+                     prompt_param);
+    }
+    r.settings = settings;
+    // OpenAI's completions default to 16 new tokens; chat to whatever the context leaves.
+    r.settings.max_new_tokens = max_tokens ? *max_tokens : chat ? limits.max_seq_len - P : 16;
+    if (P + r.settings.max_new_tokens > limits.max_seq_len) {
+      if (!max_tokens) {
+        r.settings.max_new_tokens = limits.max_seq_len - P;
+      } else {
+        throw ApiError(400, "this model's maximum context length is " + std::to_string(limits.max_seq_len) +
+                                " tokens; the prompt has " + std::to_string(P) + " and " + max_key + " asks for " +
+                                std::to_string(*max_tokens),
+                       max_key);
+      }
+    }
+  }
+  return req;
+}
+
+ordered_json completion_logprobs(const Tokenizer& tok, const std::vector<int32_t>& prompt_ids,
+                                 const std::vector<double>* prompt_logprobs, const std::vector<int32_t>& ids,
+                                 const std::vector<TokenLogprobs>& lps, int64_t top_n, size_t text_offset_start) {
+  ordered_json tokens = ordered_json::array(), token_lps = ordered_json::array(), tops = ordered_json::array(),
+               offsets = ordered_json::array();
+  size_t offset = text_offset_start;
+  auto add = [&](int32_t id, std::optional<double> lp, const std::vector<std::pair<int32_t, float>>* top) {
+    const std::string text = token_text(tok, id);
+    tokens.push_back(text);
+    token_lps.push_back(lp ? ordered_json(*lp) : ordered_json());
+    if (!lp) {
+      tops.push_back(ordered_json());
+    } else {
+      ordered_json t = ordered_json::object();
+      if (top) {
+        for (const auto& [alt, alp] : *top) {
+          if (static_cast<int64_t>(t.size()) >= top_n) break;
+          t[token_text(tok, alt)] = alp;
+        }
+      }
+      if (t.empty() || top_n > 0) t[text] = *lp;  // the chosen token is always listed
+      tops.push_back(std::move(t));
+    }
+    offsets.push_back(offset);
+    offset += text.size();
+  };
+  if (prompt_logprobs) {
+    for (size_t i = 0; i < prompt_ids.size(); ++i) {
+      std::optional<double> lp;
+      if (i > 0 && i - 1 < prompt_logprobs->size()) lp = (*prompt_logprobs)[i - 1];
+      add(prompt_ids[i], lp, nullptr);
+    }
+  }
+  for (size_t k = 0; k < ids.size() && k < lps.size(); ++k) add(ids[k], lps[k].logprob, &lps[k].top);
+  ordered_json j;
+  j["tokens"] = std::move(tokens);
+  j["token_logprobs"] = std::move(token_lps);
+  j["top_logprobs"] = std::move(tops);
+  j["text_offset"] = std::move(offsets);
+  return j;
+}
+
+ordered_json chat_logprobs(const Tokenizer& tok, const std::vector<int32_t>& ids, const std::vector<TokenLogprobs>& lps,
+                           int64_t top_n) {
+  auto bytes_of = [](const std::string& s) {
+    ordered_json b = ordered_json::array();
+    for (unsigned char c : s) b.push_back(static_cast<int>(c));
+    return b;
+  };
+  ordered_json content = ordered_json::array();
+  for (size_t k = 0; k < ids.size() && k < lps.size(); ++k) {
+    const std::string text = token_text(tok, ids[k]);
+    ordered_json t;
+    t["token"] = text;
+    t["logprob"] = lps[k].logprob;
+    t["bytes"] = bytes_of(text);
+    ordered_json top = ordered_json::array();
+    for (const auto& [alt, alp] : lps[k].top) {
+      if (static_cast<int64_t>(top.size()) >= top_n) break;
+      const std::string at = token_text(tok, alt);
+      top.push_back({{"token", at}, {"logprob", alp}, {"bytes", bytes_of(at)}});
+    }
+    t["top_logprobs"] = std::move(top);
+    content.push_back(std::move(t));
+  }
+  return {{"content", content}};
+}
+
+ordered_json usage_json(int64_t prompt_tokens, int64_t completion_tokens) {
+  ordered_json u;
+  u["prompt_tokens"] = prompt_tokens;
+  u["completion_tokens"] = completion_tokens;
+  u["total_tokens"] = prompt_tokens + completion_tokens;
+  return u;
+}
+
+std::string dump_json(const ordered_json& j) { return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace); }
+
+std::string sse_frame(const ordered_json& j) { return "data: " + dump_json(j) + "\n\n"; }
+
+}  // namespace linnet

@@ -1,0 +1,113 @@
+// The OpenAI API surface of `linnet-tp serve` that needs no engine: request bodies of
+// /v1/completions and /v1/chat/completions turned into generate's Requests (the same
+// keys, checks and chat rendering as an --input line: apply_request_keys, prompt_text),
+// and the response, chunk and error objects, as OpenAI's API reference and vLLM's
+// OpenAI server write them.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "launch/generate_requests.h"
+#include "loader/chat/chat_template.h"
+#include "loader/tokenizer/tokenizer.h"
+#include "runtime/sampler.h"
+
+namespace linnet {
+
+/// A request the API refuses: the HTTP status and OpenAI's error object
+/// {"error": {"message", "type", "param", "code"}}.
+class ApiError : public std::runtime_error {
+ public:
+  ApiError(int status, std::string message, std::string param = {}, std::string type = {}, std::string code = {});
+  int status() const { return status_; }
+  const std::string& param() const { return param_; }
+  /// {"error": {...}}; param and code are null when empty. type defaults by status:
+  /// invalid_request_error (4xx but 401/404/429), authentication_error (401),
+  /// not_found_error (404), rate_limit_exceeded (429), server_error (5xx).
+  nlohmann::ordered_json body() const;
+
+ private:
+  int status_;
+  std::string param_, type_, code_;
+};
+
+/// Limits of the request parser.
+struct ApiLimits {
+  int64_t max_seq_len = 0;        // positions a request may reach (prompt + max_tokens)
+  int64_t max_n = 16;             // most choices per prompt ("n")
+  int64_t max_choices = 64;       // most prompts x n in one request
+  int64_t prompt_byte_limit = 0;  // a longer prompt text is refused untokenized (0: none)
+};
+
+/// What the parser needs of the model.
+struct ApiModel {
+  const Tokenizer* tokenizer = nullptr;
+  std::filesystem::path model_dir;
+  const ModelChatTemplate* chat = nullptr;  // null: the model has no chat template
+  std::string chat_error;                   // why, for the chat endpoint's 400
+  std::string served_name;                  // the only "model" accepted
+  RequestSettings defaults;                 // generation_config.json's sampling defaults
+  int64_t vocab_size = 0;                   // ids of token prompts and stop_token_ids must be below
+};
+
+/// One parsed completions or chat request.
+struct ApiRequest {
+  bool chat = false;
+  std::vector<Request> prompts;   // each with text, ids and settings (max_new_tokens set)
+  int64_t n = 1;
+  bool stream = false;
+  bool include_usage = false;     // stream_options.include_usage
+  bool echo = false;              // completions: the prompt before the completion
+  int64_t logprobs = -1;          // -1: none; else alternatives per token (completions:
+                                  // "logprobs"; chat: "top_logprobs" with "logprobs": true)
+  std::optional<uint64_t> seed;   // choice k of a prompt samples with seed + k
+  std::vector<bool> prompt_given_as_text;  // per prompt: a string (echo shows it as given)
+};
+
+/// Parses a /v1/completions (chat false) or /v1/chat/completions body: parse_jsonl_line's
+/// checks first (NUL bytes, nesting deeper than kMaxJsonlDepth found by a scan before
+/// parsing, so a deeply nested body cannot exhaust the stack; duplicate keys).
+/// @throws ApiError 400 naming the parameter (invalid JSON, too deep, unknown or
+///   unsupported keys, values out of range, a prompt longer than the context,
+///   prompt + max_tokens over it, template errors), 404 for another "model".
+ApiRequest parse_api_request(const std::string& body, bool chat, const ApiModel& model, const ApiLimits& limits);
+
+/// True when `a` equals `b`, in time that depends only on their lengths (for API keys).
+bool constant_time_equal(const std::string& a, const std::string& b);
+
+/// What one choice produced, for its response object.
+struct ChoiceResult {
+  std::vector<int32_t> ids;                     // new tokens
+  std::vector<TokenLogprobs> logprobs;          // per new token, when asked for
+  std::vector<double> prompt_logprobs;          // echo with logprobs: log p(prompt[i+1]), [P-1]
+  std::string finish_reason;                    // stop | length (error/cancelled never reach here)
+};
+
+/// The logprobs object of completions for `ids` (tokens, token_logprobs,
+/// top_logprobs, text_offset), `prompt_logprobs` first when given (its first token null).
+nlohmann::ordered_json completion_logprobs(const Tokenizer& tok, const std::vector<int32_t>& prompt_ids,
+                                           const std::vector<double>* prompt_logprobs,
+                                           const std::vector<int32_t>& ids, const std::vector<TokenLogprobs>& lps,
+                                           int64_t top_n, size_t text_offset_start);
+
+/// The logprobs object of chat for `ids`: {"content": [{token, logprob, bytes, top_logprobs}]}.
+nlohmann::ordered_json chat_logprobs(const Tokenizer& tok, const std::vector<int32_t>& ids,
+                                     const std::vector<TokenLogprobs>& lps, int64_t top_n);
+
+/// {"prompt_tokens", "completion_tokens", "total_tokens"}.
+nlohmann::ordered_json usage_json(int64_t prompt_tokens, int64_t completion_tokens);
+
+/// One Server-Sent Events frame: "data: <json>\n\n".
+std::string sse_frame(const nlohmann::ordered_json& j);
+
+/// A JSON text of `j` with invalid UTF-8 replaced (never throws).
+std::string dump_json(const nlohmann::ordered_json& j);
+
+}  // namespace linnet

@@ -1,0 +1,184 @@
+#include "launch/serve_command.h"
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+
+#include <unistd.h>
+
+#include <cxxopts.hpp>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "launch/cli_parse.h"
+#include "launch/generate_requests.h"
+#include "launch/job.h"
+#include "parallel/comm_watch.h"
+#include "launch/model_setup.h"
+#include "launch/serve_engine.h"
+#include "launch/serve_http.h"
+#include "loader/chat/chat_template.h"
+
+namespace linnet {
+
+std::optional<ServeOptions> parse_serve_options(int argc, char** argv, std::string& help_text) {
+  cxxopts::Options opts("linnet-tp serve",
+                        "An OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions, /v1/models,\n"
+                        "/health, /metrics). World rank 0 listens; the ranks of the tp group run one\n"
+                        "continuous-batching engine. SIGINT/SIGTERM: stop accepting, finish what runs (up to\n"
+                        "--shutdown-grace), exit 0.\n\n"
+                        "  mpirun -np 2 linnet-tp serve --model DIR --port 8000\n");
+  opts.custom_help("[OPTIONS]");
+  // clang-format off
+  opts.add_options()
+    ("host", "Address to listen on", cxxopts::value<std::string>()->default_value("127.0.0.1"))
+    ("port", "TCP port; 0 picks a free one (printed on stderr)", cxxopts::value<int64_t>()->default_value("8000"))
+    ("api-key", "Require \"Authorization: Bearer KEY\" on /v1/ routes (default: LINNET_API_KEY; none when unset)",
+     cxxopts::value<std::string>())
+    ("served-model-name", "The model's name in the API (default: the model folder's name)",
+     cxxopts::value<std::string>())
+    ("max-queue", "Choices that may wait beyond --max-batch before new requests get 429",
+     cxxopts::value<int64_t>()->default_value("256"))
+    ("max-n", "Most choices per prompt (\"n\")", cxxopts::value<int64_t>()->default_value("16"))
+    ("max-body-bytes", "Largest request body; larger ones get 413", cxxopts::value<int64_t>()->default_value("8388608"))
+    ("max-connections", "HTTP handler threads: connections served at once (more wait for one)",
+     cxxopts::value<int64_t>()->default_value("64"))
+    ("timeout", "Socket read/write timeout in seconds (a stalled client is dropped and its request cancelled)",
+     cxxopts::value<int64_t>()->default_value("30"))
+    ("shutdown-grace", "Seconds that requests in flight may take to finish after SIGINT/SIGTERM",
+     cxxopts::value<double>()->default_value("10"))
+    ("h,help", "Print this help and exit");
+  // clang-format on
+  add_engine_options(opts, "dp groups take the requests (each to the group with the fewest in flight)",
+                     "Requests decoded together per dp group (continuous batching)");
+  const auto parsed = parse_options(opts, argc, argv, "serve", help_text);
+  if (!parsed) return std::nullopt;
+  const cxxopts::ParseResult& r = *parsed;
+  ServeOptions o;
+  read_engine_options(r, o.engine);
+  o.host = r["host"].as<std::string>();
+  if (o.host.empty()) throw Error("is empty", "--host");
+  read_in_range(r, "port", 0, 65535, o.port);
+  if (r.count("api-key")) {
+    o.api_key = r["api-key"].as<std::string>();
+    if (o.api_key.empty()) throw Error("is empty", "--api-key");
+  } else if (const char* k = std::getenv("LINNET_API_KEY"); k && *k) {
+    o.api_key = k;
+  }
+  if (r.count("served-model-name")) {
+    o.served_model_name = r["served-model-name"].as<std::string>();
+    if (o.served_model_name.empty()) throw Error("is empty", "--served-model-name");
+  }
+  read_in_range(r, "max-queue", 0, int64_t{1} << 20, o.max_queue);
+  read_in_range(r, "max-n", 1, 128, o.max_n);
+  read_in_range(r, "max-body-bytes", 1024, int64_t{1} << 30, o.max_body_bytes);
+  read_in_range(r, "max-connections", 1, 4096, o.max_connections);
+  read_in_range(r, "timeout", 1, 3600, o.timeout_s);
+  o.shutdown_grace_s = r["shutdown-grace"].as<double>();
+  if (!(o.shutdown_grace_s >= 0.0 && o.shutdown_grace_s <= 86400.0)) {
+    throw Error("invalid value", "--shutdown-grace", "seconds in [0, 86400]", std::to_string(o.shutdown_grace_s));
+  }
+  return o;
+}
+
+int run_serve(const ServeOptions& o, Job& job) {
+  set_verbose(o.engine.verbose);
+  // Collectives of a step; the idle waits between steps are the loop's own, untimed.
+  set_comm_timeout(o.engine.comm_timeout);
+  std::optional<MpiGroups> made = make_run_groups(job, o.engine.tp);
+  if (!made) return kUsageExit;
+  MpiGroups& groups = *made;
+  const WorldConfig& w = groups.world_config;
+  install_stop_handlers();
+  const bool root = w.world_rank == 0;
+
+  // Rank 0 listens first, so /health says 503 while the model loads.
+  ServeQueue queue(o.engine.max_batch * w.dp_size + o.max_queue);
+  ServeMetrics metrics;
+  std::unique_ptr<ApiServer> server;
+  if (!job.load_phase([&] {
+        if (!root) return;
+        HttpConfig hc;
+        hc.host = o.host;
+        hc.port = o.port;
+        hc.api_key = o.api_key;
+        hc.max_body_bytes = o.max_body_bytes;
+        hc.threads = o.max_connections;
+        hc.timeout_s = o.timeout_s;
+        server = std::make_unique<ApiServer>(hc, queue, metrics);
+        const int port = server->bind();
+        server->start();
+        std::fprintf(stderr, "[linnet-tp] serve: listening on http://%s:%d (pid %d, loading the model)\n", o.host.c_str(),
+                     port, static_cast<int>(::getpid()));
+      })) {
+    return kLoadErrorExit;
+  }
+
+  GenerationModel m;
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Engine> engine;
+  const bool loaded = job.load_phase([&] {
+    m = open_generation_model(o.engine, w);
+    build_generation_engine(o.engine, *m.files, m.plan, m.max_seq_len, groups, o.engine.max_batch, backend, engine);
+  });
+  if (!loaded) {
+    if (server) server->stop();
+    return kLoadErrorExit;
+  }
+
+  std::unique_ptr<ModelChatTemplate> chat;
+  if (root) {
+    ServedModel sm;
+    sm.api.tokenizer = m.tokenizer.get();
+    sm.api.model_dir = m.model_dir;
+    try {
+      chat = std::make_unique<ModelChatTemplate>(load_chat_template(*m.tokenizer, m.model_dir));
+      sm.api.chat = chat.get();
+    } catch (const Error& e) {
+      sm.api.chat_error = std::string("this model has no usable chat template: ") + e.what();
+    }
+    sm.api.served_name = o.served_model_name.empty()
+                             ? std::filesystem::absolute(m.model_dir).lexically_normal().filename().string()
+                             : o.served_model_name;
+    if (sm.api.served_name.empty()) sm.api.served_name = m.model_dir.parent_path().filename().string();
+    sm.api.defaults = m.defaults;
+    sm.api.vocab_size = m.files->config.vocab_size;
+    sm.limits.max_seq_len = m.max_seq_len;
+    sm.limits.max_n = o.max_n;
+    sm.limits.max_choices = std::max<int64_t>(o.max_n, 64);
+    sm.limits.prompt_byte_limit = m.max_seq_len * prompt_bytes_per_token(*m.tokenizer);
+    sm.eos = m.eos;
+    const std::string name = sm.api.served_name;
+    server->ready(std::move(sm));
+    std::fprintf(stderr,
+                 "[linnet-tp] serve: ready, model \"%s\", %d dp group(s) x tp %d, up to %lld requests at once per "
+                 "group, %lld KV pages per group\n",
+                 name.c_str(), w.dp_size, w.tp_size, static_cast<long long>(o.engine.max_batch),
+                 static_cast<long long>(engine->num_pages()));
+  }
+
+  try {
+    ServeLoopConfig lc;
+    lc.groups = &groups;
+    lc.tokenizer = m.tokenizer.get();
+    lc.queue = &queue;
+    lc.metrics = &metrics;
+    lc.on_drain = [&] {
+      if (server) server->drain();
+      std::fprintf(stderr, "[linnet-tp] serve: stopping (new requests get 503; up to %g s for those running)\n",
+                   o.shutdown_grace_s);
+    };
+    lc.shutdown_grace_s = o.shutdown_grace_s;
+    lc.prefix_caching = o.engine.prefix_caching;
+    run_serve_loop(*engine, lc);
+    // Every request has ended in the engine; let their responses finish writing.
+    if (server) server->stop(std::chrono::milliseconds(static_cast<int64_t>(1000.0 * std::min(o.shutdown_grace_s, 5.0) + 1000)));
+  } catch (const std::exception& e) {
+    job.abort(e.what());
+  }
+  if (root) std::fprintf(stderr, "[linnet-tp] serve: stopped\n");
+  return kOkExit;
+}
+
+}  // namespace linnet

@@ -1,0 +1,471 @@
+#include "launch/serve_http.h"
+
+#include <pthread.h>
+#include <sys/socket.h>
+#include <signal.h>
+
+#include <ctime>
+#include <random>
+
+#include <httplib.h>
+
+#include "common/error.h"
+
+namespace linnet {
+
+using nlohmann::ordered_json;
+
+struct ApiServer::State {
+  HttpConfig config;
+  ServeQueue& queue;
+  ServeMetrics& metrics;
+  std::atomic<bool>& draining;
+  std::mutex mutex;
+  std::shared_ptr<const ServedModel> model;  // set once ready
+  std::atomic<int64_t> open_responses{0};    // generation responses not yet released
+
+  std::shared_ptr<const ServedModel> served() {
+    std::lock_guard<std::mutex> lock(mutex);
+    return model;
+  }
+};
+
+namespace {
+
+void send_error(httplib::Response& res, const ApiError& e) {
+  res.status = e.status();
+  res.set_content(dump_json(e.body()), "application/json");
+}
+
+std::string random_id(const char* prefix) {
+  thread_local std::mt19937_64 rng(std::random_device{}());
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%s%016llx%08llx", prefix, static_cast<unsigned long long>(rng()),
+                static_cast<unsigned long long>(rng() & 0xffffffffull));
+  return buf;
+}
+
+uint64_t random_seed() {
+  thread_local std::mt19937_64 rng(std::random_device{}());
+  return rng();
+}
+
+// One generation request as its response is written: the choices' tokens, text and
+// outcome as the channel brings them.
+struct Generation {
+  struct Choice {
+    const Request* request = nullptr;        // its prompt (ApiRequest::prompts)
+    size_t prompt = 0;                       // index in ApiRequest::prompts
+    std::unique_ptr<CompletionStream> text;  // the completion as it may be shown
+    std::string shown;                       // everything text gave so far
+    std::vector<int32_t> ids;
+    std::vector<TokenLogprobs> lps;
+    std::vector<double> prompt_lps;
+    bool has_prompt_lps = false;
+    std::string finish, error;
+    bool done = false, started = false;
+  };
+  ApiRequest req;
+  std::shared_ptr<const ServedModel> model;
+  std::shared_ptr<ServeChannel> channel;
+  ServeMetrics* metrics = nullptr;
+  ServeQueue* queue = nullptr;
+  std::string id;
+  int64_t created = 0;
+  std::vector<Choice> choices;
+  size_t done = 0;
+  bool failed = false;
+  bool complete = false;  // the whole response was written
+  std::atomic<int64_t>* open = nullptr;
+
+  const Tokenizer& tok() const { return *model->api.tokenizer; }
+
+  ordered_json chunk_base() const {
+    ordered_json j;
+    j["id"] = id;
+    j["object"] = req.chat ? "chat.completion.chunk" : "text_completion";
+    j["created"] = created;
+    j["model"] = model->api.served_name;
+    return j;
+  }
+
+  std::string finish_reason(const Choice& c) const {
+    return c.text->stopped() && c.finish == "length" ? std::string("stop") : c.finish;
+  }
+
+  // Applies events; for streaming, returns the SSE frames they give.
+  std::string apply(std::vector<ServeEvent>& events) {
+    std::map<int, std::pair<std::string, std::vector<size_t>>> delta;  // choice: text, new token positions
+    std::vector<int> finished;
+    for (ServeEvent& e : events) {
+      Choice& c = choices.at(static_cast<size_t>(e.choice));
+      if (e.kind == ServeEvent::Kind::kPromptLogprobs) {
+        c.prompt_lps = std::move(e.prompt_logprobs);
+        c.has_prompt_lps = true;
+      } else if (e.kind == ServeEvent::Kind::kToken) {
+        c.ids.push_back(e.token);
+        if (e.logprobs) c.lps.push_back(std::move(*e.logprobs));
+        std::string t;
+        try {
+          t = c.text->push(e.token);
+        } catch (const Error&) {
+          // an id the tokenizer cannot decode shows no text
+        }
+        c.shown += t;
+        auto& d = delta[e.choice];
+        d.first += t;
+        d.second.push_back(c.ids.size() - 1);
+      } else {
+        c.finish = e.finish_reason;
+        c.error = e.error;
+        c.done = true;
+        ++done;
+        if (c.finish == "error" || c.finish == "cancelled") failed = true;
+        const std::string rest = c.text->finish();
+        c.shown += rest;
+        delta[e.choice].first += rest;
+        finished.push_back(e.choice);
+      }
+    }
+    if (!req.stream) return {};
+    std::string out;
+    for (auto& [i, d] : delta) {
+      Choice& c = choices[static_cast<size_t>(i)];
+      const bool ends = std::find(finished.begin(), finished.end(), i) != finished.end();
+      if (ends && (c.finish == "error" || c.finish == "cancelled")) {
+        out += sse_frame(ApiError(c.finish == "error" ? 500 : 503, c.error.empty() ? c.finish : c.error).body());
+        continue;
+      }
+      out += stream_chunk(c, static_cast<size_t>(i), d.first, d.second, ends);
+    }
+    return out;
+  }
+
+  std::string stream_chunk(Choice& c, size_t index, const std::string& text, const std::vector<size_t>& tokens,
+                           bool ends) {
+    std::string out;
+    ordered_json j = chunk_base();
+    ordered_json choice;
+    choice["index"] = index;
+    if (req.chat) {
+      if (!c.started) {  // the first chunk of a chat choice names the role
+        ordered_json first = j;
+        ordered_json ch = {{"index", index}, {"delta", {{"role", "assistant"}, {"content", ""}}},
+                           {"logprobs", nullptr}, {"finish_reason", nullptr}};
+        first["choices"] = ordered_json::array({ch});
+        if (req.include_usage) first["usage"] = nullptr;
+        out += sse_frame(first);
+        c.started = true;
+      }
+      choice["delta"] = text.empty() ? ordered_json::object() : ordered_json{{"content", text}};
+    } else {
+      std::string shown = text;
+      bool echo_now = req.echo && !c.started;
+      if (echo_now) shown = c.request->text + shown;
+      c.started = true;
+      choice["text"] = shown;
+      (void)echo_now;
+    }
+    ordered_json lp = nullptr;
+    if (req.logprobs >= 0) {
+      std::vector<int32_t> ids;
+      std::vector<TokenLogprobs> lps;
+      for (size_t k : tokens) {
+        if (k < c.lps.size()) {
+          ids.push_back(c.ids[k]);
+          lps.push_back(c.lps[k]);
+        }
+      }
+      if (req.chat) {
+        if (!ids.empty()) lp = chat_logprobs(tok(), ids, lps, req.logprobs);
+      } else if (!ids.empty() || (req.echo && c.has_prompt_lps)) {
+        const bool with_prompt = req.echo && c.has_prompt_lps;
+        lp = completion_logprobs(tok(), c.request->ids, with_prompt ? &c.prompt_lps : nullptr, ids, lps,
+                                 req.logprobs, 0);
+        c.has_prompt_lps = false;  // sent once
+      }
+    }
+    choice["logprobs"] = lp;
+    choice["finish_reason"] = ends ? ordered_json(finish_reason(c)) : ordered_json();
+    if (!ends && text.empty() && lp.is_null() && !(req.echo && !req.chat)) return out;
+    j["choices"] = ordered_json::array({choice});
+    if (req.include_usage) j["usage"] = nullptr;
+    out += sse_frame(j);
+    return out;
+  }
+
+  int64_t prompt_tokens() const {
+    int64_t n = 0;
+    for (const Request& r : req.prompts) n += static_cast<int64_t>(r.ids.size());
+    return n;
+  }
+  int64_t completion_tokens() const {
+    int64_t n = 0;
+    for (const Choice& c : choices) n += static_cast<int64_t>(c.ids.size());
+    return n;
+  }
+
+  // The end of a stream: the usage chunk when asked for, then [DONE].
+  std::string stream_end() const {
+    std::string out;
+    if (req.include_usage) {
+      ordered_json j = chunk_base();
+      j["choices"] = ordered_json::array();
+      j["usage"] = usage_json(prompt_tokens(), completion_tokens());
+      out += sse_frame(j);
+    }
+    return out + "data: [DONE]\n\n";
+  }
+
+  // The whole non-streaming response.
+  std::string body() const {
+    for (const Choice& c : choices) {
+      if (c.finish == "error" || c.finish == "cancelled") {
+        return dump_json(ApiError(c.finish == "error" ? 500 : 503, c.error.empty() ? c.finish : c.error).body());
+      }
+    }
+    ordered_json j;
+    j["id"] = id;
+    j["object"] = req.chat ? "chat.completion" : "text_completion";
+    j["created"] = created;
+    j["model"] = model->api.served_name;
+    ordered_json list = ordered_json::array();
+    for (size_t i = 0; i < choices.size(); ++i) {
+      const Choice& c = choices[i];
+      ordered_json ch;
+      ch["index"] = i;
+      if (req.chat) {
+        ch["message"] = {{"role", "assistant"}, {"content", c.shown}};
+        ch["logprobs"] = req.logprobs >= 0 ? chat_logprobs(tok(), c.ids, c.lps, req.logprobs) : ordered_json();
+      } else {
+        ch["text"] = (req.echo ? c.request->text : std::string()) + c.shown;
+        ch["logprobs"] = req.logprobs >= 0
+                             ? completion_logprobs(tok(), c.request->ids, req.echo ? &c.prompt_lps : nullptr, c.ids,
+                                                   c.lps, req.logprobs, 0)
+                             : ordered_json();
+      }
+      ch["finish_reason"] = finish_reason(c);
+      list.push_back(std::move(ch));
+    }
+    j["choices"] = std::move(list);
+    j["usage"] = usage_json(prompt_tokens(), completion_tokens());
+    return dump_json(j);
+  }
+};
+
+}  // namespace
+
+ApiServer::ApiServer(HttpConfig config, ServeQueue& queue, ServeMetrics& metrics)
+    : state_(new State{std::move(config), queue, metrics, draining_, {}, {}}),
+      server_(std::make_unique<httplib::Server>()) {
+  State& st = *state_;
+  httplib::Server& svr = *server_;
+  const size_t threads = static_cast<size_t>(std::max<int64_t>(1, st.config.threads));
+  svr.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  svr.set_payload_max_length(static_cast<size_t>(st.config.max_body_bytes));
+  svr.set_read_timeout(static_cast<time_t>(st.config.timeout_s), 0);
+  svr.set_write_timeout(static_cast<time_t>(st.config.timeout_s), 0);
+  svr.set_keep_alive_timeout(5);
+  svr.set_keep_alive_max_count(1000);
+  svr.set_tcp_nodelay(true);
+  // The listening socket, to widen httplib's accept backlog of 5 (a burst of clients
+  // would otherwise overflow it) once it listens.
+  svr.set_socket_options([this](int sock) {
+    int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+    listen_fd_ = sock;
+  });
+
+  // Authentication for the API routes; the key is compared in constant time.
+  svr.set_pre_routing_handler([&st](const httplib::Request& req, httplib::Response& res) {
+    if (st.config.api_key.empty() || req.path.rfind("/v1/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
+    const std::string auth = req.get_header_value("Authorization");
+    const std::string prefix = "Bearer ";
+    const bool ok = auth.size() > prefix.size() && auth.compare(0, prefix.size(), prefix) == 0 &&
+                    constant_time_equal(auth.substr(prefix.size()), st.config.api_key);
+    if (ok) return httplib::Server::HandlerResponse::Unhandled;
+    send_error(res, ApiError(401, "missing or wrong API key (give \"Authorization: Bearer KEY\")", "", "",
+                             "invalid_api_key"));
+    return httplib::Server::HandlerResponse::Handled;
+  });
+  // httplib's own refusals (413 body too large, 404 no route, 400 bad request line)
+  // carry OpenAI's error object too.
+  svr.set_error_handler(httplib::Server::HandlerWithResponse([&st](const httplib::Request&, httplib::Response& res) {
+    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+    std::string message = "HTTP " + std::to_string(res.status);
+    if (res.status == 404) message = "no such route";
+    if (res.status == 413) {
+      message = "the request body is larger than " + std::to_string(st.config.max_body_bytes) + " bytes";
+    }
+    if (res.status == 400) message = "malformed HTTP request";
+    send_error(res, ApiError(res.status, message));
+    return httplib::Server::HandlerResponse::Handled;
+  }));
+  svr.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+    std::string what = "unknown";
+    try {
+      std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    send_error(res, ApiError(500, "internal error: " + what));
+  });
+
+  svr.Get("/health", [&st](const httplib::Request&, httplib::Response& res) {
+    const bool ready = st.served() != nullptr;
+    res.status = ready ? 200 : 503;
+    res.set_content(ready ? "{\"status\":\"ok\"}" : "{\"status\":\"loading\"}", "application/json");
+  });
+  svr.Get("/metrics", [&st](const httplib::Request&, httplib::Response& res) {
+    res.set_content(st.metrics.render(), "text/plain; version=0.0.4");
+  });
+  svr.Get("/v1/models", [&st](const httplib::Request&, httplib::Response& res) {
+    const auto model = st.served();
+    if (!model) return send_error(res, ApiError(503, "the model is still loading"));
+    ordered_json m;
+    m["id"] = model->api.served_name;
+    m["object"] = "model";
+    m["created"] = static_cast<int64_t>(std::time(nullptr));
+    m["owned_by"] = "linnet-tp";
+    m["max_model_len"] = model->limits.max_seq_len;
+    res.set_content(dump_json({{"object", "list"}, {"data", ordered_json::array({m})}}), "application/json");
+  });
+
+  auto generate = [&st](bool chat) {
+    return [&st, chat](const httplib::Request& hreq, httplib::Response& res) {
+      const auto model = st.served();
+      auto reject = [&](const ApiError& e) {
+        st.metrics.request_done("rejected");
+        send_error(res, e);
+      };
+      if (!model) return reject(ApiError(503, "the model is still loading"));
+      if (st.draining) return reject(ApiError(503, "the server is shutting down"));
+      auto g = std::make_shared<Generation>();
+      try {
+        g->req = parse_api_request(hreq.body, chat, model->api, model->limits);
+      } catch (const ApiError& e) {
+        return reject(e);
+      }
+      g->model = model;
+      g->metrics = &st.metrics;
+      g->queue = &st.queue;
+      g->open = &st.open_responses;
+      g->id = random_id(chat ? "chatcmpl-" : "cmpl-");
+      g->created = static_cast<int64_t>(std::time(nullptr));
+      g->channel = std::make_shared<ServeChannel>();
+      std::vector<ServeChoice> choices;
+      for (size_t p = 0; p < g->req.prompts.size(); ++p) {
+        for (int64_t k = 0; k < g->req.n; ++k) {
+          const Request& r = g->req.prompts[p];
+          ServeChoice c;
+          c.request = r;
+          const uint64_t seed = g->req.seed ? *g->req.seed + static_cast<uint64_t>(k) : random_seed();
+          c.batch = batch_request(r, model->eos, seed);
+          c.score_prompt = g->req.echo && g->req.logprobs >= 0;
+          c.after = k > 0 ? static_cast<int>(choices.size() - static_cast<size_t>(k)) : -1;
+          choices.push_back(std::move(c));
+          Generation::Choice gc;
+          gc.request = &r;
+          gc.prompt = p;
+          gc.text = std::make_unique<CompletionStream>(*model->api.tokenizer, r);
+          g->choices.push_back(std::move(gc));
+        }
+      }
+      const ServeQueue::Admit admit = st.queue.submit(std::move(choices), g->channel);
+      if (admit == ServeQueue::Admit::kFull) {
+        return reject(ApiError(429, "the server's queue is full; retry later", "", "", "queue_full"));
+      }
+      if (admit == ServeQueue::Admit::kClosed) return reject(ApiError(503, "the server is shutting down"));
+      ++st.open_responses;
+
+      // The response is written as the tokens come; the client leaving (httplib tests
+      // the socket between calls) or a failed write ends it, and the releaser abandons
+      // the channel so the engine cancels what is left.
+      auto provider = [g](size_t, httplib::DataSink& sink) {
+        // A closed socket (the peer's FIN, seen by a peek) ends the response even while
+        // nothing is written (a non-streaming request waits without writing).
+        if (!sink.is_writable()) return false;
+        std::vector<ServeEvent> events;
+        g->channel->wait(events, std::chrono::milliseconds(100));
+        const std::string frames = g->apply(events);
+        if (!frames.empty() && !sink.write(frames.data(), frames.size())) return false;
+        if (g->done < g->choices.size()) return true;
+        const std::string tail = g->req.stream ? g->stream_end() : g->body();
+        if (!sink.write(tail.data(), tail.size())) return false;
+        g->complete = true;
+        sink.done();
+        return true;
+      };
+      auto releaser = [g](bool) {
+        if (g->done < g->choices.size()) {
+          g->channel->abandon();
+          g->queue->notify();
+        }
+        std::string outcome = "cancelled";  // the client left, or the server stopped
+        if (g->complete && !g->failed) outcome = "finished";
+        for (const Generation::Choice& c : g->choices) {
+          if (c.finish == "error") outcome = "failed";
+        }
+        g->metrics->request_done(outcome);
+        --*g->open;
+      };
+      if (g->req.stream) {
+        res.set_header("Cache-Control", "no-cache");
+        res.set_chunked_content_provider("text/event-stream", provider, releaser);
+      } else {
+        res.set_chunked_content_provider("application/json", provider, releaser);
+      }
+    };
+  };
+  svr.Post("/v1/completions", generate(false));
+  svr.Post("/v1/chat/completions", generate(true));
+}
+
+ApiServer::~ApiServer() { stop(); }
+
+int ApiServer::bind() {
+  const HttpConfig& c = state_->config;
+  int port = c.port;
+  if (c.port == 0) {
+    port = server_->bind_to_any_port(c.host);
+    if (port <= 0) throw Error("cannot listen (is the address valid?)", c.host + ":0");
+  } else if (!server_->bind_to_port(c.host, c.port)) {
+    throw Error("cannot listen (address in use or not valid?)", c.host + ":" + std::to_string(c.port));
+  }
+  if (listen_fd_ >= 0) ::listen(listen_fd_, 4096);  // the kernel caps it at somaxconn
+  return port;
+}
+
+void ApiServer::start() {
+  // The server's threads leave SIGINT / SIGTERM to the main thread (they inherit this).
+  sigset_t block, old;
+  sigemptyset(&block);
+  sigaddset(&block, SIGINT);
+  sigaddset(&block, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &block, &old);
+  thread_ = std::thread([this] { server_->listen_after_bind(); });
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+}
+
+void ApiServer::ready(ServedModel model) {
+  auto m = std::make_shared<const ServedModel>(std::move(model));
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  state_->model = std::move(m);
+}
+
+void ApiServer::stop(std::chrono::milliseconds timeout) {
+  if (!server_) return;
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  while (state_->open_responses > 0 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  if (thread_.joinable()) {
+    // stop() is a no-op until the thread listens.
+    for (int i = 0; i < 2000 && !server_->is_running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  server_->stop();
+  if (thread_.joinable()) thread_.join();
+}
+
+}  // namespace linnet

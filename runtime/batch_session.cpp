@@ -1,0 +1,179 @@
+#include "runtime/batch_session.h"
+
+#include <algorithm>
+
+#include "common/error.h"
+
+namespace linnet {
+namespace {
+
+// What tp rank 0 decided for a row, broadcast with its token.
+enum Outcome : int32_t { kGoOn = 0, kStopCheck = 1, kFailed = 2 };
+
+}  // namespace
+
+BatchSession::BatchSession(Engine& engine, SessionOptions options)
+    : engine_(engine),
+      options_(std::move(options)),
+      t0_(std::chrono::steady_clock::now()),
+      pool_(engine.num_pages(), engine.page_size()),
+      scheduler_(pool_, engine.max_batch(), engine.max_seq_len(), std::max<int64_t>(1, options_.step_token_budget),
+                 options_.prefix_caching) {}
+
+double BatchSession::now_ms() const {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0_).count();
+}
+
+const GenerationResult* BatchSession::result(int64_t id) const {
+  const auto it = entries_.find(id);
+  return it == entries_.end() ? nullptr : &it->second.result;
+}
+
+void BatchSession::finish(int64_t id, const std::string& reason) {
+  const auto it = entries_.find(id);
+  if (it == entries_.end()) return;
+  scheduler_.finish(id);
+  GenerationResult result = std::move(it->second.result);
+  entries_.erase(it);
+  result.finish_reason = reason;
+  if (options_.on_done) options_.on_done(id, result);
+  release_deferred(id);
+}
+
+void BatchSession::release_deferred(int64_t id) {
+  const auto it = deferred_.find(id);
+  if (it == deferred_.end()) return;
+  const std::vector<int64_t> waiting = std::move(it->second);
+  deferred_.erase(it);
+  deferred_count_ -= static_cast<int64_t>(waiting.size());
+  for (int64_t w : waiting) queue(w);
+}
+
+void BatchSession::add(int64_t id, BatchRequest request, std::optional<int64_t> after) {
+  LINNET_CHECK(!entries_.count(id), "request id " << id << " is already in the session");
+  Entry& e = entries_[id];
+  e.request = std::move(request);
+  if (after && entries_.count(*after) && *after != id) {
+    deferred_[*after].push_back(id);
+    ++deferred_count_;
+    return;
+  }
+  queue(id);
+}
+
+void BatchSession::queue(int64_t id) {
+  Entry& e = entries_.at(id);
+  const BatchRequest& req = e.request;
+  const auto& p = req.prompt;
+  const int64_t L = engine_.max_seq_len();
+  const int64_t V = engine_.config().vocab_size;
+  if (!req.error.empty()) {
+    e.result.error = req.error;
+    finish(id, "error");
+  } else if (p.empty() || static_cast<int64_t>(p.size()) > L) {
+    e.result.error = p.empty() ? "the prompt has no tokens"
+                               : "the prompt has " + std::to_string(p.size()) +
+                                     " tokens; the KV cache holds --max-seq-len = " + std::to_string(L);
+    finish(id, "error");
+  } else if (std::any_of(p.begin(), p.end(), [V](int32_t t) { return t < 0 || t >= V; })) {
+    e.result.error = "a prompt token id is outside [0, vocab_size)";
+    finish(id, "error");
+  } else if (req.max_new_tokens <= 0 || static_cast<int64_t>(p.size()) == L) {
+    finish(id, "length");
+  } else if (auto err = scheduler_.add(id, p, req.max_new_tokens)) {
+    e.result.error = *err;  // can never fit in the KV pool
+    finish(id, "error");
+  }
+}
+
+bool BatchSession::cancel(int64_t id) {
+  if (!entries_.count(id)) return false;
+  // A deferred request leaves its parent's list.
+  for (auto it = deferred_.begin(); it != deferred_.end(); ++it) {
+    auto& list = it->second;
+    const auto k = std::find(list.begin(), list.end(), id);
+    if (k == list.end()) continue;
+    list.erase(k);
+    --deferred_count_;
+    if (list.empty()) deferred_.erase(it);
+    break;
+  }
+  finish(id, "cancelled");
+  return true;
+}
+
+// Draws one token per logits row on tp rank 0 (with its logprobs and the caller's stop
+// check), broadcasts {token, outcome} pairs, and advances each request: appends the
+// token, checks the outcome, EOS / stop ids, max_new_tokens and max_seq_len.
+void BatchSession::sample(const std::vector<int64_t>& ids, const std::vector<float>& logits) {
+  Communicator& comm = engine_.tp_comm();
+  const bool root = comm.rank() == 0;
+  const int64_t L = engine_.max_seq_len();
+  const int64_t V = engine_.config().vocab_size;
+  std::vector<int32_t> drawn(2 * ids.size(), 0);
+  if (root) {
+    for (size_t k = 0; k < ids.size(); ++k) {
+      Entry& e = entries_.at(ids[k]);
+      const BatchRequest& req = e.request;
+      GenerationResult& res = e.result;
+      if (!e.sampler) {
+        e.sampler = std::make_unique<Sampler>(req.sampling);
+        if (req.sampling.repetition_penalty != 1.0) e.context = req.prompt;
+      }
+      const std::span<const float> row = std::span<const float>(logits).subspan(k * V, V);
+      try {
+        const int32_t token = e.sampler->sample(row, e.context, res.ids);
+        if (req.top_logprobs >= 0) {
+          res.logprobs.push_back(Sampler::logprobs(row, token, req.top_logprobs, req.sampling.vocab_limit));
+        }
+        drawn[2 * k] = token;
+        if (options_.stop_check && options_.stop_check(ids[k], token)) drawn[2 * k + 1] = kStopCheck;
+      } catch (const Error& err) {
+        drawn[2 * k + 1] = kFailed;
+        res.error = std::string(err.what()) + " (at new token " + std::to_string(res.ids.size() + 1) + ")";
+      }
+    }
+  }
+  comm.broadcast(drawn.data(), drawn.size() * sizeof(int32_t), 0);
+  const double t = now_ms();
+  for (size_t k = 0; k < ids.size(); ++k) {
+    const int64_t id = ids[k];
+    Entry& e = entries_.at(id);
+    const BatchRequest& req = e.request;
+    GenerationResult& res = e.result;
+    std::string reason;
+    if (drawn[2 * k + 1] == kFailed) {
+      if (res.error.empty()) res.error = "the sampler on tp rank 0 refused the logits row";
+      reason = "error";
+    } else {
+      const int32_t token = drawn[2 * k];
+      res.ids.push_back(token);
+      res.token_ms.push_back(t);
+      if (root && !e.context.empty()) e.context.push_back(token);
+      // The token would go into the cache at position prompt + new tokens - 1.
+      const int64_t cached = static_cast<int64_t>(req.prompt.size() + res.ids.size()) - 1;
+      reason = drawn[2 * k + 1] == kStopCheck
+                   ? "stop"
+                   : finish_reason_after(token, req.eos_ids, static_cast<int64_t>(res.ids.size()),
+                                         req.max_new_tokens, cached, L);
+      if (reason.empty()) scheduler_.append(id, token);
+      if (options_.on_token) options_.on_token(id, res);
+    }
+    // Its prompt is in the cache now: requests deferred behind it can share its pages.
+    if (res.ids.size() <= 1) release_deferred(id);
+    if (!reason.empty()) finish(id, reason);
+  }
+}
+
+bool BatchSession::step() {
+  if (scheduler_.idle()) return false;
+  const auto step = scheduler_.next_step();
+  if (!step) return false;
+  last_step_sequences_ = static_cast<int64_t>(step->seq_ids.size());
+  const std::vector<float> logits = engine_.step_paged(step->batch);
+  scheduler_.done_step(*step);
+  if (!step->ids.empty()) sample(step->ids, logits);
+  return true;
+}
+
+}  // namespace linnet

@@ -1,0 +1,127 @@
+// BatchSession: continuous batching over the Engine's KV pages as an open-ended,
+// step-wise session. Requests are added and cancelled between steps (a server's
+// arrivals and disconnects); each step() is one step_paged pass with a decode token of
+// every running request and prompt chunks of the others (PagedScheduler), and each
+// request samples with its own Sampler (its own seed), so its tokens do not depend on
+// which other requests share the batch. generate_batch (runtime/batch_generate.h) is
+// this session over a fixed list.
+//
+// Everything that needs the full logits row (sampling, logprobs, the caller's stop
+// check) happens on tp rank 0, where Engine already gathered the vocab slices; one
+// broadcast per step then gives every rank of the tp group each row's token and its
+// outcome (go on, stop, error), so all ranks agree on which rows go on. Every rank of
+// the group must make the same add / cancel / step calls in the same order: the
+// session is then identical on all of them.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "runtime/engine.h"
+#include "runtime/generate.h"
+#include "runtime/page_pool.h"
+#include "runtime/paged_scheduler.h"
+#include "runtime/sampler.h"
+
+namespace linnet {
+
+/// One prompt of a batch run.
+struct BatchRequest {
+  std::vector<int32_t> prompt;
+  SamplingParams sampling;
+  int64_t max_new_tokens = 256;
+  std::vector<int64_t> eos_ids;  // EOS and stop token ids: the token ends the request, finish "stop"
+  int64_t top_logprobs = -1;     // -1: no logprobs; N >= 0: each new token's logprob and the N
+                                 // most probable ids (GenerationResult::logprobs, tp rank 0)
+  std::string error;             // non-empty: finishes with "error" and this message, never scheduled
+};
+
+/// Callbacks and limits of a BatchSession; all callbacks optional.
+struct SessionOptions {
+  /// tp rank 0 only: each new token of request `id`, before it is appended to the
+  /// result. True finishes the request with finish_reason "stop" (e.g. its text now holds
+  /// a stop string); the decision reaches the other ranks with the token.
+  std::function<bool(int64_t id, int32_t token)> stop_check;
+  /// Every rank: request `id` got a new token (already in `result.ids`, with its
+  /// logprobs on tp rank 0 when asked for). Called before on_done when the token ends it.
+  std::function<void(int64_t id, const GenerationResult& result)> on_token;
+  /// Every rank: request `id` finished (finish_reason stop, length, error or cancelled);
+  /// the session forgets it afterwards, so the callee may move from `result`.
+  std::function<void(int64_t id, GenerationResult& result)> on_done;
+  int64_t step_token_budget = 4096;  // most tokens in one pass (decode tokens and prompt
+                                     // chunks; a longer prompt is prefilled over several steps)
+  bool prefix_caching = true;        // share the KV pages of common prompt prefixes
+};
+
+/// An open-ended continuous-batching run over one engine's KV pool (up to
+/// engine.max_batch() requests running at once; the others wait in arrival order).
+class BatchSession {
+ public:
+  /// Token times (GenerationResult::token_ms) count from this construction.
+  BatchSession(Engine& engine, SessionOptions options);
+
+  /// Adds request `id` (not in use by an unfinished request). A request with an `error`
+  /// of its own, whose prompt is empty, is longer than max_seq_len, whose length
+  /// (prompt + max_new_tokens, capped at max_seq_len) can never fit in the KV pool, or
+  /// which holds an id outside [0, vocab_size) finishes with "error" (on_done) at once; one
+  /// with max_new_tokens 0, or whose prompt fills max_seq_len, finishes with "length".
+  /// With `after` (an unfinished request with the same prompt, e.g. the first of n
+  /// choices), the request is only queued once that one has its whole prompt in the
+  /// cache, so it shares the prompt's full KV pages instead of computing them again.
+  void add(int64_t id, BatchRequest request, std::optional<int64_t> after = std::nullopt);
+
+  /// Finishes request `id` with finish_reason "cancelled" (on_done) and frees its KV
+  /// pages now; requests deferred behind it (`after`) are queued. False when `id` is not
+  /// an unfinished request.
+  bool cancel(int64_t id);
+
+  /// Runs one step when any request is waiting or running: one step_paged pass, then
+  /// the sampling of each finished row (on_token / on_done). Returns false when there was
+  /// nothing to run (or nothing could be admitted).
+  /// @throws Error from the engine (a collective or backend failure).
+  bool step();
+
+  /// No request is waiting, deferred or running.
+  bool idle() const { return scheduler_.idle() && deferred_count_ == 0; }
+  int64_t running() const { return scheduler_.running(); }
+  /// Requests queued for a batch slot or pages, deferred ones included.
+  int64_t waiting() const { return scheduler_.waiting() + deferred_count_; }
+  /// Sequences in the last step's pass (decode rows and prompt chunks).
+  int64_t last_step_sequences() const { return last_step_sequences_; }
+  int64_t pages_in_use() const { return scheduler_.pages_in_use(); }
+  int64_t num_pages() const { return pool_.num_pages(); }
+  const PagePoolStats& pool_stats() const { return scheduler_.pool_stats(); }
+  /// What an unfinished request has generated so far, or null.
+  const GenerationResult* result(int64_t id) const;
+
+ private:
+  struct Entry {
+    BatchRequest request;
+    GenerationResult result;
+    std::unique_ptr<Sampler> sampler;  // tp rank 0, from the first logits row
+    std::vector<int32_t> context;      // prompt + new tokens, for the repetition penalty (tp rank 0)
+  };
+  void finish(int64_t id, const std::string& reason);
+  void queue(int64_t id);              // hands a request to the scheduler (or finishes it)
+  void release_deferred(int64_t id);   // queues the requests waiting for `id`'s prompt
+  void sample(const std::vector<int64_t>& ids, const std::vector<float>& logits);
+  double now_ms() const;
+
+  Engine& engine_;
+  SessionOptions options_;
+  std::chrono::steady_clock::time_point t0_;
+  PagePool pool_;
+  PagedScheduler scheduler_;
+  std::map<int64_t, Entry> entries_;                   // unfinished requests by id
+  std::map<int64_t, std::vector<int64_t>> deferred_;   // by the request they wait for
+  int64_t deferred_count_ = 0;
+  int64_t last_step_sequences_ = 0;
+};
+
+}  // namespace linnet

@@ -1,0 +1,657 @@
+// End-to-end tests of `linnet-tp serve` with stories260k: the server is started under
+// mpirun (-np 1 and 2) on a free port, driven with httplib's client, and its answers are
+// compared with what `generate` and `loss` give for the same prompts and settings.
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <regex>
+#include <thread>
+
+#include <httplib.h>
+
+#include "tests/cli_harness.h"
+
+namespace linnet {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using test::quote;
+
+// A running server: mpirun's process (under `timeout`), the port, rank 0's pid.
+struct Server {
+  pid_t pid = -1;
+  int port = 0;
+  pid_t rank0 = -1;
+  fs::path err;
+  int code = -1;  // exit code once stopped
+};
+
+class Serve : public test::CliTest {
+ protected:
+  void TearDown() override {
+    for (Server* s : running_) {
+      if (s->pid > 0) {
+        ::kill(s->pid, SIGKILL);
+        ::waitpid(s->pid, nullptr, 0);
+      }
+    }
+    test::CliTest::TearDown();
+  }
+
+  // Starts `serve --model MODEL --port 0 ARGS` on `np` ranks and waits for /health 200.
+  Server start(int np, const std::string& args, const fs::path& model = test::stories_dir()) {
+    Server s;
+    s.err = tmp_ / ("serve_" + std::to_string(servers_++) + ".err");
+    const std::string cmd = "exec timeout -k 5 300 " + quote(mpiexec_.string()) +
+                            " --oversubscribe --bind-to none --allow-run-as-root -np " + std::to_string(np) + " " +
+                            quote(bin_.string()) + " serve --model " + quote(model.string()) + " --port 0 " + args +
+                            " >/dev/null 2>" + quote(s.err.string()) + " </dev/null";
+    s.pid = ::fork();
+    if (s.pid == 0) {
+      ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    const std::regex listening(R"(listening on http://[^:]+:(\d+) \(pid (\d+))");
+    const auto t0 = std::chrono::steady_clock::now();
+    while (std::chrono::steady_clock::now() - t0 < std::chrono::seconds(90)) {
+      std::smatch m;
+      const std::string err = test::slurp(s.err);
+      if (s.port == 0 && std::regex_search(err, m, listening)) {
+        s.port = std::stoi(m[1]);
+        s.rank0 = std::stoi(m[2]);
+      }
+      if (s.port > 0) {
+        httplib::Client c("127.0.0.1", s.port);
+        if (auto r = c.Get("/health"); r && r->status == 200) break;
+      }
+      int status = 0;
+      if (::waitpid(s.pid, &status, WNOHANG) == s.pid) {
+        s.pid = -1;
+        ADD_FAILURE() << "the server exited:\n" << err;
+        return s;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    EXPECT_GT(s.port, 0) << test::slurp(s.err);
+    return s;
+  }
+
+  // SIGTERM to rank 0, then waits for the job to end; returns its exit code.
+  int stop(Server& s, int seconds = 60) {
+    if (s.pid <= 0) return s.code;
+    if (s.rank0 > 0) ::kill(s.rank0, SIGTERM);
+    return wait_exit(s, seconds);
+  }
+
+  int wait_exit(Server& s, int seconds) {
+    const auto t0 = std::chrono::steady_clock::now();
+    while (std::chrono::steady_clock::now() - t0 < std::chrono::seconds(seconds)) {
+      int status = 0;
+      if (::waitpid(s.pid, &status, WNOHANG) == s.pid) {
+        s.pid = -1;
+        s.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        return s.code;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    ::kill(s.pid, SIGKILL);
+    ::waitpid(s.pid, nullptr, 0);
+    s.pid = -1;
+    ADD_FAILURE() << "the server did not exit within " << seconds << " s:\n" << test::slurp(s.err);
+    return -1;
+  }
+
+  void track(Server& s) { running_.push_back(&s); }
+
+  static httplib::Client client(const Server& s) {
+    httplib::Client c("127.0.0.1", s.port);
+    c.set_read_timeout(60, 0);
+    return c;
+  }
+
+  static json post(const Server& s, const std::string& path, const json& body, int* status = nullptr,
+                   const httplib::Headers& headers = {}) {
+    auto c = client(s);
+    auto r = c.Post(path.c_str(), headers, body.dump(), "application/json");
+    if (!r) {
+      ADD_FAILURE() << "no response (" << httplib::to_string(r.error()) << ") for " << body.dump();
+      return {};
+    }
+    if (status) *status = r->status;
+    return json::parse(r->body, nullptr, false);
+  }
+
+  // The text of a streamed completion (choice 0) and the parsed chunks.
+  static std::string stream(const Server& s, const std::string& path, json body, std::vector<json>* chunks = nullptr,
+                            bool* done = nullptr) {
+    body["stream"] = true;
+    auto c = client(s);
+    std::string raw;
+    auto r = c.Post(path.c_str(), body.dump(), "application/json");
+    EXPECT_TRUE(r);
+    if (!r) return {};
+    EXPECT_EQ(r->status, 200) << r->body;
+    EXPECT_EQ(r->get_header_value("Content-Type"), "text/event-stream");
+    std::string text;
+    std::istringstream in(r->body);
+    std::string line;
+    if (done) *done = false;
+    while (std::getline(in, line)) {
+      if (line.empty()) continue;
+      EXPECT_EQ(line.rfind("data: ", 0), 0u) << line;
+      const std::string data = line.substr(6);
+      if (data == "[DONE]") {
+        if (done) *done = true;
+        continue;
+      }
+      const json j = json::parse(data);
+      if (chunks) chunks->push_back(j);
+      if (!j.contains("choices") || j["choices"].empty()) continue;
+      const json& ch = j["choices"][0];
+      if (ch.contains("text")) text += ch["text"].get<std::string>();
+      if (ch.contains("delta") && ch["delta"].contains("content")) text += ch["delta"]["content"].get<std::string>();
+    }
+    return text;
+  }
+
+  // The value of a metric line ("name{labels} value") in /metrics, or NaN.
+  static double metric(const Server& s, const std::string& name) {
+    auto c = client(s);
+    auto r = c.Get("/metrics");
+    if (!r) return std::nan("");
+    std::istringstream in(r->body);
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.rfind(name + " ", 0) == 0) return std::stod(line.substr(name.size() + 1));
+    }
+    return std::nan("");
+  }
+
+  // The metric once it reaches `value` (a response's outcome is counted when httplib
+  // releases it, just after the client has read it), or its value after 2 s.
+  static double wait_metric(const Server& s, const std::string& name, double value) {
+    double v = metric(s, name);
+    for (int i = 0; i < 100 && v != value; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      v = metric(s, name);
+    }
+    return v;
+  }
+
+  // generate --input over `lines` on `np` ranks: the output lines.
+  std::vector<json> generate(int np, const std::vector<json>& lines, const std::string& args = "",
+                             const fs::path& model = test::stories_dir()) {
+    const fs::path in = tmp_ / "gen_in.jsonl", out = tmp_ / "gen_out.jsonl";
+    {
+      std::ofstream f(in);
+      for (const auto& l : lines) f << l.dump() << "\n";
+    }
+    fs::remove(out);
+    const test::Result r = run(np, "--model " + quote(model.string()) + " --input " + quote(in.string()) +
+                                       " --output " + quote(out.string()) + " " + args);
+    EXPECT_EQ(r.code, 0) << r.err;
+    std::vector<json> res;
+    std::ifstream f(out);
+    for (std::string line; std::getline(f, line);) res.push_back(json::parse(line));
+    return res;
+  }
+
+  // stories260k with a chat template that reads a chat_template_kwargs key.
+  fs::path chat_model() {
+    const fs::path model = tmp_ / "chat_model";
+    fs::create_directories(model);
+    for (const auto& e : fs::directory_iterator(test::stories_dir())) {
+      if (e.path().filename() != "tokenizer_config.json") fs::create_symlink(e.path(), model / e.path().filename());
+    }
+    json config = test::read_json(test::stories_dir() / "tokenizer_config.json");
+    config["chat_template"] =
+        "{{ bos_token }}{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}{% if enable_thinking is defined and not enable_thinking %}Quickly, "
+        "{% endif %}assistant:{% endif %}";
+    std::ofstream(model / "tokenizer_config.json") << config.dump();
+    return model;
+  }
+
+  // stories260k whose EOS id is one it never draws greedily here, so requests run to
+  // max_tokens (long enough to cancel or drain mid-way).
+  fs::path endless_model() {
+    const fs::path model = tmp_ / "endless_model";
+    fs::create_directories(model);
+    for (const auto& e : fs::directory_iterator(test::stories_dir())) {
+      const auto name = e.path().filename();
+      if (name != "config.json" && name != "generation_config.json") fs::create_symlink(e.path(), model / name);
+    }
+    json config = test::read_json(test::stories_dir() / "config.json");
+    config["eos_token_id"] = 511;
+    config["max_position_embeddings"] = 4096;  // long requests (RoPE is defined there too)
+    std::ofstream(model / "config.json") << config.dump();
+    json gen = test::read_json(test::stories_dir() / "generation_config.json");
+    gen["eos_token_id"] = 511;
+    std::ofstream(model / "generation_config.json") << gen.dump();
+    return model;
+  }
+
+  std::vector<Server*> running_;
+  int servers_ = 0;
+};
+
+const std::vector<std::string> kPrompts = {"Once upon a time", "The little dog", "Lily and Ben went"};
+
+// Non-streamed and streamed completions equal generate's, greedy and seeded, at tp 1 and 2.
+TEST_F(Serve, CompletionsEqualGenerate) {
+  std::vector<json> lines;
+  for (const auto& p : kPrompts) {
+    lines.push_back({{"prompt", p}, {"max_new_tokens", 40}});
+    lines.push_back({{"prompt", p}, {"max_new_tokens", 40}, {"temperature", 0.9}, {"top_k", 40}, {"seed", 1234}});
+    lines.push_back({{"prompt", p}, {"max_new_tokens", 40}, {"stop", json::array({"was", "."})}});
+  }
+  for (int np : {1, 2}) {
+    const std::vector<json> expected = generate(np, lines);
+    ASSERT_EQ(expected.size(), lines.size());
+    Server s = start(np, "");
+    track(s);
+    for (size_t i = 0; i < lines.size(); ++i) {
+      json body = lines[i];
+      body["max_tokens"] = body["max_new_tokens"];
+      body.erase("max_new_tokens");
+      int status = 0;
+      const json r = post(s, "/v1/completions", body, &status);
+      ASSERT_EQ(status, 200) << r.dump();
+      EXPECT_EQ(r["object"], "text_completion");
+      EXPECT_EQ(r["model"], "stories260k");
+      EXPECT_EQ(r["choices"][0]["text"], expected[i]["completion"]) << "np " << np << " " << body.dump();
+      EXPECT_EQ(r["choices"][0]["finish_reason"], expected[i]["finish_reason"]) << body.dump();
+      EXPECT_EQ(r["usage"]["prompt_tokens"], expected[i]["prompt_tokens"]);
+      EXPECT_EQ(r["usage"]["completion_tokens"], expected[i]["completion_tokens"]);
+      EXPECT_EQ(r["usage"]["total_tokens"],
+                expected[i]["prompt_tokens"].get<int>() + expected[i]["completion_tokens"].get<int>());
+      std::vector<json> chunks;
+      bool done = false;
+      const std::string text = stream(s, "/v1/completions", body, &chunks, &done);
+      EXPECT_TRUE(done);
+      EXPECT_EQ(text, expected[i]["completion"]) << "np " << np << " stream " << body.dump();
+      ASSERT_FALSE(chunks.empty());
+      EXPECT_EQ(chunks.back()["choices"][0]["finish_reason"], expected[i]["finish_reason"]);
+    }
+    // A prompt as token ids gives the same tokens as its text.
+    json body = {{"prompt", expected[0]["prompt_ids"]}, {"max_tokens", 40}};
+    const json r = post(s, "/v1/completions", body);
+    EXPECT_EQ(r["choices"][0]["text"], expected[0]["completion"]);
+    EXPECT_EQ(stop(s), 0) << test::slurp(s.err);
+  }
+}
+
+// n > 1: the other choices reuse the first one's full prompt pages (prefix cache), and
+// greedy choices are alike.
+TEST_F(Serve, NChoicesSharePromptPages) {
+  Server s = start(1, "");
+  track(s);
+  std::string prompt = "Once upon a time";
+  for (int i = 0; i < 30; ++i) prompt += " there was a cat";
+  int status = 0;
+  const json r = post(s, "/v1/completions", {{"prompt", prompt}, {"max_tokens", 8}, {"n", 3}}, &status);
+  ASSERT_EQ(status, 200) << r.dump();
+  ASSERT_EQ(r["choices"].size(), 3u);
+  const int64_t P = r["usage"]["prompt_tokens"];
+  ASSERT_GT(P, 128);
+  for (int k = 0; k < 3; ++k) {
+    EXPECT_EQ(r["choices"][k]["index"], k);
+    EXPECT_EQ(r["choices"][k]["text"], r["choices"][0]["text"]);
+  }
+  EXPECT_EQ(r["usage"]["completion_tokens"], 24);
+  // Each later choice shares every full page but the one holding the last prompt token.
+  EXPECT_EQ(metric(s, "linnet_prefix_cache_hit_tokens_total"), 2.0 * static_cast<double>((P - 1) / 64 * 64));
+  EXPECT_EQ(stop(s), 0);
+}
+
+// Chat completions equal generate's rendering of the same messages, including a
+// template variable passed as chat_template_kwargs; streamed chunks start with the role.
+TEST_F(Serve, ChatEqualsGenerateChat) {
+  const fs::path model = chat_model();
+  const json messages = json::array({{{"role", "user"}, {"content", "Tell me a story"}}});
+  const std::vector<json> expected =
+      generate(1, {{{"messages", messages}, {"max_new_tokens", 24}},
+                   {{"messages", messages}, {"max_new_tokens", 24}, {"enable_thinking", false}}},
+               "", model);
+  ASSERT_EQ(expected.size(), 2u);
+  ASSERT_NE(expected[0]["prompt"], expected[1]["prompt"]);
+  Server s = start(1, "", model);
+  track(s);
+  json body = {{"model", "chat_model"}, {"messages", messages}, {"max_completion_tokens", 24}};
+  int status = 0;
+  json r = post(s, "/v1/chat/completions", body, &status);
+  ASSERT_EQ(status, 200) << r.dump();
+  EXPECT_EQ(r["object"], "chat.completion");
+  EXPECT_EQ(r["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(r["choices"][0]["message"]["content"], expected[0]["completion"]);
+  EXPECT_EQ(r["usage"]["prompt_tokens"], expected[0]["prompt_tokens"]);
+  body["chat_template_kwargs"] = {{"enable_thinking", false}};
+  r = post(s, "/v1/chat/completions", body, &status);
+  EXPECT_EQ(r["choices"][0]["message"]["content"], expected[1]["completion"]);
+  EXPECT_EQ(r["usage"]["prompt_tokens"], expected[1]["prompt_tokens"]);
+  std::vector<json> chunks;
+  body["stream_options"] = {{"include_usage", true}};
+  const std::string text = stream(s, "/v1/chat/completions", body, &chunks);
+  EXPECT_EQ(text, expected[1]["completion"]);
+  ASSERT_GE(chunks.size(), 3u);
+  EXPECT_EQ(chunks[0]["object"], "chat.completion.chunk");
+  EXPECT_EQ(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_EQ(chunks.back()["choices"].size(), 0u);
+  EXPECT_EQ(chunks.back()["usage"]["completion_tokens"], expected[1]["completion_tokens"]);
+  EXPECT_FALSE(chunks[chunks.size() - 2]["choices"][0]["finish_reason"].is_null());
+  // logprobs + top_logprobs; n = 2 with a seed gives two choices.
+  json lp = {{"messages", messages}, {"max_tokens", 8}, {"logprobs", true}, {"top_logprobs", 3}, {"n", 2},
+             {"temperature", 1.0}, {"seed", 5}};
+  r = post(s, "/v1/chat/completions", lp, &status);
+  ASSERT_EQ(status, 200) << r.dump();
+  ASSERT_EQ(r["choices"].size(), 2u);
+  for (const auto& ch : r["choices"]) {
+    ASSERT_TRUE(ch["logprobs"]["content"].is_array());
+    for (const auto& t : ch["logprobs"]["content"]) {
+      EXPECT_LE(t["logprob"].get<double>(), 0.0);
+      EXPECT_EQ(t["top_logprobs"].size(), 3u);
+    }
+  }
+  EXPECT_EQ(stop(s), 0);
+}
+
+// echo + max_tokens 0 + logprobs: the prompt's token logprobs (the first null) equal
+// loss's: each prefix's nll_sum minus the previous one's is one token's -logprob.
+TEST_F(Serve, EchoLogprobsEqualLoss) {
+  Server s = start(2, "");
+  track(s);
+  const std::string prompt = "Once upon a time there was a little cat";
+  int status = 0;
+  const json r = post(s, "/v1/completions",
+                      {{"prompt", prompt}, {"echo", true}, {"max_tokens", 0}, {"logprobs", 1}}, &status);
+  ASSERT_EQ(status, 200) << r.dump();
+  const json& ch = r["choices"][0];
+  EXPECT_EQ(ch["text"], prompt);
+  EXPECT_EQ(ch["finish_reason"], "length");
+  const json& lps = ch["logprobs"]["token_logprobs"];
+  ASSERT_GE(lps.size(), 5u);
+  EXPECT_TRUE(lps[0].is_null());
+  EXPECT_EQ(r["usage"]["prompt_tokens"], lps.size());
+  EXPECT_EQ(r["usage"]["completion_tokens"], 0);
+  // The ids of the prompt, then loss over each prefix.
+  const json ids_r = post(s, "/v1/completions", {{"prompt", prompt}, {"max_tokens", 1}, {"echo", true},
+                                                  {"logprobs", 0}});
+  EXPECT_EQ(stop(s), 0);
+  const std::vector<json> gen = generate(1, {{{"prompt", prompt}, {"max_new_tokens", 0}}});
+  const std::vector<int> ids = gen.at(0)["prompt_ids"].get<std::vector<int>>();
+  ASSERT_EQ(ids.size(), lps.size());
+  const fs::path in = tmp_ / "loss_in.jsonl", out = tmp_ / "loss_out.jsonl";
+  {
+    std::ofstream f(in);
+    for (size_t k = 2; k <= ids.size(); ++k) f << json{{"ids", std::vector<int>(ids.begin(), ids.begin() + k)}}.dump() << "\n";
+  }
+  const test::Result lr = run(2, "loss --model " + quote(test::stories_dir().string()) + " --input " +
+                                     quote(in.string()) + " --output " + quote(out.string()));
+  ASSERT_EQ(lr.code, 0) << lr.err;
+  std::ifstream f(out);
+  std::vector<double> sums;
+  for (std::string line; std::getline(f, line);) sums.push_back(json::parse(line)["nll_sum"].get<double>());
+  ASSERT_EQ(sums.size(), ids.size() - 1);
+  for (size_t i = 1; i < ids.size(); ++i) {
+    const double expected = -(sums[i - 1] - (i >= 2 ? sums[i - 2] : 0.0));
+    EXPECT_NEAR(lps[i].get<double>(), expected, 1e-4) << "token " << i;
+  }
+  // Echo with new tokens: the prompt's entries come first.
+  EXPECT_EQ(ids_r["choices"][0]["logprobs"]["tokens"].size(), ids.size() + 1);
+}
+
+// 32 concurrent clients (half streaming) all complete, with the texts they get alone,
+// and the engine ran batches of more than one request.
+TEST_F(Serve, ConcurrentClientsAreBatched) {
+  Server s = start(2, "--max-batch 16");
+  track(s);
+  auto body_of = [](int i) {
+    return json{{"prompt", kPrompts[static_cast<size_t>(i) % kPrompts.size()]}, {"max_tokens", 24},
+                {"temperature", 0.8}, {"seed", i}};
+  };
+  std::vector<std::string> alone(4);
+  for (int i = 0; i < 4; ++i) alone[static_cast<size_t>(i)] = post(s, "/v1/completions", body_of(i))["choices"][0]["text"];
+  std::vector<std::string> texts(32);
+  std::vector<int> codes(32, 0);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 32; ++i) {
+    clients.emplace_back([&, i] {
+      if (i % 2 == 0) {
+        bool done = false;
+        texts[static_cast<size_t>(i)] = stream(s, "/v1/completions", body_of(i), nullptr, &done);
+        codes[static_cast<size_t>(i)] = done ? 200 : -1;
+      } else {
+        int status = 0;
+        const json r = post(s, "/v1/completions", body_of(i), &status);
+        codes[static_cast<size_t>(i)] = status;
+        if (status == 200) texts[static_cast<size_t>(i)] = r["choices"][0]["text"];
+      }
+    });
+  }
+  for (auto& t : clients) t.join();
+  for (int i = 0; i < 32; ++i) {
+    EXPECT_EQ(codes[static_cast<size_t>(i)], 200) << "client " << i;
+    if (i < 4) {
+      EXPECT_EQ(texts[static_cast<size_t>(i)], alone[static_cast<size_t>(i)]) << "client " << i;
+    }
+  }
+  EXPECT_GT(metric(s, "linnet_step_sequences_max"), 1.0);
+  EXPECT_EQ(wait_metric(s, "linnet_requests_total{outcome=\"finished\"}", 36.0), 36.0);
+  EXPECT_EQ(metric(s, "linnet_kv_pages_in_use"), 0.0);
+  EXPECT_GT(metric(s, "linnet_generation_tokens_total"), 0.0);
+  EXPECT_EQ(stop(s), 0);
+}
+
+// Two dp groups of tp 2 (-np 4 --tp 2): concurrent requests are spread over both
+// groups and give the texts generate gives; echo logprobs come back from either group.
+TEST_F(Serve, DataParallelGroups) {
+  std::vector<json> lines;
+  for (int i = 0; i < 8; ++i) {
+    lines.push_back({{"prompt", kPrompts[static_cast<size_t>(i) % kPrompts.size()]}, {"max_new_tokens", 20},
+                     {"temperature", 0.7}, {"seed", 100 + i}, {"logprobs", true}});
+  }
+  const std::vector<json> expected = generate(1, lines);
+  ASSERT_EQ(expected.size(), lines.size());
+  Server s = start(4, "--tp 2 --max-batch 2");
+  track(s);
+  std::vector<json> got(lines.size());
+  std::vector<std::thread> clients;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    clients.emplace_back([&, i] {
+      json body = lines[i];
+      body["max_tokens"] = body["max_new_tokens"];
+      body.erase("max_new_tokens");
+      body["logprobs"] = 0;
+      got[i] = post(s, "/v1/completions", body);
+    });
+  }
+  for (auto& t : clients) t.join();
+  for (size_t i = 0; i < lines.size(); ++i) {
+    ASSERT_TRUE(got[i].contains("choices")) << got[i].dump();
+    EXPECT_EQ(got[i]["choices"][0]["text"], expected[i]["completion"]) << i;
+    const json& lps = got[i]["choices"][0]["logprobs"]["token_logprobs"];
+    ASSERT_EQ(lps.size(), expected[i]["logprobs"].size());
+    for (size_t k = 0; k < lps.size(); ++k) {
+      EXPECT_NEAR(lps[k].get<double>(), expected[i]["logprobs"][k]["logprob"].get<double>(), 1e-4);
+    }
+  }
+  // The pool metrics add up both groups' pools.
+  std::smatch m;
+  const std::string err = test::slurp(s.err);
+  ASSERT_TRUE(std::regex_search(err, m, std::regex(R"((\d+) KV pages per group)"))) << err;
+  EXPECT_EQ(metric(s, "linnet_kv_pages_total"), 2.0 * std::stod(m[1]));
+  EXPECT_EQ(wait_metric(s, "linnet_requests_total{outcome=\"finished\"}", 8.0), 8.0);
+  const json echo = post(s, "/v1/completions", {{"prompt", "Once upon a time"}, {"echo", true}, {"max_tokens", 0},
+                                                {"logprobs", 0}});
+  EXPECT_TRUE(echo["choices"][0]["logprobs"]["token_logprobs"][0].is_null());
+  EXPECT_EQ(stop(s), 0) << test::slurp(s.err);
+}
+
+// A client that leaves (streaming or not) cancels its request and frees its KV pages.
+TEST_F(Serve, DisconnectCancelsAndFreesPages) {
+  Server s = start(1, "--max-batch 4", endless_model());
+  track(s);
+  const json body = {{"prompt", "Once upon a time"}, {"max_tokens", 3000}, {"n", 4}};
+  {
+    // Streaming: read a few chunks, then close the connection.
+    auto c = client(s);
+    int chunks = 0;
+    json b = body;
+    b["stream"] = true;
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/completions";
+    req.body = b.dump();
+    req.set_header("Content-Type", "application/json");
+    req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) { return ++chunks < 3; };
+    c.send(req);
+    EXPECT_GE(chunks, 3);
+  }
+  // Not streaming: send the request and close the socket at once.
+  {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(s.port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    const std::string payload = body.dump();
+    const std::string msg = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                            "Content-Length: " + std::to_string(payload.size()) + "\r\n\r\n" + payload;
+    ASSERT_EQ(::send(fd, msg.data(), msg.size(), 0), static_cast<ssize_t>(msg.size()));
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    ::close(fd);
+  }
+  double cancelled = 0, in_use = -1;
+  for (int i = 0; i < 200 && !(cancelled == 2 && in_use == 0); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    cancelled = metric(s, "linnet_requests_total{outcome=\"cancelled\"}");
+    in_use = metric(s, "linnet_kv_pages_in_use");
+  }
+  EXPECT_EQ(cancelled, 2.0);
+  EXPECT_EQ(in_use, 0.0);
+  EXPECT_EQ(metric(s, "linnet_requests_total{outcome=\"finished\"}"), 0.0);
+  EXPECT_EQ(metric(s, "linnet_requests_running"), 0.0);
+  EXPECT_GT(metric(s, "linnet_kv_pages_total"), 0.0);
+  EXPECT_EQ(stop(s), 0);
+}
+
+// Each kind of bad request gets its status and OpenAI's error object naming the parameter.
+TEST_F(Serve, BadRequestsGetErrorObjects) {
+  Server s = start(1, "--max-body-bytes 65536 --max-batch 2 --max-queue 0 --max-n 4");
+  track(s);
+  auto c = client(s);
+  auto expect_error = [&](const std::string& path, const std::string& body, int status, const std::string& param) {
+    auto r = c.Post(path.c_str(), body, "application/json");
+    ASSERT_TRUE(r) << body.substr(0, 80);
+    EXPECT_EQ(r->status, status) << body.substr(0, 80) << " -> " << r->body;
+    const json j = json::parse(r->body, nullptr, false);
+    ASSERT_TRUE(j.is_object() && j.contains("error")) << r->body;
+    EXPECT_TRUE(j["error"]["message"].is_string());
+    EXPECT_TRUE(j["error"]["type"].is_string());
+    if (param.empty()) {
+      EXPECT_TRUE(j["error"]["param"].is_null()) << r->body;
+    } else {
+      EXPECT_EQ(j["error"]["param"], param) << r->body;
+    }
+  };
+  const std::string cmpl = "/v1/completions";
+  expect_error(cmpl, "{not json", 400, "");
+  expect_error(cmpl, std::string(100000, '['), 413, "");
+  expect_error(cmpl, std::string(5000, '[') + std::string(5000, ']'), 400, "");
+  expect_error(cmpl, R"({"prompt": "a", "temprature": 1})", 400, "temprature");
+  expect_error(cmpl, R"({"prompt": "a", "temperature": -1})", 400, "temperature");
+  expect_error(cmpl, R"({"prompt": "a", "top_p": 0})", 400, "top_p");
+  expect_error(cmpl, R"({"prompt": "a", "n": 0})", 400, "n");
+  expect_error(cmpl, R"({"prompt": "a", "n": 5})", 400, "n");
+  expect_error(cmpl, R"({"prompt": "a", "max_tokens": -1})", 400, "max_tokens");
+  expect_error(cmpl, R"({"prompt": "a", "max_tokens": 100000})", 400, "max_tokens");
+  expect_error(cmpl, R"({"prompt": "a", "logprobs": 50})", 400, "logprobs");
+  expect_error(cmpl, R"({"prompt": "a", "stop": 5})", 400, "stop");
+  expect_error(cmpl, R"({"prompt": "a", "seed": -3})", 400, "seed");
+  expect_error(cmpl, R"({"prompt": "a", "presence_penalty": 3})", 400, "presence_penalty");
+  expect_error(cmpl, R"({"prompt": "a", "stream_options": {"include_usage": true}})", 400, "stream_options");
+  expect_error(cmpl, R"({"prompt": "a", "logit_bias": {"5": 1}})", 400, "logit_bias");
+  expect_error(cmpl, R"({"prompt": [1, 2, 9999]})", 400, "prompt");
+  expect_error(cmpl, R"({"prompt": []})", 400, "prompt");
+  expect_error(cmpl, R"({"prompt": {"a": 1}})", 400, "prompt");
+  expect_error(cmpl, json{{"prompt", std::vector<int>(600, 5)}}.dump(), 400, "prompt");
+  expect_error(cmpl, json{{"prompt", std::string(60000, 'a')}}.dump(), 400, "prompt");
+  expect_error(cmpl, R"({"max_tokens": 3})", 400, "prompt");
+  expect_error(cmpl, R"({"prompt": "a", "model": "gpt-4"})", 404, "model");
+  expect_error(cmpl, R"({"prompt": "a", "n": 3})", 429, "");
+  expect_error("/v1/chat/completions", R"({"messages": [{"role": "user", "content": "hi"}]})", 400, "messages");
+  expect_error("/v1/chat/completions", R"({"messages": "hi"})", 400, "messages");
+  expect_error("/v1/nothing", "{}", 404, "");
+  auto m = c.Get("/v1/models");
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->status, 200);
+  EXPECT_EQ(json::parse(m->body)["data"][0]["id"], "stories260k");
+  EXPECT_EQ(metric(s, "linnet_requests_total{outcome=\"finished\"}"), 0.0);
+  EXPECT_GE(metric(s, "linnet_requests_total{outcome=\"rejected\"}"), 20.0);
+  // Still serving after all that.
+  int status = 0;
+  post(s, cmpl, {{"prompt", "a"}, {"max_tokens", 2}}, &status);
+  EXPECT_EQ(status, 200);
+  EXPECT_EQ(stop(s), 0);
+}
+
+// --api-key: /v1/ routes need "Authorization: Bearer KEY"; /health does not.
+TEST_F(Serve, ApiKey) {
+  Server s = start(1, "--api-key sesame");
+  track(s);
+  const json body = {{"prompt", "a"}, {"max_tokens", 2}};
+  int status = 0;
+  json r = post(s, "/v1/completions", body, &status);
+  EXPECT_EQ(status, 401);
+  EXPECT_EQ(r["error"]["type"], "authentication_error");
+  post(s, "/v1/completions", body, &status, {{"Authorization", "Bearer sesamf"}});
+  EXPECT_EQ(status, 401);
+  post(s, "/v1/completions", body, &status, {{"Authorization", "Bearer sesame"}});
+  EXPECT_EQ(status, 200);
+  auto c = client(s);
+  auto h = c.Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+  auto m = c.Get("/v1/models");
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->status, 401);
+  EXPECT_EQ(stop(s), 0);
+}
+
+// SIGTERM: new requests get 503 while the running one finishes, then every rank exits 0.
+TEST_F(Serve, SigtermDrains) {
+  Server s = start(2, "--shutdown-grace 60", endless_model());
+  track(s);
+  std::string text;
+  bool done = false;
+  std::thread running([&] {
+    text = stream(s, "/v1/completions", {{"prompt", "Once upon a time"}, {"max_tokens", 1500}}, nullptr, &done);
+  });
+  while (metric(s, "linnet_generation_tokens_total") == 0 && metric(s, "linnet_requests_running") == 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ::kill(s.rank0, SIGTERM);
+  for (int i = 0; i < 100 && test::slurp(s.err).find("serve: stopping") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  int status = 0;
+  const json r = post(s, "/v1/completions", {{"prompt", "a"}, {"max_tokens", 2}}, &status);
+  running.join();
+  EXPECT_EQ(status, 503) << r.dump();
+  EXPECT_TRUE(done);
+  EXPECT_GT(text.size(), 100u);
+  EXPECT_EQ(wait_exit(s, 60), 0) << test::slurp(s.err);
+}
+
+}  // namespace
+}  // namespace linnet
