@@ -3,11 +3,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <thread>
 
 #include "common/log.h"
 
@@ -60,6 +62,12 @@ void Job::abort(const std::string& message, const std::function<void()>& cleanup
     MPI_Finalize();
     std::exit(kLoadErrorExit);
   }
+  // MPI_Abort asks mpirun to end the job; a rank cut off from it (a lost link) would wait
+  // for that forever, so it ends itself a few seconds later.
+  std::thread([] {
+    std::this_thread::sleep_for(std::chrono::seconds(5));
+    std::_Exit(kLoadErrorExit);
+  }).detach();
   MPI_Abort(world_, kLoadErrorExit);
   std::abort();
 }

@@ -49,7 +49,8 @@ class Job {
   bool load_phase(const std::function<void()>& fn);
 
   /// Prints `message` as this rank's error and aborts the whole job (never returns).
-  /// `cleanup` runs first (e.g. removing a temp file).
+  /// `cleanup` runs first (e.g. removing a temp file). A rank whose MPI_Abort does not end
+  /// it within 5 s (mpirun unreachable) exits by itself with code 1.
   [[noreturn]] void abort(const std::string& message, const std::function<void()>& cleanup = {});
 
  private:

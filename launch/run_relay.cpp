@@ -138,23 +138,54 @@ bool RunRelay::take_messages() {
   return any;
 }
 
+void RunRelay::beat(Clock::time_point now) {
+  if (std::chrono::duration<double>(now - last_beat_).count() < beat_seconds_) return;
+  last_beat_ = now;
+  if (rank_ == 0) {
+    for (int r = 1; r < size_; ++r) send_control(r, kBeat, 0);
+  } else {
+    send_control(0, kBeat, 0);
+  }
+}
+
+void RunRelay::pass_on_signal() {
+  if (caught_stop_signal() == 0 || told_stop_) return;
+  told_stop_ = true;
+  for (int r = 0; r < size_; ++r) {
+    if (r != rank_) send_control(r, kStop, 0);
+  }
+}
+
+void RunRelay::check_silence(const std::vector<int>& ranks, Clock::time_point now, const char* what) const {
+  const double timeout = comm_timeout();
+  if (timeout <= 0) return;
+  std::string who;
+  for (int r : ranks) {
+    if (std::chrono::duration<double>(now - last_heard_[static_cast<size_t>(r)]).count() <= timeout) continue;
+    const std::string d = describe_rank(r);
+    who += (who.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + (d.empty() ? "" : " (" + d + ")");
+  }
+  if (who.empty()) return;
+  throw Error(std::string(what) + ": no sign of progress for " + seconds_text(timeout) + " s (--comm-timeout " +
+              seconds_text(timeout) + ") from " + who);
+}
+
 bool RunRelay::poll() {
   if (size_ > 1) {
     take_messages();
-    if (caught_stop_signal() != 0 && !told_stop_) {
-      told_stop_ = true;
-      for (int r = 0; r < size_; ++r) {
-        if (r != rank_) send_control(r, kStop, 0);
-      }
-    }
+    pass_on_signal();
     const auto now = Clock::now();
-    if (!done_ && std::chrono::duration<double>(now - last_beat_).count() >= beat_seconds_) {
-      last_beat_ = now;
-      for (int r = 0; r < size_; ++r) {
-        if (r != rank_ && peer_done_[static_cast<size_t>(r)]) send_control(r, kBeat, 0);
-      }
-    }
+    beat(now);
     if (reap_sends()) last_progress_ = now;
+    // Messages that came while this rank computed were taken just now, so a long step
+    // of its own never counts as the others' silence.
+    std::vector<int> watched;
+    if (rank_ == 0) {
+      for (int r = 1; r < size_; ++r) watched.push_back(r);
+    } else {
+      watched.push_back(0);
+    }
+    check_silence(watched, now, "during the run");
   }
   if (caught_stop_signal() != 0) stopped_ = true;
   if (idle_) idle_();
@@ -176,15 +207,10 @@ void RunRelay::send(std::string record) {
 
 void RunRelay::finish() {
   poll();  // pass a signal on before announcing
-  done_ = true;
   if (size_ == 1) return;
   for (int r = 0; r < size_; ++r) {
     if (r != rank_) send_control(r, kDone, records_sent_);
   }
-  // Time since a rank still working was last heard from counts from now.
-  const auto start = Clock::now();
-  for (auto& t : last_heard_) t = std::max(t, start);
-  last_progress_ = std::max(last_progress_, start);
   const double timeout = comm_timeout();
   PollBackoff backoff;
   WaitClock clock;
@@ -198,13 +224,11 @@ void RunRelay::finish() {
       last_progress_ += shift;
     }
     const bool arrived = take_messages();
-    if (caught_stop_signal() != 0 && !told_stop_) {  // a signal while waiting
-      told_stop_ = true;
-      for (int r = 0; r < size_; ++r) {
-        if (r != rank_) send_control(r, kStop, 0);
-      }
-    }
+    pass_on_signal();  // a signal while waiting
+    const auto now = Clock::now();
+    beat(now);
     const bool sent = reap_sends();
+    if (sent) last_progress_ = now;
     if (idle_) idle_();
     std::vector<int> waiting_for;  // ranks not done, or (rank 0) whose records have not all come
     for (int r = 0; r < size_; ++r) {
@@ -213,28 +237,17 @@ void RunRelay::finish() {
       if (!peer_done_[i] || (rank_ == 0 && records_received_[i] < records_expected_[i])) waiting_for.push_back(r);
     }
     if (waiting_for.empty() && sends_.empty()) return;
-    const auto now = Clock::now();
-    if (sent) last_progress_ = now;
-    if (timeout > 0) {
-      std::vector<int> silent;
-      for (int r : waiting_for) {
-        if (std::chrono::duration<double>(now - last_heard_[static_cast<size_t>(r)]).count() > timeout) {
-          silent.push_back(r);
-        }
-      }
-      // This rank's own results that rank 0 does not take in.
-      if (silent.empty() && !sends_.empty() && std::chrono::duration<double>(now - last_progress_).count() > timeout) {
-        silent.push_back(0);
-      }
-      if (!silent.empty()) {
-        std::string who;
-        for (int r : silent) {
-          const std::string d = describe_rank(r);
-          who += (who.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + (d.empty() ? "" : " (" + d + ")");
-        }
-        throw Error("waiting at the end of the run for the ranks still working: no sign of progress for " +
-                    seconds_text(timeout) + " s (--comm-timeout " + seconds_text(timeout) + ") from " + who);
-      }
+    // Rank 0 hears from every rank; the others hear from rank 0, which names a silent one.
+    if (rank_ == 0) {
+      check_silence(waiting_for, now, "waiting at the end of the run for the ranks still working");
+    } else {
+      check_silence({0}, now, "waiting at the end of the run");
+    }
+    // This rank's own results that rank 0 does not take in.
+    if (timeout > 0 && !sends_.empty() && std::chrono::duration<double>(now - last_progress_).count() > timeout) {
+      const std::string d = describe_rank(0);
+      throw Error("waiting at the end of the run: rank 0 takes no result in for " + seconds_text(timeout) +
+                  " s (--comm-timeout " + seconds_text(timeout) + ")" + (d.empty() ? "" : "; rank 0: " + d));
     }
     if (arrived || sent) {
       backoff.reset();

@@ -4,11 +4,13 @@
 // journal, launch/journal.h), and is the finish line where a rank that is done waits for
 // the others.
 //
-// Design choice: a rank still working sends a one-int heartbeat once a second (from
-// poll(), once per step) to every rank that has reached the finish line. A rank of another
-// dp group shares no collective with a waiting one until the end, so without it a stalled
-// rank there would hang the run; with it the waiting ranks name that rank after
-// --comm-timeout. Ranks still working need nothing: their own collectives are watched.
+// Design choice: heartbeats in a star. Every rank sends world rank 0 a one-int beat once a
+// second (from poll(), once per step, and while it waits at the finish line), and rank 0
+// beats every rank. Ranks of different dp groups share no collective until the end, so
+// without them a stalled rank, or a host whose link was cut, would only be noticed by
+// its own tp group (if at all); with them rank 0 names any rank silent for --comm-timeout,
+// and the others notice a silent rank 0, so every rank exits within the timeout. 2 (W-1)
+// messages a second in all.
 #pragma once
 
 #include <chrono>
@@ -40,6 +42,8 @@ class RunRelay {
   /// signal this rank caught on to every rank, takes in stop messages, finish-line news
   /// and (rank 0) records, and sends heartbeats. True once any rank caught a stop
   /// signal; then it stays true.
+  /// @throws Error naming the ranks (rank 0: any; the others: rank 0) from which nothing
+  ///   came for comm_timeout() seconds (a stalled rank, a cut link).
   bool poll();
 
   /// Sends one finished record to world rank 0 (on rank 0: to the sink at once).
@@ -47,9 +51,10 @@ class RunRelay {
   void send(std::string record);
 
   /// This rank is done: tells every rank, then returns once every rank is done and every
-  /// record has reached rank 0, still passing signals and records on meanwhile.
-  /// @throws Error naming the ranks that are not done and have sent no sign of progress
-  ///   for comm_timeout() seconds (with what is known of each: stopped, exited, host).
+  /// record has reached rank 0, still passing signals, records and heartbeats on.
+  /// @throws Error when, for comm_timeout() seconds, no sign of progress came from a
+  ///   rank not done (on rank 0, naming it with what is known: stopped, exited, host),
+  ///   from rank 0 (the others), or rank 0 took none of this rank's records in.
   void finish();
 
  private:
@@ -65,6 +70,13 @@ class RunRelay {
   void send_control(int to, int kind, int64_t value);
   // Drops the sends that completed; true when any did.
   bool reap_sends();
+  // A heartbeat (to rank 0; rank 0: to every rank) when the last one is beat_seconds_ old.
+  void beat(Clock::time_point now);
+  // Sends a signal this rank caught on to every rank, once.
+  void pass_on_signal();
+  // Throws Error ("<what>: no sign of progress ...") naming those of `ranks` silent for
+  // comm_timeout() seconds.
+  void check_silence(const std::vector<int>& ranks, Clock::time_point now, const char* what) const;
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;
@@ -73,7 +85,7 @@ class RunRelay {
   int64_t control_in_[2] = {0, 0};  // {kind, value} of the control message being received
   MPI_Request control_recv_ = MPI_REQUEST_NULL;
   std::list<Pending> sends_;
-  bool stopped_ = false, told_stop_ = false, done_ = false;
+  bool stopped_ = false, told_stop_ = false;
   std::vector<char> peer_done_;             // by world rank
   std::vector<int64_t> records_expected_;   // rank 0: records each rank says it sent
   std::vector<int64_t> records_received_;   // rank 0

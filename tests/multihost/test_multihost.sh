@@ -124,7 +124,11 @@ if "$BIN" generate --help 2>&1 | grep -q -- "--comm-timeout"; then
   T=5
   for i in $(seq 0 199); do echo "{\"prompt\": \"Lily went to the $i\", \"max_new_tokens\": 200}"; done >"$WORK/long.jsonl"
   start=$(date +%s)
-  timeout 120 "${MULTI[@]}" "$BIN" generate --model "$MODEL" --tp 2 --backend cpu --threads 1 \
+  # linnet-tp's watchdog ends its ranks within T s (the ones cut off too); mpirun itself
+  # notices a lost daemon only by TCP keepalive (default 300 s idle + 9 x 20 s), and
+  # waits for it until then, so the run sets it short (README.md, "Across hosts").
+  KEEPALIVE=(--mca oob_tcp_keepalive_time 4 --mca oob_tcp_keepalive_intvl 1 --mca oob_tcp_keepalive_probes 3)
+  timeout 120 "${MULTI[@]}" "${KEEPALIVE[@]}" "$BIN" generate --model "$MODEL" --tp 2 --backend cpu --threads 1 \
     --input "$WORK/long.jsonl" --output "$WORK/cut.jsonl" --comm-timeout $T >"$WORK/cut.log" 2>&1 &
   pid=$!
   sleep 4
