@@ -333,17 +333,39 @@ ApiServer::ApiServer(HttpConfig config, ServeQueue& queue, ServeMetrics& metrics
   });
 
   auto generate = [&st](bool chat) {
-    return [&st, chat](const httplib::Request& hreq, httplib::Response& res) {
+    return [&st, chat](const httplib::Request& hreq, httplib::Response& res, const httplib::ContentReader& reader) {
       const auto model = st.served();
       auto reject = [&](const ApiError& e) {
         st.metrics.request_done("rejected");
         send_error(res, e);
       };
+      // The body is read here, whatever its Content-Type (curl -d sends a form type,
+      // whose body httplib would cap at 8 KiB), counting bytes as they come so that a
+      // chunked body stops being read once it passes --max-body-bytes.
+      std::string body;
+      bool too_large = false;
+      if (hreq.is_multipart_form_data()) {
+        // Read as it is, not split into parts (the request object is httplib's own, not const).
+        const_cast<httplib::Request&>(hreq).headers.erase("Content-Type");
+      }
+      const bool read = reader([&](const char* data, size_t n) {
+        if (static_cast<int64_t>(body.size() + n) > st.config.max_body_bytes) {
+          too_large = true;
+          return false;
+        }
+        body.append(data, n);
+        return true;
+      });
+      if (too_large || res.status == 413) {
+        return reject(ApiError(413, "the request body is larger than " + std::to_string(st.config.max_body_bytes) +
+                                        " bytes"));
+      }
+      if (!read) return reject(ApiError(400, "malformed or incomplete request body"));
       if (!model) return reject(ApiError(503, "the model is still loading"));
       if (st.draining) return reject(ApiError(503, "the server is shutting down"));
       auto g = std::make_shared<Generation>();
       try {
-        g->req = parse_api_request(hreq.body, chat, model->api, model->limits);
+        g->req = parse_api_request(body, chat, model->api, model->limits);
       } catch (const ApiError& e) {
         return reject(e);
       }
