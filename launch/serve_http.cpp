@@ -314,6 +314,11 @@ ApiServer::ApiServer(HttpConfig config, ServeQueue& queue, ServeMetrics& metrics
 
   svr.Get("/health", [&st](const httplib::Request&, httplib::Response& res) {
     const bool ready = st.served() != nullptr;
+    if (st.draining) {  // a load balancer takes this rank out while it drains
+      res.status = 503;
+      res.set_content("{\"status\":\"shutting down\"}", "application/json");
+      return;
+    }
     res.status = ready ? 200 : 503;
     res.set_content(ready ? "{\"status\":\"ok\"}" : "{\"status\":\"loading\"}", "application/json");
   });

@@ -685,7 +685,8 @@ TEST_F(Serve, ApiKey) {
   EXPECT_EQ(stop(s), 0);
 }
 
-// SIGTERM: new requests get 503 while the running one finishes, then every rank exits 0.
+// SIGTERM: new requests and /health get 503 while the running one finishes, then every
+// rank exits 0.
 TEST_F(Serve, SigtermDrains) {
   Server s = start(2, "--shutdown-grace 60", endless_model());
   track(s);
@@ -703,7 +704,11 @@ TEST_F(Serve, SigtermDrains) {
   }
   int status = 0;
   const json r = post(s, "/v1/completions", {{"prompt", "a"}, {"max_tokens", 2}}, &status);
+  auto h = client(s).Get("/health");  // a load balancer stops sending here
   running.join();
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 503);
+  EXPECT_EQ(json::parse(h->body)["status"], "shutting down");
   EXPECT_EQ(status, 503) << r.dump();
   EXPECT_TRUE(done);
   EXPECT_GT(text.size(), 100u);
