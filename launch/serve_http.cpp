@@ -400,6 +400,13 @@ ApiServer::ApiServer(HttpConfig config, ServeQueue& queue, ServeMetrics& metrics
         }
       }
       const ServeQueue::Admit admit = st.queue.submit(std::move(choices), g->channel);
+      if (admit == ServeQueue::Admit::kTooMany) {
+        return reject(ApiError(400,
+                               "n x prompts = " + std::to_string(g->choices.size()) +
+                                   " choices can never fit: the server holds at most " +
+                                   std::to_string(st.queue.capacity()) + " (--max-batch x dp + --max-queue)",
+                               "n"));
+      }
       if (admit == ServeQueue::Admit::kFull) {
         return reject(ApiError(429, "the server's queue is full; retry later", "", "", "queue_full"));
       }

@@ -141,6 +141,7 @@ TEST(ServeEngine, QueueBoundsInFlightChoices) {
   auto ch = std::make_shared<ServeChannel>();
   EXPECT_EQ(q.submit(std::vector<ServeChoice>(2), ch), ServeQueue::Admit::kOk);
   EXPECT_EQ(q.submit(std::vector<ServeChoice>(2), ch), ServeQueue::Admit::kFull);
+  EXPECT_EQ(q.submit(std::vector<ServeChoice>(4), ch), ServeQueue::Admit::kTooMany);  // never fits
   EXPECT_EQ(q.take(std::chrono::milliseconds(0)).size(), 1u);
   q.finished(2);
   EXPECT_EQ(q.submit(std::vector<ServeChoice>(3), ch), ServeQueue::Admit::kOk);
