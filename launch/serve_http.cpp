@@ -62,6 +62,7 @@ struct Generation {
     std::vector<TokenLogprobs> lps;
     std::vector<double> prompt_lps;
     bool has_prompt_lps = false;
+    size_t text_offset = 0;                  // streamed logprobs: the next token's text_offset
     std::string finish, error;
     bool done = false, started = false;
   };
@@ -180,8 +181,9 @@ struct Generation {
         if (!ids.empty()) lp = chat_logprobs(tok(), ids, lps, req.logprobs);
       } else if (!ids.empty() || (req.echo && c.has_prompt_lps)) {
         const bool with_prompt = req.echo && c.has_prompt_lps;
+        // text_offset runs on over the whole text, not from 0 in each chunk.
         lp = completion_logprobs(tok(), c.request->ids, with_prompt ? &c.prompt_lps : nullptr, ids, lps,
-                                 req.logprobs, 0);
+                                 req.logprobs, c.text_offset, &c.text_offset);
         c.has_prompt_lps = false;  // sent once
       }
     }
