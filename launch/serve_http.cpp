@@ -4,6 +4,7 @@
 #include <sys/socket.h>
 #include <signal.h>
 
+#include <cctype>
 #include <ctime>
 #include <random>
 
@@ -282,9 +283,13 @@ ApiServer::ApiServer(HttpConfig config, ServeQueue& queue, ServeMetrics& metrics
   svr.set_pre_routing_handler([&st](const httplib::Request& req, httplib::Response& res) {
     if (st.config.api_key.empty() || req.path.rfind("/v1/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
     const std::string auth = req.get_header_value("Authorization");
-    const std::string prefix = "Bearer ";
-    const bool ok = auth.size() > prefix.size() && auth.compare(0, prefix.size(), prefix) == 0 &&
-                    constant_time_equal(auth.substr(prefix.size()), st.config.api_key);
+    // The scheme is case-insensitive (RFC 7235: "bearer KEY" is as good).
+    const std::string prefix = "bearer ";
+    bool scheme = auth.size() > prefix.size();
+    for (size_t i = 0; scheme && i < prefix.size(); ++i) {
+      scheme = std::tolower(static_cast<unsigned char>(auth[i])) == prefix[i];
+    }
+    const bool ok = scheme && constant_time_equal(auth.substr(prefix.size()), st.config.api_key);
     if (ok) return httplib::Server::HandlerResponse::Unhandled;
     send_error(res, ApiError(401, "missing or wrong API key (give \"Authorization: Bearer KEY\")", "", "",
                              "invalid_api_key"));
@@ -292,10 +297,24 @@ ApiServer::ApiServer(HttpConfig config, ServeQueue& queue, ServeMetrics& metrics
   });
   // httplib's own refusals (413 body too large, 404 no route, 400 bad request line)
   // carry OpenAI's error object too.
-  svr.set_error_handler(httplib::Server::HandlerWithResponse([&st](const httplib::Request&, httplib::Response& res) {
+  svr.set_error_handler(httplib::Server::HandlerWithResponse([&st](const httplib::Request& req,
+                                                                     httplib::Response& res) {
     if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
     std::string message = "HTTP " + std::to_string(res.status);
-    if (res.status == 404) message = "no such route";
+    if (res.status == 404) {
+      message = "no such route";
+      // A route that exists with another method: 405 naming the one it takes.
+      static const std::vector<std::pair<std::string, std::string>> routes = {
+          {"/health", "GET"}, {"/metrics", "GET"}, {"/v1/models", "GET"},
+          {"/v1/completions", "POST"}, {"/v1/chat/completions", "POST"}};
+      for (const auto& [path, method] : routes) {
+        if (req.path == path) {
+          res.status = 405;
+          res.set_header("Allow", method == "GET" ? "GET, HEAD" : method);
+          message = req.method + " is not allowed on " + path + " (use " + method + ")";
+        }
+      }
+    }
     if (res.status == 413) {
       message = "the request body is larger than " + std::to_string(st.config.max_body_bytes) + " bytes";
     }

@@ -643,6 +643,13 @@ TEST_F(Serve, BadRequestsGetErrorObjects) {
   expect_error("/v1/chat/completions", R"({"messages": [{"role": "user", "content": "hi"}]})", 400, "messages");
   expect_error("/v1/chat/completions", R"({"messages": "hi"})", 400, "messages");
   expect_error("/v1/nothing", "{}", 404, "");
+  expect_error("/v1/models", "{}", 405, "");
+  {
+    auto g = c.Get("/v1/completions");
+    ASSERT_TRUE(g);
+    EXPECT_EQ(g->status, 405) << g->body;
+    EXPECT_EQ(g->get_header_value("Allow"), "POST");
+  }
   auto m = c.Get("/v1/models");
   ASSERT_TRUE(m);
   EXPECT_EQ(m->status, 200);
@@ -676,6 +683,10 @@ TEST_F(Serve, ApiKey) {
   EXPECT_EQ(status, 401);
   post(s, "/v1/completions", body, &status, {{"Authorization", "Bearer sesame"}});
   EXPECT_EQ(status, 200);
+  post(s, "/v1/completions", body, &status, {{"Authorization", "bearer sesame"}});  // RFC 7235
+  EXPECT_EQ(status, 200);
+  post(s, "/v1/completions", body, &status, {{"Authorization", "Basic sesame"}});
+  EXPECT_EQ(status, 401);
   auto c = client(s);
   auto h = c.Get("/health");
   ASSERT_TRUE(h);
