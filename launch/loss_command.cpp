@@ -152,7 +152,7 @@ std::optional<LossOptions> parse_loss_options(int argc, char** argv, std::string
     ("max-seq-len", "Tokens per packed sequence; longer documents are scored in chunks "
      "(default: min(max_position_embeddings, 8192))", cxxopts::value<int64_t>())
     ("tp", "Ranks per tensor-parallel group (default: all ranks)", cxxopts::value<int>())
-    ("threads", "BLAS threads per rank (default: cores / ranks on the node)", cxxopts::value<int64_t>())
+    ("threads", "CPU backend: kernel (OpenMP) threads per rank (default: cores / ranks on the node)", cxxopts::value<int64_t>())
     ("backend", "cpu or cuda (default: cuda when a CUDA device is visible, else cpu)",
      cxxopts::value<std::string>())
     ("weight-dtype", kWeightDtypeHelp, cxxopts::value<std::string>())
