@@ -63,7 +63,7 @@ std::optional<BenchOptions> parse_bench_options(int argc, char** argv, std::stri
      cxxopts::value<int64_t>())
     ("tp", "Ranks per tensor-parallel group (default: all ranks)", cxxopts::value<int>())
     ("comm-timeout", kCommTimeoutHelp, cxxopts::value<int64_t>())
-    ("threads", "BLAS threads per rank, CPU backend (default: cores / ranks on the node)",
+    ("threads", "CPU backend: kernel (OpenMP) threads per rank (default: cores / ranks on the node)",
      cxxopts::value<int64_t>())
     ("seed", "Seed of the random weights and prompt tokens (default 1)", cxxopts::value<uint64_t>())
     ("limits", "Also measure this rank's two CPU limits first: DRAM read GB/s and f32 fma GFLOP/s, with 1 "

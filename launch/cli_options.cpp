@@ -152,7 +152,7 @@ void add_engine_options(cxxopts::Options& opts, const std::string& dp_note, cons
     ("no-prefix-caching", "Compute every prompt in full instead of sharing the KV pages of a cached prefix")
     ("cuda-graphs", "With --backend cuda, replay decode steps as CUDA graphs (also LINNET_CUDA_GRAPHS=1; "
      "experimental)")
-    ("threads", "BLAS threads per rank (default: cores / ranks on the node)",
+    ("threads", "CPU backend: kernel (OpenMP) threads per rank (default: cores / ranks on the node)",
      cxxopts::value<int64_t>())
     ("backend", "cpu or cuda (default: cuda when a CUDA device is visible, else cpu)",
      cxxopts::value<std::string>())

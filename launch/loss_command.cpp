@@ -360,7 +360,7 @@ std::optional<LossOptions> parse_loss_options(int argc, char** argv, std::string
      "(default: min(max_position_embeddings, 8192))", cxxopts::value<int64_t>())
     ("tp", "Ranks per tensor-parallel group (default: all ranks)", cxxopts::value<int>())
     ("comm-timeout", kCommTimeoutHelp, cxxopts::value<int64_t>())
-    ("threads", "BLAS threads per rank (default: cores / ranks on the node)", cxxopts::value<int64_t>())
+    ("threads", "CPU backend: kernel (OpenMP) threads per rank (default: cores / ranks on the node)", cxxopts::value<int64_t>())
     ("backend", "cpu or cuda (default: cuda when a CUDA device is visible, else cpu)",
      cxxopts::value<std::string>())
     ("weight-dtype", kWeightDtypeHelp, cxxopts::value<std::string>())

@@ -72,7 +72,7 @@ void build_generation_engine(const GenerateOptions& o, const ModelFiles& files, 
        std::to_string(plan.num_heads_local) + " heads, " + std::to_string(plan.num_kv_heads_local) +
        " KV heads, " + std::to_string(plan.intermediate_local) + " MLP units, vocab rows [" +
        std::to_string(plan.vocab_begin) + ", " + std::to_string(plan.vocab_begin + plan.vocab_local) +
-       "), backend " + backend->name() + " (" + std::to_string(threads) + " BLAS threads on cpu), KV cache " + std::to_string(engine->num_pages()) +
+       "), backend " + backend->name() + " (" + std::to_string(threads) + " kernel threads on cpu), KV cache " + std::to_string(engine->num_pages()) +
        " pages x " + std::to_string(engine->page_size()) + " positions = " + format_bytes(engine->kv_cache_bytes()) +
        " (up to " + std::to_string(batch_rows) + " requests at once), weights " +
        format_bytes(need.weight_bytes) + " (" + scalar_type_name(held) + "); read " + format_bytes(static_cast<int64_t>(files.checkpoint.bytes_read())) +

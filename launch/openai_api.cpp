@@ -376,9 +376,16 @@ ApiRequest parse_api_request(const std::string& body_text, bool chat, const ApiM
   return req;
 }
 
+size_t utf8_chars(std::string_view text) {
+  size_t n = 0;
+  for (const char ch : text) n += (static_cast<unsigned char>(ch) & 0xC0) != 0x80;  // not a continuation byte
+  return n;
+}
+
 ordered_json completion_logprobs(const Tokenizer& tok, const std::vector<int32_t>& prompt_ids,
                                  const std::vector<double>* prompt_logprobs, const std::vector<int32_t>& ids,
-                                 const std::vector<TokenLogprobs>& lps, int64_t top_n, size_t text_offset_start) {
+                                 const std::vector<TokenLogprobs>& lps, int64_t top_n, size_t text_offset_start,
+                                 size_t* text_offset_end) {
   ordered_json tokens = ordered_json::array(), token_lps = ordered_json::array(), tops = ordered_json::array(),
                offsets = ordered_json::array();
   size_t offset = text_offset_start;
@@ -400,7 +407,7 @@ ordered_json completion_logprobs(const Tokenizer& tok, const std::vector<int32_t
       tops.push_back(std::move(t));
     }
     offsets.push_back(offset);
-    offset += text.size();
+    offset += utf8_chars(text);
   };
   if (prompt_logprobs) {
     for (size_t i = 0; i < prompt_ids.size(); ++i) {
@@ -415,6 +422,7 @@ ordered_json completion_logprobs(const Tokenizer& tok, const std::vector<int32_t
   j["token_logprobs"] = std::move(token_lps);
   j["top_logprobs"] = std::move(tops);
   j["text_offset"] = std::move(offsets);
+  if (text_offset_end) *text_offset_end = offset;
   return j;
 }
 

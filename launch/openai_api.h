@@ -10,6 +10,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -90,12 +91,18 @@ struct ChoiceResult {
   std::string finish_reason;                    // stop | length (error/cancelled never reach here)
 };
 
+/// Characters (code points) in UTF-8 `text`: its bytes that are not continuation bytes.
+size_t utf8_chars(std::string_view text);
+
 /// The logprobs object of completions for `ids` (tokens, token_logprobs,
 /// top_logprobs, text_offset), `prompt_logprobs` first when given (its first token null).
+/// text_offset counts characters (code points, as OpenAI and vLLM do), not bytes, from
+/// `text_offset_start`; `text_offset_end`, when given, gets the offset after the last token.
 nlohmann::ordered_json completion_logprobs(const Tokenizer& tok, const std::vector<int32_t>& prompt_ids,
                                            const std::vector<double>* prompt_logprobs,
                                            const std::vector<int32_t>& ids, const std::vector<TokenLogprobs>& lps,
-                                           int64_t top_n, size_t text_offset_start);
+                                           int64_t top_n, size_t text_offset_start,
+                                           size_t* text_offset_end = nullptr);
 
 /// The logprobs object of chat for `ids`: {"content": [{token, logprob, bytes, top_logprobs}]}.
 nlohmann::ordered_json chat_logprobs(const Tokenizer& tok, const std::vector<int32_t>& ids,

@@ -33,6 +33,7 @@ ServeQueue::Admit ServeQueue::submit(std::vector<ServeChoice> choices, std::shar
     std::lock_guard<std::mutex> lock(mutex_);
     if (closed_) return Admit::kClosed;
     const int64_t n = static_cast<int64_t>(choices.size());
+    if (n > max_in_flight_) return Admit::kTooMany;
     if (in_flight_ + n > max_in_flight_) return Admit::kFull;
     in_flight_ += n;
     queued_.push_back({std::move(choices), std::move(channel), std::chrono::steady_clock::now()});

@@ -110,10 +110,13 @@ class ServeQueue {
   };
   /// At most `max_in_flight` choices may be submitted and unfinished at once.
   explicit ServeQueue(int64_t max_in_flight) : max_in_flight_(max_in_flight) {}
-  enum class Admit { kOk, kFull, kClosed };
-  /// Queues the choices (kOk), or refuses them: kFull when they would pass the in-flight
-  /// bound, kClosed once close() was called (draining).
+  enum class Admit { kOk, kFull, kTooMany, kClosed };
+  /// Queues the choices (kOk), or refuses them: kTooMany when they are more than
+  /// `max_in_flight` (they could never fit), kFull when they would pass the in-flight
+  /// bound now, kClosed once close() was called (draining).
   Admit submit(std::vector<ServeChoice> choices, std::shared_ptr<ServeChannel> channel);
+  /// The in-flight bound.
+  int64_t capacity() const { return max_in_flight_; }
   /// Refuses every later submission.
   void close();
   bool closed() const;

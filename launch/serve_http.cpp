@@ -4,6 +4,7 @@
 #include <sys/socket.h>
 #include <signal.h>
 
+#include <cctype>
 #include <ctime>
 #include <random>
 
@@ -62,6 +63,7 @@ struct Generation {
     std::vector<TokenLogprobs> lps;
     std::vector<double> prompt_lps;
     bool has_prompt_lps = false;
+    size_t text_offset = 0;                  // streamed logprobs: the next token's text_offset
     std::string finish, error;
     bool done = false, started = false;
   };
@@ -180,8 +182,9 @@ struct Generation {
         if (!ids.empty()) lp = chat_logprobs(tok(), ids, lps, req.logprobs);
       } else if (!ids.empty() || (req.echo && c.has_prompt_lps)) {
         const bool with_prompt = req.echo && c.has_prompt_lps;
+        // text_offset runs on over the whole text, not from 0 in each chunk.
         lp = completion_logprobs(tok(), c.request->ids, with_prompt ? &c.prompt_lps : nullptr, ids, lps,
-                                 req.logprobs, 0);
+                                 req.logprobs, c.text_offset, &c.text_offset);
         c.has_prompt_lps = false;  // sent once
       }
     }
@@ -280,9 +283,13 @@ ApiServer::ApiServer(HttpConfig config, ServeQueue& queue, ServeMetrics& metrics
   svr.set_pre_routing_handler([&st](const httplib::Request& req, httplib::Response& res) {
     if (st.config.api_key.empty() || req.path.rfind("/v1/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
     const std::string auth = req.get_header_value("Authorization");
-    const std::string prefix = "Bearer ";
-    const bool ok = auth.size() > prefix.size() && auth.compare(0, prefix.size(), prefix) == 0 &&
-                    constant_time_equal(auth.substr(prefix.size()), st.config.api_key);
+    // The scheme is case-insensitive (RFC 7235: "bearer KEY" is as good).
+    const std::string prefix = "bearer ";
+    bool scheme = auth.size() > prefix.size();
+    for (size_t i = 0; scheme && i < prefix.size(); ++i) {
+      scheme = std::tolower(static_cast<unsigned char>(auth[i])) == prefix[i];
+    }
+    const bool ok = scheme && constant_time_equal(auth.substr(prefix.size()), st.config.api_key);
     if (ok) return httplib::Server::HandlerResponse::Unhandled;
     send_error(res, ApiError(401, "missing or wrong API key (give \"Authorization: Bearer KEY\")", "", "",
                              "invalid_api_key"));
@@ -290,10 +297,24 @@ ApiServer::ApiServer(HttpConfig config, ServeQueue& queue, ServeMetrics& metrics
   });
   // httplib's own refusals (413 body too large, 404 no route, 400 bad request line)
   // carry OpenAI's error object too.
-  svr.set_error_handler(httplib::Server::HandlerWithResponse([&st](const httplib::Request&, httplib::Response& res) {
+  svr.set_error_handler(httplib::Server::HandlerWithResponse([&st](const httplib::Request& req,
+                                                                     httplib::Response& res) {
     if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
     std::string message = "HTTP " + std::to_string(res.status);
-    if (res.status == 404) message = "no such route";
+    if (res.status == 404) {
+      message = "no such route";
+      // A route that exists with another method: 405 naming the one it takes.
+      static const std::vector<std::pair<std::string, std::string>> routes = {
+          {"/health", "GET"}, {"/metrics", "GET"}, {"/v1/models", "GET"},
+          {"/v1/completions", "POST"}, {"/v1/chat/completions", "POST"}};
+      for (const auto& [path, method] : routes) {
+        if (req.path == path) {
+          res.status = 405;
+          res.set_header("Allow", method == "GET" ? "GET, HEAD" : method);
+          message = req.method + " is not allowed on " + path + " (use " + method + ")";
+        }
+      }
+    }
     if (res.status == 413) {
       message = "the request body is larger than " + std::to_string(st.config.max_body_bytes) + " bytes";
     }
@@ -314,6 +335,11 @@ ApiServer::ApiServer(HttpConfig config, ServeQueue& queue, ServeMetrics& metrics
 
   svr.Get("/health", [&st](const httplib::Request&, httplib::Response& res) {
     const bool ready = st.served() != nullptr;
+    if (st.draining) {  // a load balancer takes this rank out while it drains
+      res.status = 503;
+      res.set_content("{\"status\":\"shutting down\"}", "application/json");
+      return;
+    }
     res.status = ready ? 200 : 503;
     res.set_content(ready ? "{\"status\":\"ok\"}" : "{\"status\":\"loading\"}", "application/json");
   });
@@ -333,17 +359,39 @@ ApiServer::ApiServer(HttpConfig config, ServeQueue& queue, ServeMetrics& metrics
   });
 
   auto generate = [&st](bool chat) {
-    return [&st, chat](const httplib::Request& hreq, httplib::Response& res) {
+    return [&st, chat](const httplib::Request& hreq, httplib::Response& res, const httplib::ContentReader& reader) {
       const auto model = st.served();
       auto reject = [&](const ApiError& e) {
         st.metrics.request_done("rejected");
         send_error(res, e);
       };
+      // The body is read here, whatever its Content-Type (curl -d sends a form type,
+      // whose body httplib would cap at 8 KiB), counting bytes as they come so that a
+      // chunked body stops being read once it passes --max-body-bytes.
+      std::string body;
+      bool too_large = false;
+      if (hreq.is_multipart_form_data()) {
+        // Read as it is, not split into parts (the request object is httplib's own, not const).
+        const_cast<httplib::Request&>(hreq).headers.erase("Content-Type");
+      }
+      const bool read = reader([&](const char* data, size_t n) {
+        if (static_cast<int64_t>(body.size() + n) > st.config.max_body_bytes) {
+          too_large = true;
+          return false;
+        }
+        body.append(data, n);
+        return true;
+      });
+      if (too_large || res.status == 413) {
+        return reject(ApiError(413, "the request body is larger than " + std::to_string(st.config.max_body_bytes) +
+                                        " bytes"));
+      }
+      if (!read) return reject(ApiError(400, "malformed or incomplete request body"));
       if (!model) return reject(ApiError(503, "the model is still loading"));
       if (st.draining) return reject(ApiError(503, "the server is shutting down"));
       auto g = std::make_shared<Generation>();
       try {
-        g->req = parse_api_request(hreq.body, chat, model->api, model->limits);
+        g->req = parse_api_request(body, chat, model->api, model->limits);
       } catch (const ApiError& e) {
         return reject(e);
       }
@@ -373,6 +421,13 @@ ApiServer::ApiServer(HttpConfig config, ServeQueue& queue, ServeMetrics& metrics
         }
       }
       const ServeQueue::Admit admit = st.queue.submit(std::move(choices), g->channel);
+      if (admit == ServeQueue::Admit::kTooMany) {
+        return reject(ApiError(400,
+                               "n x prompts = " + std::to_string(g->choices.size()) +
+                                   " choices can never fit: the server holds at most " +
+                                   std::to_string(st.queue.capacity()) + " (--max-batch x dp + --max-queue)",
+                               "n"));
+      }
       if (admit == ServeQueue::Admit::kFull) {
         return reject(ApiError(429, "the server's queue is full; retry later", "", "", "queue_full"));
       }

@@ -112,6 +112,47 @@ class Serve : public test::CliTest {
 
   void track(Server& s) { running_.push_back(&s); }
 
+  // The status of a POST /v1/completions whose body of `bytes` '[' is sent chunked
+  // (Transfer-Encoding: chunked, no Content-Length), read while the body is still being
+  // sent (the server may stop reading it); 0 when none came.
+  static int chunked_status(const Server& s, size_t bytes) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(s.port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) return 0;
+    timeval tv{30, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    std::thread sender([fd, bytes] {
+      auto put = [fd](const std::string& m) { return ::send(fd, m.data(), m.size(), MSG_NOSIGNAL) == ssize_t(m.size()); };
+      if (!put("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               "Transfer-Encoding: chunked\r\n\r\n")) {
+        return;
+      }
+      const std::string chunk(std::min<size_t>(bytes, 1 << 20), '[');
+      for (size_t sent = 0; sent < bytes; sent += chunk.size()) {
+        char head[32];
+        std::snprintf(head, sizeof head, "%zx\r\n", chunk.size());
+        if (!put(head + chunk + "\r\n")) return;
+      }
+      put("0\r\n\r\n");
+    });
+    std::string got;
+    char buf[4096];
+    while (got.find("\r\n") == std::string::npos) {
+      const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+      if (n <= 0) break;
+      got.append(buf, static_cast<size_t>(n));
+    }
+    ::shutdown(fd, SHUT_RDWR);
+    sender.join();
+    ::close(fd);
+    std::smatch m;
+    return std::regex_search(got, m, std::regex(R"(^HTTP/1\.1 (\d+))")) ? std::stoi(m[1]) : 0;
+  }
+
   static httplib::Client client(const Server& s) {
     httplib::Client c("127.0.0.1", s.port);
     c.set_read_timeout(60, 0);
@@ -588,10 +629,27 @@ TEST_F(Serve, BadRequestsGetErrorObjects) {
   expect_error(cmpl, json{{"prompt", std::string(60000, 'a')}}.dump(), 400, "prompt");
   expect_error(cmpl, R"({"max_tokens": 3})", 400, "prompt");
   expect_error(cmpl, R"({"prompt": "a", "model": "gpt-4"})", 404, "model");
-  expect_error(cmpl, R"({"prompt": "a", "n": 3})", 429, "");
+  // --max-batch 2, --max-queue 0: 3 choices can never fit, even on an idle server.
+  expect_error(cmpl, R"({"prompt": "a", "n": 3})", 400, "n");
+  // Bodies are JSON whatever their Content-Type, up to --max-body-bytes, however sent.
+  {
+    auto r = c.Post(cmpl.c_str(), std::string(100000, ' '), "application/x-www-form-urlencoded");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 413) << r->body;
+    EXPECT_NE(r->body.find("65536 bytes"), std::string::npos) << r->body;
+    EXPECT_EQ(chunked_status(s, 20 << 20), 413);
+    EXPECT_EQ(chunked_status(s, 1000), 400);  // not over the limit: read, and refused as JSON
+  }
   expect_error("/v1/chat/completions", R"({"messages": [{"role": "user", "content": "hi"}]})", 400, "messages");
   expect_error("/v1/chat/completions", R"({"messages": "hi"})", 400, "messages");
   expect_error("/v1/nothing", "{}", 404, "");
+  expect_error("/v1/models", "{}", 405, "");
+  {
+    auto g = c.Get("/v1/completions");
+    ASSERT_TRUE(g);
+    EXPECT_EQ(g->status, 405) << g->body;
+    EXPECT_EQ(g->get_header_value("Allow"), "POST");
+  }
   auto m = c.Get("/v1/models");
   ASSERT_TRUE(m);
   EXPECT_EQ(m->status, 200);
@@ -602,6 +660,13 @@ TEST_F(Serve, BadRequestsGetErrorObjects) {
   int status = 0;
   post(s, cmpl, {{"prompt", "a"}, {"max_tokens", 2}}, &status);
   EXPECT_EQ(status, 200);
+  // curl -d sends application/x-www-form-urlencoded; the body is read as JSON past
+  // httplib's 8 KiB cap on such bodies.
+  auto f = c.Post(cmpl.c_str(), R"({"prompt": "a", "max_tokens": 2})" + std::string(20000, ' '),
+                  "application/x-www-form-urlencoded");
+  ASSERT_TRUE(f);
+  EXPECT_EQ(f->status, 200) << f->body;
+  EXPECT_EQ(json::parse(f->body)["usage"]["completion_tokens"], 2);
   EXPECT_EQ(stop(s), 0);
 }
 
@@ -618,6 +683,10 @@ TEST_F(Serve, ApiKey) {
   EXPECT_EQ(status, 401);
   post(s, "/v1/completions", body, &status, {{"Authorization", "Bearer sesame"}});
   EXPECT_EQ(status, 200);
+  post(s, "/v1/completions", body, &status, {{"Authorization", "bearer sesame"}});  // RFC 7235
+  EXPECT_EQ(status, 200);
+  post(s, "/v1/completions", body, &status, {{"Authorization", "Basic sesame"}});
+  EXPECT_EQ(status, 401);
   auto c = client(s);
   auto h = c.Get("/health");
   ASSERT_TRUE(h);
@@ -628,7 +697,8 @@ TEST_F(Serve, ApiKey) {
   EXPECT_EQ(stop(s), 0);
 }
 
-// SIGTERM: new requests get 503 while the running one finishes, then every rank exits 0.
+// SIGTERM: new requests and /health get 503 while the running one finishes, then every
+// rank exits 0.
 TEST_F(Serve, SigtermDrains) {
   Server s = start(2, "--shutdown-grace 60", endless_model());
   track(s);
@@ -646,7 +716,11 @@ TEST_F(Serve, SigtermDrains) {
   }
   int status = 0;
   const json r = post(s, "/v1/completions", {{"prompt", "a"}, {"max_tokens", 2}}, &status);
+  auto h = client(s).Get("/health");  // a load balancer stops sending here
   running.join();
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 503);
+  EXPECT_EQ(json::parse(h->body)["status"], "shutting down");
   EXPECT_EQ(status, 503) << r.dump();
   EXPECT_TRUE(done);
   EXPECT_GT(text.size(), 100u);

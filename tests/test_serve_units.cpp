@@ -136,11 +136,33 @@ TEST_F(ServeUnits, CompletionStreamHoldsBackStopStrings) {
   EXPECT_NE(shown.find("little"), std::string::npos) << shown;
 }
 
+// text_offset counts characters (code points), as OpenAI and vLLM do, not UTF-8 bytes.
+TEST_F(ServeUnits, TextOffsetCountsCharacters) {
+  EXPECT_EQ(utf8_chars("a"), 1u);
+  EXPECT_EQ(utf8_chars("\xc3\xa9t\xc3\xa9"), 3u);  // "été"
+  EXPECT_EQ(utf8_chars("\xe6\x97\xa5\xe6\x9c\xac"), 2u);
+  const std::vector<int32_t> ids = tok_->encode("caf\xc3\xa9 au lait \xe6\x97\xa5", false);
+  std::vector<TokenLogprobs> lps(ids.size());
+  size_t end = 0;
+  const json j = json::parse(dump_json(completion_logprobs(*tok_, {}, nullptr, ids, lps, 0, 5, &end)));
+  ASSERT_EQ(j["text_offset"].size(), ids.size());
+  size_t chars = 5, bytes = 5;
+  for (size_t k = 0; k < ids.size(); ++k) {
+    EXPECT_EQ(j["text_offset"][k].get<size_t>(), chars) << k;
+    const std::string t = j["tokens"][k].get<std::string>();
+    chars += utf8_chars(t);
+    bytes += t.size();
+  }
+  EXPECT_EQ(end, chars);
+  EXPECT_LT(chars, bytes);  // the non-ASCII tokens count one per character
+}
+
 TEST(ServeEngine, QueueBoundsInFlightChoices) {
   ServeQueue q(3);
   auto ch = std::make_shared<ServeChannel>();
   EXPECT_EQ(q.submit(std::vector<ServeChoice>(2), ch), ServeQueue::Admit::kOk);
   EXPECT_EQ(q.submit(std::vector<ServeChoice>(2), ch), ServeQueue::Admit::kFull);
+  EXPECT_EQ(q.submit(std::vector<ServeChoice>(4), ch), ServeQueue::Admit::kTooMany);  // never fits
   EXPECT_EQ(q.take(std::chrono::milliseconds(0)).size(), 1u);
   q.finished(2);
   EXPECT_EQ(q.submit(std::vector<ServeChoice>(3), ch), ServeQueue::Admit::kOk);
