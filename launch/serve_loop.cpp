@@ -209,9 +209,13 @@ void run_serve_loop(Engine& engine, const ServeLoopConfig& c) {
   RunRelay relay(MPI_COMM_WORLD, {});  // stop signals only: serve never reaches a finish line
 
   // Every rank: the plan's calls on the session; false once it says shut down.
+  // Cancels go after the adds: a choice whose client left before it was taken from the
+  // queue arrives with its add and its cancel in one plan, and must never start.
   auto apply = [&](Plan& plan) {
-    for (int64_t id : plan.cancels) session.cancel(id);
-    if (plan.shutdown) return false;
+    if (plan.shutdown) {
+      for (int64_t id : plan.cancels) session.cancel(id);
+      return false;
+    }
     for (Add& a : plan.adds) {
       if (a.score_prompt && a.request.prompt.size() > 1) {
         PackedBatch b;
@@ -233,6 +237,7 @@ void run_serve_loop(Engine& engine, const ServeLoopConfig& c) {
       }
       session.add(a.id, std::move(a.request), a.after >= 0 ? std::optional<int64_t>(a.after) : std::nullopt);
     }
+    for (int64_t id : plan.cancels) session.cancel(id);
     return true;
   };
   // A group root: records the stop strings of the choices it is about to add.
