@@ -513,7 +513,12 @@ int run_generate(const GenerateOptions& o, Job& job) {
                                        output.get())) {
         failed = 1.0f;
       }
+      // The other dp groups wait here for group 0's whole completion: no stall, so no
+      // timeout for them (group 0's own collectives are watched).
+      const double timeout = comm_timeout();
+      if (w.dp_rank != 0) set_comm_timeout(0);
       groups.world->all_reduce_max(&failed, 1);  // every rank exits with the same code
+      set_comm_timeout(timeout);
       if (failed > 0.0f) code = kSomeFailedExit;
     }
     if (w.world_rank == 0 && (std::fflush(stdout) != 0 || std::ferror(stdout))) {
