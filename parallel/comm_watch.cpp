@@ -1,5 +1,6 @@
 #include "parallel/comm_watch.h"
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -46,11 +47,15 @@ WatchState& state() {
   return s;
 }
 
-// Microseconds a wait spins before it sleeps (LINNET_COMM_SPIN_US, for measurements).
+// Microseconds a wait yields before it sleeps (LINNET_COMM_SPIN_US, for measurements).
+// 10 ms covers the skew between the ranks of a tensor-parallel group at one collective
+// (their shares of a GEMM end microseconds to milliseconds apart): with 50 us, tp 2
+// decode of the 1.1B shape ran at 8.9 tok/s against 12.5 with 20 ms, each late peer
+// costing a sleep of up to 1 ms (bench, 2026-12-02).
 int64_t spin_us() {
   static const int64_t us = [] {
     const char* v = std::getenv("LINNET_COMM_SPIN_US");
-    return v ? std::max<int64_t>(0, std::atoll(v)) : int64_t{50};
+    return v ? std::max<int64_t>(0, std::atoll(v)) : int64_t{10000};
   }();
   return us;
 }
@@ -200,7 +205,12 @@ void PollBackoff::pause() {
   const auto now = std::chrono::steady_clock::now();
   if (polls_++ == 0) spin_start_ = now;
   if (sleep_us_ == 0) {
-    if (now - spin_start_ < std::chrono::microseconds(spin_us())) return;
+    if (now - spin_start_ < std::chrono::microseconds(spin_us())) {
+      // Yield rather than spin: alone on its core this returns at once (the poll stays
+      // a spin), and a co-located rank or kernel thread that is runnable gets the core.
+      sched_yield();
+      return;
+    }
     sleep_us_ = 20;
   } else {
     sleep_us_ = std::min<int64_t>(sleep_us_ * 2, 1000);

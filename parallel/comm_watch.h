@@ -45,7 +45,8 @@ void finalize_comm_watch();
 /// stopped (SIGSTOP or a debugger)", "on host H", or "" when init_comm_watch did not run.
 std::string describe_rank(int world_rank);
 
-/// Pauses of a poll loop: nothing for the first 50 us (spinning keeps latency), then
+/// Pauses of a poll loop: sched_yield for the first 10 ms (a spin on a core of its own,
+/// which keeps a collective's latency; a runnable co-located rank gets the core), then
 /// sleeps of 20 us doubling up to 1 ms, so a long wait costs about 1% of a core.
 class PollBackoff {
  public:
