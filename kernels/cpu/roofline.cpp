@@ -17,18 +17,29 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// Sums kStreams far-apart parts of [a, a + n) in one loop, 64 bytes of each per step: a
+// GEMV reads many weight rows at once, and one sequential stream per core leaves
+// bandwidth unused on cores whose prefetchers track several streams (a Xeon here read
+// 12.5 GB/s with one stream against the 15-16 a decode step streams).
+constexpr size_t kStreams = 8;
+
 __attribute__((target("avx2"))) float sum_avx2(const float* a, size_t n) {
-  __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-  size_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    s0 = _mm256_add_ps(s0, _mm256_loadu_ps(a + i));
-    s1 = _mm256_add_ps(s1, _mm256_loadu_ps(a + i + 8));
-    s2 = _mm256_add_ps(s2, _mm256_loadu_ps(a + i + 16));
-    s3 = _mm256_add_ps(s3, _mm256_loadu_ps(a + i + 24));
+  const size_t part = n / kStreams / 16 * 16;
+  __m256 s[kStreams];
+  for (size_t k = 0; k < kStreams; ++k) s[k] = _mm256_setzero_ps();
+  for (size_t i = 0; i < part; i += 16) {
+    for (size_t k = 0; k < kStreams; ++k) {
+      const float* p = a + k * part + i;
+      s[k] = _mm256_add_ps(s[k], _mm256_add_ps(_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)));
+    }
   }
+  __m256 t = _mm256_setzero_ps();
+  for (size_t k = 0; k < kStreams; ++k) t = _mm256_add_ps(t, s[k]);
   float f[8];
-  _mm256_storeu_ps(f, _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
-  return f[0] + f[1] + f[2] + f[3] + f[4] + f[5] + f[6] + f[7];
+  _mm256_storeu_ps(f, t);
+  float total = f[0] + f[1] + f[2] + f[3] + f[4] + f[5] + f[6] + f[7];
+  for (size_t i = kStreams * part; i < n; ++i) total += a[i];
+  return total;
 }
 
 float sum_generic(const float* a, size_t n) {
