@@ -289,6 +289,7 @@ int run_generate(const GenerateOptions& o, Job& job) {
           if (batch) journal_file = journal_path(o.output);
         }
         if (o.resume) {
+          wait_for_journal_writer(journal_file);  // a killed mpirun's ranks may still be at work
           kept = read_output_lines(resolve_output_path(o.output));
           journal_found = read_journal(journal_file, "generate");
           if (!journal_found.dropped.empty()) {

@@ -1,6 +1,7 @@
 #include "launch/journal.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -22,7 +23,36 @@ constexpr auto kSyncEvery = std::chrono::seconds(2);
 
 std::string errno_text() { return std::strerror(errno); }
 
+// Takes the writer's lock on an open journal, or throws naming it.
+void lock_writer(int fd, const std::string& path) {
+  if (::flock(fd, LOCK_EX | LOCK_NB) == 0) return;
+  throw Error("another linnet-tp run is writing this journal (flock); wait for it to end, or stop it", path);
+}
+
 }  // namespace
+
+void wait_for_journal_writer(const std::string& path, double seconds) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;  // no journal: nobody writes it
+  const auto start = std::chrono::steady_clock::now();
+  bool told = false;
+  while (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (errno != EWOULDBLOCK || waited >= seconds) {
+      ::close(fd);
+      throw Error("another linnet-tp run is still writing this journal after " + std::to_string(int(waited)) +
+                      " s of waiting; wait for it to end, or stop it, then rerun",
+                  path);
+    }
+    if (!told) {
+      warn_once("waiting for the run that still writes " + path +
+                " to end (the ranks of a run whose mpirun was killed go on for a few seconds)");
+      told = true;
+    }
+    ::usleep(50 * 1000);
+  }
+  ::close(fd);  // releases the lock: the caller reads the journal and continues it
+}
 
 std::string journal_path(const std::string& output) {
   std::error_code ec;
@@ -100,6 +130,7 @@ Journal::Journal(std::string path, const nlohmann::ordered_json& header, const J
   if (resumed && resumed->exists) {
     fd_ = ::open(path_.c_str(), O_RDWR | O_CLOEXEC);
     if (fd_ < 0) throw Error("cannot open the journal to continue it: " + errno_text(), path_);
+    lock_writer(fd_, path_);
     // Drop a torn tail so that appended lines start on a line of their own.
     if (::ftruncate(fd_, static_cast<off_t>(resumed->whole_bytes)) != 0) {
       throw Error("cannot cut the journal's torn last line: " + errno_text(), path_);
@@ -110,6 +141,7 @@ Journal::Journal(std::string path, const nlohmann::ordered_json& header, const J
   } else {
     fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd_ < 0) throw Error("cannot create the journal: " + errno_text(), path_);
+    lock_writer(fd_, path_);
     write_all(header.dump() + "\n");
   }
   if (fd_ >= 0) {
@@ -228,11 +260,11 @@ void Journal::move_to_temp() {
 }
 
 void Journal::remove() {
+  std::remove(path_.c_str());  // before the lock goes: a waiting run then finds no journal
   if (fd_ >= 0) {
     ::close(fd_);
     fd_ = -1;
   }
-  std::remove(path_.c_str());
 }
 
 std::string journal_note(Journal* journal) {

@@ -45,13 +45,22 @@ std::string journal_path(const std::string& output);
 ///   cannot be read.
 JournalContents read_journal(const std::string& path, const std::string& command);
 
-/// An open journal (world rank 0 only).
+/// Waits while another process holds the writer's lock on the journal at `path` (a run
+/// whose mpirun was killed: its ranks go on for a few seconds, appending), at most
+/// `seconds`; returns at once when there is no journal or nobody holds it. Call before
+/// read_journal, so what is read is what the old run left.
+/// @throws Error naming `path` when the lock is still held after `seconds`.
+void wait_for_journal_writer(const std::string& path, double seconds = 30);
+
+/// An open journal (world rank 0 only). Its writer holds an exclusive flock(2) on it
+/// while it is open, so two runs never append to one journal.
 class Journal {
  public:
   /// Starts a fresh journal at `path` whose first line is `header` (the file must not
   /// exist), or, when `resumed` is given (read_journal's result for `path`, exists),
   /// continues it: cut after its last whole line, then appended to.
-  /// @throws Error naming the journal when it cannot be created or opened.
+  /// @throws Error naming the journal when it cannot be created or opened, or when
+  ///   another process holds its lock.
   Journal(std::string path, const nlohmann::ordered_json& header, const JournalContents* resumed = nullptr);
   /// Syncs and closes; the file stays (remove() deletes it).
   ~Journal();

@@ -419,6 +419,7 @@ int run_loss(const LossOptions& o, Job& job) {
           journal_file = journal_path(o.output);
         }
         if (o.resume) {
+          wait_for_journal_writer(journal_file);  // a killed mpirun's ranks may still be at work
           kept = read_output_lines(resolve_output_path(o.output));
           journal_found = read_journal(journal_file, "loss");
           if (!journal_found.dropped.empty()) {

@@ -4,11 +4,14 @@
 // folder vanishes mid-run.
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -138,6 +141,39 @@ TEST_F(JournalTest, AResumedJournalContinuesAfterItsLastWholeLine) {
     j.append("{\"pack\":0}");
   }
   EXPECT_EQ(slurp(path_), header("loss").dump() + "\n{\"pack\":0}\n");
+}
+
+// A run whose mpirun was killed goes on appending for a few seconds: a second writer is
+// refused while it holds the journal, and a resume waits for it (then reads what it left).
+TEST_F(JournalTest, OneWriterAtATimeAndAResumeWaitsForIt) {
+  auto writer = std::make_unique<Journal>(path_, header("generate"));
+  writer->append("{\"index\":0}");
+  const JournalContents c = read_journal(path_, "generate");
+  try {
+    Journal second(path_, header("generate"), &c);
+    ADD_FAILURE() << "a second writer was let in";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("another linnet-tp run is writing this journal"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find(path_), std::string::npos) << e.what();
+  }
+  try {
+    wait_for_journal_writer(path_, 0.2);
+    ADD_FAILURE() << "the wait returned while the writer held the journal";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("still writing this journal"), std::string::npos) << e.what();
+  }
+  std::thread ends([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    writer->append("{\"index\":1}");
+    writer.reset();  // the old run exits
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  wait_for_journal_writer(path_, 30);
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(250));
+  ends.join();
+  EXPECT_EQ(read_journal(path_, "generate").lines.size(), 2u) << "the line written while it waited is read";
+  wait_for_journal_writer((dir_ / "none.journal").string(), 0);  // no journal: nothing to wait for
 }
 
 TEST_F(JournalTest, RemoveDeletesIt) {
