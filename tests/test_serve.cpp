@@ -616,6 +616,13 @@ TEST_F(Serve, BadRequestsGetErrorObjects) {
   expect_error(cmpl, R"({"prompt": "a", "n": 5})", 400, "n");
   expect_error(cmpl, R"({"prompt": "a", "max_tokens": -1})", 400, "max_tokens");
   expect_error(cmpl, R"({"prompt": "a", "max_tokens": 100000})", 400, "max_tokens");
+  // Integers past int64 never wrap to negative values.
+  expect_error(cmpl, R"({"prompt": "a", "max_tokens": 9223372036854775808})", 400, "max_tokens");
+  expect_error(cmpl, R"({"prompt": "a", "max_tokens": 18446744073709551615})", 400, "max_tokens");
+  expect_error(cmpl, R"({"prompt": [1, 18446744073709551615]})", 400, "prompt");
+  expect_error(cmpl, R"({"prompt": "a", "logprobs": 18446744073709551615})", 400, "logprobs");
+  expect_error(cmpl, R"({"prompt": "a", "n": 9223372036854775808})", 400, "n");
+  expect_error(cmpl, R"({"prompt": "a", "seed": 18446744073709551616})", 400, "seed");
   expect_error(cmpl, R"({"prompt": "a", "logprobs": 50})", 400, "logprobs");
   expect_error(cmpl, R"({"prompt": "a", "stop": 5})", 400, "stop");
   expect_error(cmpl, R"({"prompt": "a", "seed": -3})", 400, "seed");

@@ -101,6 +101,38 @@ TEST_F(ServeUnits, RefusalsNameTheParameter) {
   EXPECT_EQ(refusal(R"({"messages": [], "echo": true})", true).second, "echo");  // not a chat key
 }
 
+// Integers from 2^63 up (which nlohmann reads as unsigned, or beyond 2^64 as floats) are
+// no counts: each is a 400 naming its parameter, never a wrapped negative value.
+TEST_F(ServeUnits, HugeIntegersAreRefusedNamingTheParameter) {
+  for (const char* big : {"9223372036854775808", "18446744073709551615", "18446744073709551616", "1e30"}) {
+    const std::string b(big);
+    EXPECT_EQ(refusal(R"({"prompt": "a", "max_tokens": )" + b + "}").second, "max_tokens") << b;
+    EXPECT_EQ(refusal(R"({"prompt": "a", "n": )" + b + "}").second, "n") << b;
+    EXPECT_EQ(refusal(R"({"prompt": "a", "logprobs": )" + b + "}").second, "logprobs") << b;
+    EXPECT_EQ(refusal(R"({"prompt": [1, )" + b + "]}").second, "prompt") << b;
+    EXPECT_EQ(refusal(R"({"prompt": [[1], [2, )" + b + "]]}").second, "prompt") << b;
+    EXPECT_EQ(refusal(R"({"prompt": "a", "top_k": )" + b + "}").second, "top_k") << b;
+    EXPECT_EQ(refusal(R"({"prompt": "a", "stop_token_ids": [)" + b + "]}").second, "stop_token_ids") << b;
+    EXPECT_EQ(refusal(R"({"messages": [{"role": "user", "content": "hi"}], "logprobs": true, "top_logprobs": )" + b +
+                          "}",
+                      true)
+                  .second,
+              "top_logprobs")
+        << b;
+    EXPECT_EQ(refusal(R"({"messages": [], "max_completion_tokens": )" + b + "}", true).second,
+              "max_completion_tokens")
+        << b;
+  }
+  // The seed takes the whole uint64 range; beyond it, or negative, is a 400.
+  EXPECT_EQ(*parse(json::parse(R"({"prompt": "a", "seed": 18446744073709551615})")).seed, UINT64_MAX);
+  EXPECT_EQ(*parse(json::parse(R"({"prompt": "a", "seed": 9223372036854775808})")).seed, uint64_t{1} << 63);
+  EXPECT_EQ(refusal(R"({"prompt": "a", "seed": 18446744073709551616})").second, "seed");
+  EXPECT_EQ(refusal(R"({"prompt": "a", "seed": -1})").second, "seed");
+  EXPECT_EQ(refusal(R"({"prompt": "a", "seed": -9223372036854775808})").second, "seed");
+  // The largest count still works where the value is bounded otherwise.
+  EXPECT_EQ(refusal(R"({"prompt": "a", "max_tokens": 9223372036854775807})").second, "max_tokens");
+}
+
 // A body object of many distinct keys parses in O(n log n): 1 MB in well under a second
 // (ordered_json's operator[] made the parse O(keys^2), about a minute for this).
 TEST_F(ServeUnits, ManyKeysParseFast) {
