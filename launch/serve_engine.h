@@ -77,6 +77,11 @@ class ServeMetrics {
   void first_token(double seconds);
   void inter_token(double seconds);
   void step(int64_t sequences);
+  /// The HTTP front refused a connection or answered a request itself with an error
+  /// (reason: capacity, timeout, framing, too_large).
+  void http_refused(const std::string& reason);
+  /// HTTP connections open now (set before render).
+  void http_connections(int64_t open);
   /// Engine state after a step.
   void engine_state(int64_t running, int64_t waiting, int64_t pages_in_use, int64_t pages_total,
                     int64_t prefix_hit_tokens);
@@ -93,7 +98,8 @@ class ServeMetrics {
   };
   static void render_histogram(std::string& out, const char* name, const char* help, const Histogram& h);
   mutable std::mutex mutex_;
-  std::map<std::string, int64_t> outcomes_;
+  std::map<std::string, int64_t> outcomes_, http_refused_;
+  int64_t http_open_ = 0;
   int64_t prompt_tokens_ = 0, generated_tokens_ = 0;
   int64_t running_ = 0, waiting_ = 0, pages_in_use_ = 0, pages_total_ = 0, prefix_hit_tokens_ = 0;
   int64_t steps_ = 0, max_step_sequences_ = 0;

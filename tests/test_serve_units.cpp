@@ -4,8 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <thread>
 
 #include "launch/generate_requests.h"
+#include "launch/http_framing.h"
 #include "launch/jsonl_input.h"
 #include "launch/openai_api.h"
 #include "launch/serve_engine.h"
@@ -157,6 +159,160 @@ TEST_F(ServeUnits, ManyKeysParseFast) {
   EXPECT_LT(s, 1.0) << "4 parses of 1 MB of distinct keys";
 }
 
+// --- the HTTP framing in front of httplib ----------------------------------------------
+
+using Framer = RequestFramer;
+
+std::vector<Framer::Message> frame_all(Framer& f, const std::string& bytes, size_t piece = 0) {
+  std::vector<Framer::Message> out;
+  auto drain = [&] {
+    while (f.advance() == Framer::Status::kReady) out.push_back(f.take());
+  };
+  if (piece == 0) {
+    f.append(bytes.data(), bytes.size());
+    drain();
+  } else {
+    for (size_t i = 0; i < bytes.size(); i += piece) {
+      f.append(bytes.data() + i, std::min(piece, bytes.size() - i));
+      drain();
+    }
+  }
+  return out;
+}
+
+const std::string kPost = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello";
+
+TEST(ServeFraming, PipelinedRequestsComeOutInOrder) {
+  for (size_t piece : {size_t{0}, size_t{1}, size_t{7}}) {
+    Framer f({});
+    const std::string two = kPost + "GET /health HTTP/1.1\r\nHost: x\r\n\r\n" + "\r\n" + kPost;
+    const auto m = frame_all(f, two, piece);
+    ASSERT_EQ(m.size(), 3u) << piece;
+    EXPECT_EQ(m[0].method, "POST");
+    EXPECT_EQ(m[0].bytes, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello");
+    EXPECT_EQ(m[1].method, "GET");
+    EXPECT_EQ(m[1].bytes, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+    EXPECT_EQ(m[2].bytes, m[0].bytes);
+    EXPECT_FALSE(m[0].close);
+    EXPECT_EQ(f.buffered(), 0u);
+    EXPECT_FALSE(f.started());
+  }
+}
+
+TEST(ServeFraming, ChunkedBodiesWithTrailersBecomeContentLength) {
+  Framer f({});
+  const std::string req = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: Chunked\r\n\r\n"
+                          "5;ext=1\r\nhello\r\n6\r\n world\r\n0\r\nX-Checksum: abc\r\nX-More: 1\r\n\r\n";
+  for (size_t piece : {size_t{0}, size_t{1}, size_t{3}}) {
+    Framer g({});
+    const auto m = frame_all(g, req + kPost, piece);
+    ASSERT_EQ(m.size(), 2u) << piece;
+    EXPECT_EQ(m[0].bytes, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 11\r\n\r\nhello world");
+    EXPECT_EQ(m[1].bytes, kPost);
+  }
+  // No trailer, bare LF line ends.
+  const auto m = frame_all(f, "POST / HTTP/1.1\nTransfer-Encoding: chunked\n\n3\nabc\n0\n\n");
+  ASSERT_EQ(m.size(), 1u);
+  EXPECT_EQ(m[0].bytes, "POST / HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc");
+}
+
+TEST(ServeFraming, HeadRewrite) {
+  Framer f({});
+  const auto m = frame_all(f,
+                           "\r\nGET /v1/models HTTP/1.1\r\nHost: x\r\nRange: bytes=0-5\r\nIf-Range: x\r\n"
+                           "Connection: keep-alive, Close\r\nAccept:  */*  \r\n\r\n");
+  ASSERT_EQ(m.size(), 1u);
+  EXPECT_EQ(m[0].bytes, "GET /v1/models HTTP/1.1\r\nHost: x\r\nAccept: */*\r\nConnection: close\r\n\r\n");
+  EXPECT_TRUE(m[0].close);
+  // A POST without a length has an empty body; a GET's body is dropped.
+  Framer g({});
+  const auto n = frame_all(g, "POST /a HTTP/1.0\r\n\r\nGET /b HTTP/1.1\r\nContent-Length: 3\r\n\r\nxyzGET /c HTTP/1.1\r\n\r\n");
+  ASSERT_EQ(n.size(), 3u);
+  EXPECT_EQ(n[0].bytes, "POST /a HTTP/1.0\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+  EXPECT_TRUE(n[0].close);  // HTTP/1.0
+  EXPECT_EQ(n[1].bytes, "GET /b HTTP/1.1\r\n\r\n");
+  EXPECT_EQ(n[2].bytes, "GET /c HTTP/1.1\r\n\r\n");
+}
+
+TEST(ServeFraming, ExpectContinue) {
+  Framer f({});
+  const std::string head = "POST /v1/completions HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 3\r\n\r\n";
+  f.append(head.data(), head.size());
+  EXPECT_EQ(f.advance(), Framer::Status::kNeedMore);
+  EXPECT_TRUE(f.head_done());
+  EXPECT_TRUE(f.wants_continue());
+  f.append("abc", 3);
+  ASSERT_EQ(f.advance(), Framer::Status::kReady);
+  EXPECT_EQ(f.take().bytes, "POST /v1/completions HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc");
+}
+
+TEST(ServeFraming, RefusalsHaveTheirStatus) {
+  FramingLimits limits;
+  limits.max_head_bytes = 1024;
+  limits.max_body_bytes = 100;
+  auto status = [&](const std::string& bytes) {
+    Framer f(limits);
+    f.append(bytes.data(), bytes.size());
+    Framer::Status s = f.advance();
+    while (s == Framer::Status::kReady) {
+      f.take();
+      s = f.advance();
+    }
+    EXPECT_TRUE(s != Framer::Status::kError || !f.error_message().empty());
+    return s == Framer::Status::kError ? f.error_status() : 0;
+  };
+  const std::string post = "POST /v1/completions HTTP/1.1\r\nHost: x\r\n";
+  EXPECT_EQ(status(post + "Content-Length: -5\r\n\r\n"), 400);
+  EXPECT_EQ(status(post + "Content-Length: abc\r\n\r\n"), 400);
+  EXPECT_EQ(status(post + "Content-Length: 5, 5\r\n\r\n"), 400);
+  EXPECT_EQ(status(post + "Content-Length: \r\n\r\n"), 400);
+  EXPECT_EQ(status(post + "Content-Length: 5\r\nContent-Length: 6\r\n\r\n"), 400);
+  EXPECT_EQ(status(post + "Content-Length: 3\r\nContent-Length: 3\r\n\r\nabc"), 0);
+  EXPECT_EQ(status(post + "Content-Length: 101\r\n\r\n"), 413);  // at once, before the body
+  EXPECT_EQ(status(post + "Content-Length: 99999999999999999999999999\r\n\r\n"), 413);
+  EXPECT_EQ(status(post + "Content-Length: 0000000000000000000000000003\r\n\r\nabc"), 0);
+  EXPECT_EQ(status(post + "Transfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n"), 400);
+  EXPECT_EQ(status(post + "Transfer-Encoding: gzip, chunked\r\n\r\n"), 501);
+  EXPECT_EQ(status(post + "Transfer-Encoding: chunked\r\n\r\n65\r\n"), 413);  // 101 bytes announced
+  EXPECT_EQ(status(post + "Transfer-Encoding: chunked\r\n\r\n40\r\n" + std::string(64, 'a') + "\r\n40\r\n"), 413);
+  EXPECT_EQ(status(post + "Transfer-Encoding: chunked\r\n\r\nzz\r\n"), 400);
+  EXPECT_EQ(status(post + "Transfer-Encoding: chunked\r\n\r\n3\r\nabcX"), 400);
+  EXPECT_EQ(status(post + "Transfer-Encoding: chunked\r\n\r\nfffffffffffffffffffffffff\r\n"), 413);
+  EXPECT_EQ(status(post + "Transfer-Encoding: chunked\r\n\r\n0\r\n" + std::string(2000, 'x')), 431);
+  EXPECT_EQ(status(post + "X: " + std::string(2000, 'a')), 431);  // head over the limit, unfinished
+  EXPECT_EQ(status(post + " folded\r\n\r\n"), 400);
+  EXPECT_EQ(status(post + "Bad Name: 1\r\n\r\n"), 400);
+  EXPECT_EQ(status(post + "NoColon\r\n\r\n"), 400);
+  EXPECT_EQ(status(post + "Expect: magic\r\n\r\n"), 417);
+  EXPECT_EQ(status("GET /\r\n\r\n"), 400);
+  EXPECT_EQ(status("GET / HTTP/2.0\r\n\r\n"), 505);
+  EXPECT_EQ(status("POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n"), 400);
+  // An error's message says what was wrong.
+  Framer f(limits);
+  const std::string bad = post + "Content-Length: -5\r\n\r\n";
+  f.append(bad.data(), bad.size());
+  ASSERT_EQ(f.advance(), Framer::Status::kError);
+  EXPECT_NE(f.error_message().find("Content-Length \"-5\""), std::string::npos) << f.error_message();
+}
+
+TEST(ServeFraming, StartedAndHeadDone) {
+  Framer f({});
+  f.append("\r\n\r\n", 4);
+  EXPECT_EQ(f.advance(), Framer::Status::kNeedMore);
+  EXPECT_FALSE(f.started());  // blank lines before a request are no request
+  f.append("P", 1);
+  EXPECT_EQ(f.advance(), Framer::Status::kNeedMore);
+  EXPECT_TRUE(f.started());
+  EXPECT_FALSE(f.head_done());
+  const std::string rest = "OST / HTTP/1.1\r\nContent-Length: 2\r\n\r\na";
+  f.append(rest.data(), rest.size());
+  EXPECT_EQ(f.advance(), Framer::Status::kNeedMore);
+  EXPECT_TRUE(f.head_done());
+  EXPECT_FALSE(f.wants_continue());
+  f.append("b", 1);
+  EXPECT_EQ(f.advance(), Framer::Status::kReady);
+}
+
 TEST(ServeApi, ConstantTimeEqual) {
   EXPECT_TRUE(constant_time_equal("sesame", "sesame"));
   EXPECT_FALSE(constant_time_equal("sesame", "sesamf"));
@@ -231,6 +387,8 @@ TEST(ServeEngine, QueueBoundsInFlightChoices) {
 
 TEST(ServeEngine, MetricsText) {
   ServeMetrics m;
+  m.http_refused("capacity");
+  m.http_connections(7);
   m.request_done("finished");
   m.step(3);
   m.first_token(0.02);
@@ -242,6 +400,9 @@ TEST(ServeEngine, MetricsText) {
   EXPECT_NE(t.find("linnet_time_to_first_token_seconds_bucket{le=\"0.025\"} 1\n"), std::string::npos);
   EXPECT_NE(t.find("linnet_time_to_first_token_seconds_bucket{le=\"+Inf\"} 1\n"), std::string::npos);
   EXPECT_NE(t.find("# TYPE linnet_inter_token_latency_seconds histogram"), std::string::npos);
+  EXPECT_NE(t.find("linnet_http_connections_open 7\n"), std::string::npos);
+  EXPECT_NE(t.find("linnet_http_refused_total{reason=\"capacity\"} 1\n"), std::string::npos);
+  EXPECT_NE(t.find("linnet_http_refused_total{reason=\"timeout\"} 0\n"), std::string::npos);
 }
 
 }  // namespace
