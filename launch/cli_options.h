@@ -72,6 +72,7 @@ struct ServeOptions {
   int64_t timeout_s = 30;            // --timeout: a body's arrival, a response write, seconds
   int64_t header_timeout_s = 10;     // --header-timeout: a request's first byte to its head's end
   int64_t keep_alive_timeout_s = 5;  // --keep-alive-timeout: idle between requests
+  double health_timeout_s = 10.0;    // --health-timeout: no loop turn / heartbeat that long: /health 503
   double shutdown_grace_s = 10.0;    // --shutdown-grace SECONDS
 };
 

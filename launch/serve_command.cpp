@@ -53,6 +53,9 @@ std::optional<ServeOptions> parse_serve_options(int argc, char** argv, std::stri
     ("timeout", "Seconds a request body may take after its head (408 after); also the most one write of a "
      "response may wait (a stalled client is dropped and its request cancelled)",
      cxxopts::value<int64_t>()->default_value("30"))
+    ("health-timeout", "/health answers 503 \"stalled\" when the engine loop has not gone round, or a rank's "
+     "heartbeat has not come, for this many seconds (0: never); keep it above the longest step",
+     cxxopts::value<double>()->default_value("10"))
     ("shutdown-grace", "Seconds that requests in flight may take to finish after SIGINT/SIGTERM",
      cxxopts::value<double>()->default_value("10"))
     ("h,help", "Print this help and exit");
@@ -85,6 +88,10 @@ std::optional<ServeOptions> parse_serve_options(int argc, char** argv, std::stri
   read_in_range(r, "timeout", 1, 3600, o.timeout_s);
   read_in_range(r, "header-timeout", 1, 3600, o.header_timeout_s);
   read_in_range(r, "keep-alive-timeout", 1, 3600, o.keep_alive_timeout_s);
+  o.health_timeout_s = r["health-timeout"].as<double>();
+  if (!(o.health_timeout_s >= 0.0 && o.health_timeout_s <= 86400.0)) {
+    throw Error("invalid value", "--health-timeout", "seconds in [0, 86400]", std::to_string(o.health_timeout_s));
+  }
   o.shutdown_grace_s = r["shutdown-grace"].as<double>();
   if (!(o.shutdown_grace_s >= 0.0 && o.shutdown_grace_s <= 86400.0)) {
     throw Error("invalid value", "--shutdown-grace", "seconds in [0, 86400]", std::to_string(o.shutdown_grace_s));
@@ -106,6 +113,7 @@ int run_serve(const ServeOptions& o, Job& job) {
   // Rank 0 listens first, so /health says 503 while the model loads.
   ServeQueue queue(o.engine.max_batch * w.dp_size + o.max_queue);
   ServeMetrics metrics;
+  ServeHealth health(o.health_timeout_s);
   std::unique_ptr<ApiServer> server;
   if (!job.load_phase([&] {
         if (!root) return;
@@ -119,7 +127,7 @@ int run_serve(const ServeOptions& o, Job& job) {
         hc.header_timeout_s = o.header_timeout_s;
         hc.keep_alive_timeout_s = o.keep_alive_timeout_s;
         hc.max_open_connections = o.max_open_connections;
-        server = std::make_unique<ApiServer>(hc, queue, metrics);
+        server = std::make_unique<ApiServer>(hc, queue, metrics, &health);
         const int port = server->bind();
         server->start();
         std::fprintf(stderr, "[linnet-tp] serve: listening on http://%s:%d (pid %d, loading the model)\n", o.host.c_str(),
@@ -177,6 +185,7 @@ int run_serve(const ServeOptions& o, Job& job) {
     lc.tokenizer = m.tokenizer.get();
     lc.queue = &queue;
     lc.metrics = &metrics;
+    lc.health = root ? &health : nullptr;
     lc.on_drain = [&] {
       if (server) server->drain();
       std::fprintf(stderr, "[linnet-tp] serve: stopping (new requests get 503; up to %g s for those running)\n",

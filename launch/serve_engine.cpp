@@ -26,6 +26,42 @@ bool ServeChannel::wait(std::vector<ServeEvent>& out, std::chrono::milliseconds 
   return true;
 }
 
+// --- ServeHealth -------------------------------------------------------------------
+
+void ServeHealth::loop_turned(Clock::time_point now) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!started_) heard_ = now;
+  started_ = true;
+  turned_ = now;
+}
+
+void ServeHealth::peers_heard(int rank, double silent_seconds, Clock::time_point now) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  silent_rank_ = rank;
+  heard_ = rank < 0 ? now
+                    : now - std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(silent_seconds));
+}
+
+std::string ServeHealth::problem(Clock::time_point now) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!started_ || stall_seconds_ <= 0) return {};
+  char buf[200];
+  const double loop = std::chrono::duration<double>(now - turned_).count();
+  if (loop > stall_seconds_) {
+    std::snprintf(buf, sizeof buf,
+                  "the engine loop has made no progress for %.1f s (a step is stuck: a rank may be stopped or dead)",
+                  loop);
+    return buf;
+  }
+  const double heard = std::chrono::duration<double>(now - heard_).count();
+  if (silent_rank_ >= 0 && heard > stall_seconds_) {
+    std::snprintf(buf, sizeof buf, "no heartbeat from rank %d for %.1f s (stopped, dead or cut off?)", silent_rank_,
+                  heard);
+    return buf;
+  }
+  return {};
+}
+
 // --- ServeQueue --------------------------------------------------------------------
 
 ServeQueue::Admit ServeQueue::submit(std::vector<ServeChoice> choices, std::shared_ptr<ServeChannel> channel) {

@@ -67,6 +67,32 @@ class ServeChannel {
   std::atomic<bool> abandoned_{false};
 };
 
+/// What /health says of the engine (world rank 0): its main thread notes that the serve
+/// loop went round and when every other rank was last heard from (RunRelay's
+/// heartbeats, once a second from each rank's loop); an HTTP thread asks. Stalled: the
+/// loop has not gone round for `stall_seconds` (a step is stuck, e.g. waiting in a
+/// collective for a stopped rank), or a rank has been silent that long. Thread-safe.
+class ServeHealth {
+ public:
+  using Clock = std::chrono::steady_clock;
+  explicit ServeHealth(double stall_seconds = 10.0) : stall_seconds_(stall_seconds) {}
+  double stall_seconds() const { return stall_seconds_; }
+  /// Main thread: the loop goes round now (also once before the first turn).
+  void loop_turned(Clock::time_point now);
+  /// Main thread: `rank` is the rank heard from least recently, `silent_seconds` ago
+  /// (rank -1: there is no other rank).
+  void peers_heard(int rank, double silent_seconds, Clock::time_point now);
+  /// Empty when healthy (or before loop_turned was first called), else why not.
+  std::string problem(Clock::time_point now) const;
+
+ private:
+  double stall_seconds_;
+  mutable std::mutex mutex_;
+  bool started_ = false;
+  Clock::time_point turned_, heard_;
+  int silent_rank_ = -1;
+};
+
 /// Counters and histograms of /metrics (Prometheus text format); thread-safe.
 class ServeMetrics {
  public:
@@ -148,6 +174,7 @@ struct ServeLoopConfig {
   const Tokenizer* tokenizer = nullptr;  // tp rank 0: the stop-string check
   ServeQueue* queue = nullptr;           // world rank 0 only
   ServeMetrics* metrics = nullptr;       // world rank 0 only
+  ServeHealth* health = nullptr;         // world rank 0 only (may be null)
   std::function<void()> on_drain;        // world rank 0: a stop signal arrived (stop accepting)
   double shutdown_grace_s = 10.0;        // then unfinished requests are cancelled
   bool prefix_caching = true;

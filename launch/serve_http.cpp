@@ -23,6 +23,7 @@ struct ApiServer::State {
   ServeQueue& queue;
   ServeMetrics& metrics;
   std::atomic<bool>& draining;
+  const ServeHealth* health = nullptr;
   std::function<int64_t()> open_connections;
   std::mutex mutex;
   std::shared_ptr<const ServedModel> model;  // set once ready
@@ -281,8 +282,8 @@ int64_t fit_open_files(int64_t open) {
 
 }  // namespace
 
-ApiServer::ApiServer(HttpConfig config, ServeQueue& queue, ServeMetrics& metrics)
-    : state_(new State{std::move(config), queue, metrics, draining_, {}, {}, {}}) {
+ApiServer::ApiServer(HttpConfig config, ServeQueue& queue, ServeMetrics& metrics, const ServeHealth* health)
+    : state_(new State{std::move(config), queue, metrics, draining_, health, {}, {}, {}}) {
   State& st = *state_;
   const int64_t open = fit_open_files(st.config.max_open_connections);
   if (open < st.config.max_open_connections) {
@@ -376,6 +377,14 @@ ApiServer::ApiServer(HttpConfig config, ServeQueue& queue, ServeMetrics& metrics
       res.status = 503;
       res.set_content("{\"status\":\"shutting down\"}", "application/json");
       return;
+    }
+    if (ready && st.health) {
+      const std::string problem = st.health->problem(std::chrono::steady_clock::now());
+      if (!problem.empty()) {
+        res.status = 503;
+        res.set_content(dump_json({{"status", "stalled"}, {"reason", problem}}), "application/json");
+        return;
+      }
     }
     res.status = ready ? 200 : 503;
     res.set_content(ready ? "{\"status\":\"ok\"}" : "{\"status\":\"loading\"}", "application/json");

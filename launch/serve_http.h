@@ -47,7 +47,8 @@ struct ServedModel {
 /// cpp-httplib's server with linnet-tp's routes.
 class ApiServer {
  public:
-  ApiServer(HttpConfig config, ServeQueue& queue, ServeMetrics& metrics);
+  /// `health` (may be null) adds the engine's stall check to /health.
+  ApiServer(HttpConfig config, ServeQueue& queue, ServeMetrics& metrics, const ServeHealth* health = nullptr);
   ~ApiServer();
   ApiServer(const ApiServer&) = delete;
   ApiServer& operator=(const ApiServer&) = delete;

@@ -269,12 +269,19 @@ void run_serve_loop(Engine& engine, const ServeLoopConfig& c) {
         states[g] = std::move(rep);
       }
     };
+    if (c.health) c.health->loop_turned(Clock::now());
     for (;;) {
       if (relay.poll() && !draining) {
         draining = true;
         deadline = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(c.shutdown_grace_s * 1000.0));
         c.queue->close();
         if (c.on_drain) c.on_drain();
+      }
+      if (c.health) {
+        const auto now = Clock::now();
+        c.health->loop_turned(now);
+        const auto [rank, silent] = relay.most_silent();
+        c.health->peers_heard(rank, silent, now);
       }
       if (dp > 1) {
         receive_reports();

@@ -281,6 +281,40 @@ class Serve : public test::CliTest {
     return out;
   }
 
+  // The pids of the processes below `root` that run the linnet-tp binary (the ranks).
+  std::vector<pid_t> ranks_below(pid_t root) const {
+    const std::string command = bin_.filename().string().substr(0, 15);  // /proc's comm is cut at 15
+    std::map<pid_t, pid_t> parent;
+    std::map<pid_t, std::string> comm;
+    for (const auto& e : fs::directory_iterator("/proc")) {
+      const std::string name = e.path().filename();
+      if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+      std::ifstream stat(e.path() / "stat");
+      std::string text;
+      std::getline(stat, text);
+      const size_t close = text.rfind(')');
+      if (close == std::string::npos) continue;
+      std::istringstream rest(text.substr(close + 2));
+      char state;
+      pid_t ppid = 0;
+      rest >> state >> ppid;
+      const pid_t pid = std::stoi(name);
+      parent[pid] = ppid;
+      comm[pid] = text.substr(text.find('(') + 1, close - text.find('(') - 1);
+    }
+    std::vector<pid_t> out;
+    for (const auto& [pid, c] : comm) {
+      if (c != command) continue;
+      for (pid_t p = parent[pid]; p > 1; p = parent.count(p) ? parent[p] : 0) {
+        if (p == root) {
+          out.push_back(pid);
+          break;
+        }
+      }
+    }
+    return out;
+  }
+
   static httplib::Client client(const Server& s) {
     httplib::Client c("127.0.0.1", s.port);
     c.set_read_timeout(60, 0);
@@ -1044,6 +1078,55 @@ TEST_F(Serve, HttpFramingEdgeCases) {
   int status = 0;
   post(s, "/v1/completions", body, &status);  // still serving
   EXPECT_EQ(status, 200);
+  EXPECT_EQ(stop(s), 0);
+}
+
+// /health answers 503 "stalled" while a rank is stopped (SIGSTOP): idle, its heartbeats
+// stop coming; busy, the step waits for it. Back to 200 once it runs again.
+TEST_F(Serve, HealthReportsAStalledRank) {
+  Server s = start(2, "--health-timeout 2", endless_model());
+  track(s);
+  const std::vector<pid_t> ranks = ranks_below(s.pid);
+  ASSERT_EQ(ranks.size(), 2u);
+  const pid_t other = ranks[0] == s.rank0 ? ranks[1] : ranks[0];
+  auto health = [&](json* body = nullptr) {
+    auto c = client(s);
+    c.set_read_timeout(5, 0);
+    auto r = c.Get("/health");
+    if (!r) return 0;
+    if (body) *body = json::parse(r->body, nullptr, false);
+    return r->status;
+  };
+  auto wait_health = [&](int want, json* body = nullptr) {
+    int st = 0;
+    for (int i = 0; i < 150 && (st = health(body)) != want; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    return st;
+  };
+  EXPECT_EQ(health(), 200);
+  json b;
+  ::kill(other, SIGSTOP);
+  EXPECT_EQ(wait_health(503, &b), 503);
+  EXPECT_EQ(b["status"], "stalled") << b.dump();
+  EXPECT_TRUE(b["reason"].is_string()) << b.dump();
+  ::kill(other, SIGCONT);
+  EXPECT_EQ(wait_health(200), 200);
+  // Busy: a step waits in a collective for the stopped rank.
+  std::string text;
+  bool done = false;
+  std::thread running([&] {
+    text = stream(s, "/v1/completions", {{"prompt", "Once upon a time"}, {"max_tokens", 1200}}, nullptr, &done);
+  });
+  while (metric(s, "linnet_generation_tokens_total") == 0 && metric(s, "linnet_requests_running") == 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ::kill(other, SIGSTOP);
+  EXPECT_EQ(wait_health(503, &b), 503);
+  EXPECT_EQ(b["status"], "stalled") << b.dump();
+  ::kill(other, SIGCONT);
+  running.join();
+  EXPECT_TRUE(done);
+  EXPECT_GT(text.size(), 100u);
+  EXPECT_EQ(wait_health(200), 200);
   EXPECT_EQ(stop(s), 0);
 }
 

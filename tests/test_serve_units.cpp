@@ -313,6 +313,32 @@ TEST(ServeFraming, StartedAndHeadDone) {
   EXPECT_EQ(f.advance(), Framer::Status::kReady);
 }
 
+// --- health ---------------------------------------------------------------------------
+
+TEST(ServeEngine, HealthReportsAStall) {
+  using Clock = std::chrono::steady_clock;
+  ServeHealth h(2.0);
+  const auto t0 = Clock::now();
+  EXPECT_EQ(h.problem(t0 + std::chrono::seconds(100)), "");  // the loop has not started
+  h.loop_turned(t0);
+  h.peers_heard(1, 0.5, t0);
+  EXPECT_EQ(h.problem(t0 + std::chrono::seconds(1)), "");
+  const std::string loop = h.problem(t0 + std::chrono::seconds(3));
+  EXPECT_NE(loop.find("engine loop"), std::string::npos) << loop;
+  h.loop_turned(t0 + std::chrono::seconds(3));
+  h.peers_heard(1, 2.5, t0 + std::chrono::seconds(3));
+  const std::string beat = h.problem(t0 + std::chrono::seconds(3));
+  EXPECT_NE(beat.find("rank 1"), std::string::npos) << beat;
+  h.peers_heard(1, 0.1, t0 + std::chrono::seconds(4));
+  h.loop_turned(t0 + std::chrono::seconds(4));
+  EXPECT_EQ(h.problem(t0 + std::chrono::seconds(4)), "");
+  h.peers_heard(-1, 0, t0 + std::chrono::seconds(4));  // one rank: nothing to hear
+  EXPECT_EQ(h.problem(t0 + std::chrono::seconds(5)), "");
+  ServeHealth off(0.0);
+  off.loop_turned(t0);
+  EXPECT_EQ(off.problem(t0 + std::chrono::hours(1)), "");
+}
+
 TEST(ServeApi, ConstantTimeEqual) {
   EXPECT_TRUE(constant_time_equal("sesame", "sesame"));
   EXPECT_FALSE(constant_time_equal("sesame", "sesamf"));
