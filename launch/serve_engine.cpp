@@ -26,6 +26,20 @@ bool ServeChannel::wait(std::vector<ServeEvent>& out, std::chrono::milliseconds 
   return true;
 }
 
+void ServeChannel::admit(bool admitted) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (admission_ == Admission::kPending) admission_ = admitted ? Admission::kAdmitted : Admission::kRefused;
+  }
+  cv_.notify_all();
+}
+
+ServeChannel::Admission ServeChannel::wait_admission(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  cv_.wait_for(lock, timeout, [&] { return admission_ != Admission::kPending; });
+  return admission_;
+}
+
 // --- ServeHealth -------------------------------------------------------------------
 
 void ServeHealth::loop_turned(Clock::time_point now) {

@@ -60,11 +60,20 @@ class ServeChannel {
   void abandon() { abandoned_ = true; }
   bool abandoned() const { return abandoned_; }
 
+  /// Whether the engine loop took the request in (it runs) or refused it (a stop signal
+  /// had been caught: the handler answers 503).
+  enum class Admission { kPending, kAdmitted, kRefused };
+  /// Engine thread: decides once, when it takes the submission from the ServeQueue.
+  void admit(bool admitted);
+  /// Handler: waits up to `timeout` for admit(); kPending when it did not come.
+  Admission wait_admission(std::chrono::milliseconds timeout);
+
  private:
   std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<ServeEvent> events_;
   std::atomic<bool> abandoned_{false};
+  Admission admission_ = Admission::kPending;
 };
 
 /// What /health says of the engine (world rank 0): its main thread notes that the serve
@@ -149,7 +158,7 @@ class ServeQueue {
   Admit submit(std::vector<ServeChoice> choices, std::shared_ptr<ServeChannel> channel);
   /// The in-flight bound.
   int64_t capacity() const { return max_in_flight_; }
-  /// Refuses every later submission.
+  /// Refuses every later submission (those queued are still taken).
   void close();
   bool closed() const;
   /// Engine thread: takes every queued submission, waiting up to `timeout` when none is.
@@ -182,7 +191,9 @@ struct ServeLoopConfig {
 
 /// Runs the serve loop on every rank (launch/serve_loop.cpp) until a SIGINT/SIGTERM (on
 /// any rank) has been drained: requests in flight finish, or are cancelled once
-/// shutdown_grace_s has passed. With several dp groups, world rank 0 hands each
+/// shutdown_grace_s has passed. World rank 0 admits each submission when it takes it
+/// from the queue (ServeChannel::admit), and refuses those it takes once it has caught
+/// a stop signal (its own, at once, or another rank's, at the next poll). With several dp groups, world rank 0 hands each
 /// submission to the group with the fewest choices in flight.
 /// @throws Error from the engine or MPI (the caller aborts the job).
 void run_serve_loop(Engine& engine, const ServeLoopConfig& config);

@@ -13,6 +13,7 @@
 
 #include "common/error.h"
 #include "launch/http_front.h"
+#include "launch/job.h"
 
 namespace linnet {
 
@@ -33,6 +34,9 @@ struct ApiServer::State {
     std::lock_guard<std::mutex> lock(mutex);
     return model;
   }
+  // A stop signal was caught (by this process's handler at once, or passed on by
+  // another rank once the engine loop has seen it).
+  bool stopping() const { return draining || caught_stop_signal() != 0; }
 };
 
 namespace {
@@ -373,7 +377,7 @@ ApiServer::ApiServer(HttpConfig config, ServeQueue& queue, ServeMetrics& metrics
 
   svr.Get("/health", [&st](const httplib::Request&, httplib::Response& res) {
     const bool ready = st.served() != nullptr;
-    if (st.draining) {  // a load balancer takes this rank out while it drains
+    if (st.stopping()) {  // a load balancer takes this rank out while it drains
       res.status = 503;
       res.set_content("{\"status\":\"shutting down\"}", "application/json");
       return;
@@ -435,7 +439,7 @@ ApiServer::ApiServer(HttpConfig config, ServeQueue& queue, ServeMetrics& metrics
       }
       if (!read) return reject(ApiError(400, "malformed or incomplete request body"));
       if (!model) return reject(ApiError(503, "the model is still loading"));
-      if (st.draining) return reject(ApiError(503, "the server is shutting down"));
+      if (st.stopping()) return reject(ApiError(503, "the server is shutting down"));
       auto g = std::make_shared<Generation>();
       try {
         g->req = parse_api_request(body, chat, model->api, model->limits);
@@ -479,6 +483,17 @@ ApiServer::ApiServer(HttpConfig config, ServeQueue& queue, ServeMetrics& metrics
         return reject(ApiError(429, "the server's queue is full; retry later", "", "", "queue_full"));
       }
       if (admit == ServeQueue::Admit::kClosed) return reject(ApiError(503, "the server is shutting down"));
+      // The engine loop takes the submission in at its next turn (within a step), or
+      // refuses it once a stop signal was caught; the status is sent only after that.
+      const ServeChannel::Admission admission =
+          g->channel->wait_admission(std::chrono::milliseconds(1000 * st.config.timeout_s));
+      if (admission != ServeChannel::Admission::kAdmitted) {
+        if (admission == ServeChannel::Admission::kRefused) return reject(ApiError(503, "the server is shutting down"));
+        g->channel->abandon();  // taken later, it is cancelled before it starts
+        st.queue.notify();
+        return reject(ApiError(503, "the engine did not take the request in within " +
+                                        std::to_string(st.config.timeout_s) + " s (is a step stuck?)"));
+      }
       ++st.open_responses;
 
       // The response is written as the tokens come; the client leaving (httplib tests

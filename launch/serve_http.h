@@ -31,7 +31,8 @@ struct HttpConfig {
   std::string api_key;             // empty: no authentication
   int64_t max_body_bytes = 8 << 20;  // larger bodies get 413
   int64_t threads = 64;            // handler threads of POST requests: answered at once
-  int64_t timeout_s = 30;          // a body within this of its head; one write of a response
+  int64_t timeout_s = 30;          // a body within this of its head; one write of a response;
+                                   // the wait for the engine to take a request in
   int64_t header_timeout_s = 10;   // a request's first byte to the end of its head
   int64_t keep_alive_timeout_s = 5;  // idle between requests (and before the first)
   int64_t max_open_connections = 1024;  // the idle longest makes room; none idle: 503
@@ -61,8 +62,8 @@ class ApiServer {
   void start();
   /// The model is loaded: the API answers from now on.
   void ready(ServedModel model);
-  /// A stop signal arrived: new generation requests get 503 from now on, responses say
-  /// Connection: close.
+  /// A stop signal arrived: new generation requests get 503 from now on (they do once
+  /// any stop handler of launch/job.h has caught one), responses say Connection: close.
   void drain();
   /// Waits up to `timeout` for the responses still being written (their requests have
   /// ended in the engine), then stops listening and joins the server's threads.

@@ -1130,6 +1130,31 @@ TEST_F(Serve, HealthReportsAStalledRank) {
   EXPECT_EQ(stop(s), 0);
 }
 
+// Requests that arrive just after SIGTERM, on an idle server (whose loop was waiting for
+// work), get 503: none is admitted once the signal was caught.
+TEST_F(Serve, RequestsRightAfterSigtermGet503) {
+  Server s = start(1, "--shutdown-grace 30");
+  track(s);
+  const std::string body = json{{"prompt", "Once upon a time"}, {"max_tokens", 8}}.dump();
+  const std::string request = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                              "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  std::vector<int> fds;
+  for (int i = 0; i < 4; ++i) {
+    fds.push_back(connect_to(s));
+    ASSERT_GE(fds.back(), 0);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ::kill(s.rank0, SIGTERM);
+  for (int fd : fds) ASSERT_TRUE(send_all(fd, request));
+  for (int fd : fds) {
+    const std::vector<RawResponse> rs = read_responses(fd, 1, 30000);
+    ::close(fd);
+    ASSERT_EQ(rs.size(), 1u);
+    EXPECT_EQ(rs[0].status, 503) << rs[0].body;
+  }
+  EXPECT_EQ(wait_exit(s, 60), 0) << test::slurp(s.err);
+}
+
 // SIGTERM: new requests and /health get 503 while the running one finishes, then every
 // rank exits 0.
 TEST_F(Serve, SigtermDrains) {
@@ -1144,6 +1169,12 @@ TEST_F(Serve, SigtermDrains) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   ::kill(s.rank0, SIGTERM);
+  {
+    // At once, before the engine loop has noticed: 503 too.
+    int early = 0;
+    post(s, "/v1/completions", {{"prompt", "a"}, {"max_tokens", 2}}, &early);
+    EXPECT_EQ(early, 503);
+  }
   for (int i = 0; i < 100 && test::slurp(s.err).find("serve: stopping") == std::string::npos; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }

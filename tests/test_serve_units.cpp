@@ -313,7 +313,23 @@ TEST(ServeFraming, StartedAndHeadDone) {
   EXPECT_EQ(f.advance(), Framer::Status::kReady);
 }
 
-// --- health ---------------------------------------------------------------------------
+// --- admission and health --------------------------------------------------------------
+
+TEST(ServeEngine, AdmissionIsDecidedOnce) {
+  ServeChannel a;
+  EXPECT_EQ(a.wait_admission(std::chrono::milliseconds(1)), ServeChannel::Admission::kPending);
+  std::thread engine([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    a.admit(false);
+    a.admit(true);  // decided already
+  });
+  EXPECT_EQ(a.wait_admission(std::chrono::seconds(10)), ServeChannel::Admission::kRefused);
+  engine.join();
+  EXPECT_EQ(a.wait_admission(std::chrono::milliseconds(0)), ServeChannel::Admission::kRefused);
+  ServeChannel b;
+  b.admit(true);
+  EXPECT_EQ(b.wait_admission(std::chrono::milliseconds(0)), ServeChannel::Admission::kAdmitted);
+}
 
 TEST(ServeEngine, HealthReportsAStall) {
   using Clock = std::chrono::steady_clock;
