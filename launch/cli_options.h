@@ -67,8 +67,12 @@ struct ServeOptions {
   int64_t max_queue = 256;           // --max-queue: choices waiting beyond --max-batch before 429
   int64_t max_n = 16;                // --max-n: most choices per prompt
   int64_t max_body_bytes = 8 << 20;  // --max-body-bytes (413 above)
-  int64_t max_connections = 64;      // --max-connections: HTTP handler threads
-  int64_t timeout_s = 30;            // --timeout: socket read/write timeout, seconds
+  int64_t max_connections = 64;      // --max-connections: handler threads of POST requests
+  int64_t max_open_connections = 1024;  // --max-open-connections: connections open at once
+  int64_t timeout_s = 30;            // --timeout: a body's arrival, a response write, seconds
+  int64_t header_timeout_s = 10;     // --header-timeout: a request's first byte to its head's end
+  int64_t keep_alive_timeout_s = 5;  // --keep-alive-timeout: idle between requests
+  double health_timeout_s = 10.0;    // --health-timeout: no loop turn / heartbeat that long: /health 503
   double shutdown_grace_s = 10.0;    // --shutdown-grace SECONDS
 };
 

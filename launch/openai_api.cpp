@@ -35,8 +35,11 @@ const ordered_json* key_of(const ordered_json& j, const char* key) {
   return it == j.end() || it->is_null() ? nullptr : &*it;
 }
 
+// An integer in [0, 2^63 - 1]. JSON integers from 2^63 to 2^64 - 1 parse as unsigned and
+// would wrap to negative as int64 (larger ones parse as floats, which are no counts).
 bool is_count(const ordered_json& v) {
-  return v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0);
+  if (v.is_number_unsigned()) return v.get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX);
+  return v.is_number_integer() && v.get<int64_t>() >= 0;
 }
 
 // The parameter an apply_request_keys error names ('... key "temperature"'), in the
@@ -202,7 +205,10 @@ ApiRequest parse_api_request(const std::string& body_text, bool chat, const ApiM
     if (const ordered_json* v = key_of(body, k)) line[k] = *v;
   }
   // top_k -1 means off in vLLM's API (0 in ours).
-  if (line.contains("top_k") && line["top_k"].is_number_integer() && line["top_k"].get<int64_t>() == -1) line["top_k"] = 0;
+  if (line.contains("top_k") && line["top_k"].is_number_integer() && !line["top_k"].is_number_unsigned() &&
+      line["top_k"].get<int64_t>() == -1) {
+    line["top_k"] = 0;
+  }
   std::optional<int64_t> max_tokens;
   const char* max_key = "max_tokens";
   for (const char* k : {"max_completion_tokens", "max_tokens"}) {
@@ -275,10 +281,10 @@ ApiRequest parse_api_request(const std::string& body_text, bool chat, const ApiM
     ordered_json variables = ordered_json::object();
     if (const ordered_json* kw = key_of(body, "chat_template_kwargs")) {
       if (!kw->is_object()) bad("chat_template_kwargs", "an object", *kw);
-      for (const auto& [k, v] : kw->items()) {
-        if (k == "messages") throw ApiError(400, "\"chat_template_kwargs\" cannot set messages", "chat_template_kwargs");
-        variables[k] = v;
+      if (kw->contains("messages")) {
+        throw ApiError(400, "\"chat_template_kwargs\" cannot set messages", "chat_template_kwargs");
       }
+      variables = *kw;  // one copy (a key-by-key insert searches the ordered object each time)
     }
     variables["messages"] = normalize_messages(*messages);
     if (const ordered_json* tools = key_of(body, "tools")) {
@@ -362,7 +368,7 @@ ApiRequest parse_api_request(const std::string& body_text, bool chat, const ApiM
     r.settings = settings;
     // OpenAI's completions default to 16 new tokens; chat to whatever the context leaves.
     r.settings.max_new_tokens = max_tokens ? *max_tokens : chat ? limits.max_seq_len - P : 16;
-    if (P + r.settings.max_new_tokens > limits.max_seq_len) {
+    if (r.settings.max_new_tokens > limits.max_seq_len - P) {  // (P + max_tokens could overflow)
       if (!max_tokens) {
         r.settings.max_new_tokens = limits.max_seq_len - P;
       } else {

@@ -192,6 +192,21 @@ bool RunRelay::poll() {
   return stopped_;
 }
 
+std::pair<int, double> RunRelay::most_silent() const {
+  if (size_ <= 1) return {-1, 0.0};
+  const auto now = Clock::now();
+  int who = -1;
+  Clock::time_point oldest = now;
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_ || (rank_ != 0 && r != 0)) continue;
+    if (who < 0 || last_heard_[static_cast<size_t>(r)] < oldest) {
+      who = r;
+      oldest = last_heard_[static_cast<size_t>(r)];
+    }
+  }
+  return {who, std::chrono::duration<double>(now - oldest).count()};
+}
+
 void RunRelay::send(std::string record) {
   if (rank_ == 0) {
     if (sink_) sink_(std::move(record));

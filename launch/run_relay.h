@@ -18,6 +18,7 @@
 #include <functional>
 #include <list>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <mpi.h>
@@ -45,6 +46,11 @@ class RunRelay {
   /// @throws Error naming the ranks (rank 0: any; the others: rank 0) from which nothing
   ///   came for comm_timeout() seconds (a stalled rank, a cut link).
   bool poll();
+
+  /// Of the ranks this one watches (world rank 0: every other rank; the others: rank 0),
+  /// the one heard from least recently as of the last poll(), and how many seconds ago
+  /// (for serve's /health). {-1, 0} on a world of one rank.
+  std::pair<int, double> most_silent() const;
 
   /// Sends one finished record to world rank 0 (on rank 0: to the sink at once).
   /// @throws Error when MPI fails.

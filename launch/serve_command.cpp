@@ -42,10 +42,20 @@ std::optional<ServeOptions> parse_serve_options(int argc, char** argv, std::stri
      cxxopts::value<int64_t>()->default_value("256"))
     ("max-n", "Most choices per prompt (\"n\")", cxxopts::value<int64_t>()->default_value("16"))
     ("max-body-bytes", "Largest request body; larger ones get 413", cxxopts::value<int64_t>()->default_value("8388608"))
-    ("max-connections", "HTTP handler threads: connections served at once (more wait for one)",
-     cxxopts::value<int64_t>()->default_value("64"))
-    ("timeout", "Socket read/write timeout in seconds (a stalled client is dropped and its request cancelled)",
+    ("max-connections", "Handler threads of POST requests: generation requests answered at once (a stream "
+     "holds one while it runs; more wait for one, holding no thread)", cxxopts::value<int64_t>()->default_value("64"))
+    ("max-open-connections", "Connections open at once; past it the one idle longest is closed, or the new one "
+     "gets 503 when none is idle", cxxopts::value<int64_t>()->default_value("1024"))
+    ("header-timeout", "Seconds from a request's first byte to the end of its header fields (408 after)",
+     cxxopts::value<int64_t>()->default_value("10"))
+    ("keep-alive-timeout", "Seconds a connection may stay idle before a request (closed after)",
+     cxxopts::value<int64_t>()->default_value("5"))
+    ("timeout", "Seconds a request body may take after its head (408 after); also the most one write of a "
+     "response may wait (a stalled client is dropped and its request cancelled)",
      cxxopts::value<int64_t>()->default_value("30"))
+    ("health-timeout", "/health answers 503 \"stalled\" when the engine loop has not gone round, or a rank's "
+     "heartbeat has not come, for this many seconds (0: never); keep it above the longest step",
+     cxxopts::value<double>()->default_value("10"))
     ("shutdown-grace", "Seconds that requests in flight may take to finish after SIGINT/SIGTERM",
      cxxopts::value<double>()->default_value("10"))
     ("h,help", "Print this help and exit");
@@ -74,7 +84,14 @@ std::optional<ServeOptions> parse_serve_options(int argc, char** argv, std::stri
   read_in_range(r, "max-n", 1, 128, o.max_n);
   read_in_range(r, "max-body-bytes", 1024, int64_t{1} << 30, o.max_body_bytes);
   read_in_range(r, "max-connections", 1, 4096, o.max_connections);
+  read_in_range(r, "max-open-connections", 16, 1 << 20, o.max_open_connections);
   read_in_range(r, "timeout", 1, 3600, o.timeout_s);
+  read_in_range(r, "header-timeout", 1, 3600, o.header_timeout_s);
+  read_in_range(r, "keep-alive-timeout", 1, 3600, o.keep_alive_timeout_s);
+  o.health_timeout_s = r["health-timeout"].as<double>();
+  if (!(o.health_timeout_s >= 0.0 && o.health_timeout_s <= 86400.0)) {
+    throw Error("invalid value", "--health-timeout", "seconds in [0, 86400]", std::to_string(o.health_timeout_s));
+  }
   o.shutdown_grace_s = r["shutdown-grace"].as<double>();
   if (!(o.shutdown_grace_s >= 0.0 && o.shutdown_grace_s <= 86400.0)) {
     throw Error("invalid value", "--shutdown-grace", "seconds in [0, 86400]", std::to_string(o.shutdown_grace_s));
@@ -96,6 +113,7 @@ int run_serve(const ServeOptions& o, Job& job) {
   // Rank 0 listens first, so /health says 503 while the model loads.
   ServeQueue queue(o.engine.max_batch * w.dp_size + o.max_queue);
   ServeMetrics metrics;
+  ServeHealth health(o.health_timeout_s);
   std::unique_ptr<ApiServer> server;
   if (!job.load_phase([&] {
         if (!root) return;
@@ -106,7 +124,10 @@ int run_serve(const ServeOptions& o, Job& job) {
         hc.max_body_bytes = o.max_body_bytes;
         hc.threads = o.max_connections;
         hc.timeout_s = o.timeout_s;
-        server = std::make_unique<ApiServer>(hc, queue, metrics);
+        hc.header_timeout_s = o.header_timeout_s;
+        hc.keep_alive_timeout_s = o.keep_alive_timeout_s;
+        hc.max_open_connections = o.max_open_connections;
+        server = std::make_unique<ApiServer>(hc, queue, metrics, &health);
         const int port = server->bind();
         server->start();
         std::fprintf(stderr, "[linnet-tp] serve: listening on http://%s:%d (pid %d, loading the model)\n", o.host.c_str(),
@@ -164,6 +185,7 @@ int run_serve(const ServeOptions& o, Job& job) {
     lc.tokenizer = m.tokenizer.get();
     lc.queue = &queue;
     lc.metrics = &metrics;
+    lc.health = root ? &health : nullptr;
     lc.on_drain = [&] {
       if (server) server->drain();
       std::fprintf(stderr, "[linnet-tp] serve: stopping (new requests get 503; up to %g s for those running)\n",

@@ -26,6 +26,56 @@ bool ServeChannel::wait(std::vector<ServeEvent>& out, std::chrono::milliseconds 
   return true;
 }
 
+void ServeChannel::admit(bool admitted) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (admission_ == Admission::kPending) admission_ = admitted ? Admission::kAdmitted : Admission::kRefused;
+  }
+  cv_.notify_all();
+}
+
+ServeChannel::Admission ServeChannel::wait_admission(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  cv_.wait_for(lock, timeout, [&] { return admission_ != Admission::kPending; });
+  return admission_;
+}
+
+// --- ServeHealth -------------------------------------------------------------------
+
+void ServeHealth::loop_turned(Clock::time_point now) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!started_) heard_ = now;
+  started_ = true;
+  turned_ = now;
+}
+
+void ServeHealth::peers_heard(int rank, double silent_seconds, Clock::time_point now) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  silent_rank_ = rank;
+  heard_ = rank < 0 ? now
+                    : now - std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(silent_seconds));
+}
+
+std::string ServeHealth::problem(Clock::time_point now) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!started_ || stall_seconds_ <= 0) return {};
+  char buf[200];
+  const double loop = std::chrono::duration<double>(now - turned_).count();
+  if (loop > stall_seconds_) {
+    std::snprintf(buf, sizeof buf,
+                  "the engine loop has made no progress for %.1f s (a step is stuck: a rank may be stopped or dead)",
+                  loop);
+    return buf;
+  }
+  const double heard = std::chrono::duration<double>(now - heard_).count();
+  if (silent_rank_ >= 0 && heard > stall_seconds_) {
+    std::snprintf(buf, sizeof buf, "no heartbeat from rank %d for %.1f s (stopped, dead or cut off?)", silent_rank_,
+                  heard);
+    return buf;
+  }
+  return {};
+}
+
 // --- ServeQueue --------------------------------------------------------------------
 
 ServeQueue::Admit ServeQueue::submit(std::vector<ServeChoice> choices, std::shared_ptr<ServeChannel> channel) {
@@ -104,6 +154,7 @@ ServeMetrics::ServeMetrics() {
   batch_.bounds = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
   for (Histogram* h : {&ttft_, &itl_, &batch_}) h->counts.assign(h->bounds.size() + 1, 0);
   for (const char* o : {"finished", "cancelled", "failed", "rejected"}) outcomes_[o] = 0;
+  for (const char* r : {"capacity", "timeout", "framing", "too_large"}) http_refused_[r] = 0;
 }
 
 void ServeMetrics::request_done(const std::string& outcome) {
@@ -132,6 +183,16 @@ void ServeMetrics::step(int64_t sequences) {
   ++steps_;
   max_step_sequences_ = std::max(max_step_sequences_, sequences);
   batch_.observe(static_cast<double>(sequences));
+}
+
+void ServeMetrics::http_refused(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++http_refused_[reason];
+}
+
+void ServeMetrics::http_connections(int64_t open) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  http_open_ = open;
 }
 
 void ServeMetrics::engine_state(int64_t running, int64_t waiting, int64_t pages_in_use, int64_t pages_total,
@@ -176,6 +237,14 @@ std::string ServeMetrics::render() const {
          prefix_hit_tokens_);
   metric("linnet_steps_total", "counter", "Engine steps (step_paged passes)", steps_);
   metric("linnet_step_sequences_max", "gauge", "Most sequences one step has run together", max_step_sequences_);
+  metric("linnet_http_connections_open", "gauge", "HTTP connections open", http_open_);
+  out += "# HELP linnet_http_refused_total Connections refused or requests answered by the HTTP front itself "
+         "(capacity: too many open connections; timeout: a head or body not received in time; framing: malformed "
+         "HTTP framing; too_large: a head or body over its limit)\n"
+         "# TYPE linnet_http_refused_total counter\n";
+  for (const auto& [r, n] : http_refused_) {
+    out += "linnet_http_refused_total{reason=\"" + r + "\"} " + std::to_string(n) + "\n";
+  }
   render_histogram(out, "linnet_step_sequences", "Sequences per engine step (decode rows and prompt chunks)", batch_);
   render_histogram(out, "linnet_time_to_first_token_seconds", "From a request's arrival to its first token", ttft_);
   render_histogram(out, "linnet_inter_token_latency_seconds", "Between consecutive tokens of a request", itl_);

@@ -60,11 +60,46 @@ class ServeChannel {
   void abandon() { abandoned_ = true; }
   bool abandoned() const { return abandoned_; }
 
+  /// Whether the engine loop took the request in (it runs) or refused it (a stop signal
+  /// had been caught: the handler answers 503).
+  enum class Admission { kPending, kAdmitted, kRefused };
+  /// Engine thread: decides once, when it takes the submission from the ServeQueue.
+  void admit(bool admitted);
+  /// Handler: waits up to `timeout` for admit(); kPending when it did not come.
+  Admission wait_admission(std::chrono::milliseconds timeout);
+
  private:
   std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<ServeEvent> events_;
   std::atomic<bool> abandoned_{false};
+  Admission admission_ = Admission::kPending;
+};
+
+/// What /health says of the engine (world rank 0): its main thread notes that the serve
+/// loop went round and when every other rank was last heard from (RunRelay's
+/// heartbeats, once a second from each rank's loop); an HTTP thread asks. Stalled: the
+/// loop has not gone round for `stall_seconds` (a step is stuck, e.g. waiting in a
+/// collective for a stopped rank), or a rank has been silent that long. Thread-safe.
+class ServeHealth {
+ public:
+  using Clock = std::chrono::steady_clock;
+  explicit ServeHealth(double stall_seconds = 10.0) : stall_seconds_(stall_seconds) {}
+  double stall_seconds() const { return stall_seconds_; }
+  /// Main thread: the loop goes round now (also once before the first turn).
+  void loop_turned(Clock::time_point now);
+  /// Main thread: `rank` is the rank heard from least recently, `silent_seconds` ago
+  /// (rank -1: there is no other rank).
+  void peers_heard(int rank, double silent_seconds, Clock::time_point now);
+  /// Empty when healthy (or before loop_turned was first called), else why not.
+  std::string problem(Clock::time_point now) const;
+
+ private:
+  double stall_seconds_;
+  mutable std::mutex mutex_;
+  bool started_ = false;
+  Clock::time_point turned_, heard_;
+  int silent_rank_ = -1;
 };
 
 /// Counters and histograms of /metrics (Prometheus text format); thread-safe.
@@ -77,6 +112,11 @@ class ServeMetrics {
   void first_token(double seconds);
   void inter_token(double seconds);
   void step(int64_t sequences);
+  /// The HTTP front refused a connection or answered a request itself with an error
+  /// (reason: capacity, timeout, framing, too_large).
+  void http_refused(const std::string& reason);
+  /// HTTP connections open now (set before render).
+  void http_connections(int64_t open);
   /// Engine state after a step.
   void engine_state(int64_t running, int64_t waiting, int64_t pages_in_use, int64_t pages_total,
                     int64_t prefix_hit_tokens);
@@ -93,7 +133,8 @@ class ServeMetrics {
   };
   static void render_histogram(std::string& out, const char* name, const char* help, const Histogram& h);
   mutable std::mutex mutex_;
-  std::map<std::string, int64_t> outcomes_;
+  std::map<std::string, int64_t> outcomes_, http_refused_;
+  int64_t http_open_ = 0;
   int64_t prompt_tokens_ = 0, generated_tokens_ = 0;
   int64_t running_ = 0, waiting_ = 0, pages_in_use_ = 0, pages_total_ = 0, prefix_hit_tokens_ = 0;
   int64_t steps_ = 0, max_step_sequences_ = 0;
@@ -117,7 +158,7 @@ class ServeQueue {
   Admit submit(std::vector<ServeChoice> choices, std::shared_ptr<ServeChannel> channel);
   /// The in-flight bound.
   int64_t capacity() const { return max_in_flight_; }
-  /// Refuses every later submission.
+  /// Refuses every later submission (those queued are still taken).
   void close();
   bool closed() const;
   /// Engine thread: takes every queued submission, waiting up to `timeout` when none is.
@@ -142,6 +183,7 @@ struct ServeLoopConfig {
   const Tokenizer* tokenizer = nullptr;  // tp rank 0: the stop-string check
   ServeQueue* queue = nullptr;           // world rank 0 only
   ServeMetrics* metrics = nullptr;       // world rank 0 only
+  ServeHealth* health = nullptr;         // world rank 0 only (may be null)
   std::function<void()> on_drain;        // world rank 0: a stop signal arrived (stop accepting)
   double shutdown_grace_s = 10.0;        // then unfinished requests are cancelled
   bool prefix_caching = true;
@@ -149,7 +191,9 @@ struct ServeLoopConfig {
 
 /// Runs the serve loop on every rank (launch/serve_loop.cpp) until a SIGINT/SIGTERM (on
 /// any rank) has been drained: requests in flight finish, or are cancelled once
-/// shutdown_grace_s has passed. With several dp groups, world rank 0 hands each
+/// shutdown_grace_s has passed. World rank 0 admits each submission when it takes it
+/// from the queue (ServeChannel::admit), and refuses those it takes once it has caught
+/// a stop signal (its own, at once, or another rank's, at the next poll). With several dp groups, world rank 0 hands each
 /// submission to the group with the fewest choices in flight.
 /// @throws Error from the engine or MPI (the caller aborts the job).
 void run_serve_loop(Engine& engine, const ServeLoopConfig& config);

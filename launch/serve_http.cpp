@@ -1,6 +1,7 @@
 #include "launch/serve_http.h"
 
 #include <pthread.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <signal.h>
 
@@ -11,6 +12,8 @@
 #include <httplib.h>
 
 #include "common/error.h"
+#include "launch/http_front.h"
+#include "launch/job.h"
 
 namespace linnet {
 
@@ -21,6 +24,8 @@ struct ApiServer::State {
   ServeQueue& queue;
   ServeMetrics& metrics;
   std::atomic<bool>& draining;
+  const ServeHealth* health = nullptr;
+  std::function<int64_t()> open_connections;
   std::mutex mutex;
   std::shared_ptr<const ServedModel> model;  // set once ready
   std::atomic<int64_t> open_responses{0};    // generation responses not yet released
@@ -29,6 +34,9 @@ struct ApiServer::State {
     std::lock_guard<std::mutex> lock(mutex);
     return model;
   }
+  // A stop signal was caught (by this process's handler at once, or passed on by
+  // another rank once the engine loop has seen it).
+  bool stopping() const { return draining || caught_stop_signal() != 0; }
 };
 
 namespace {
@@ -258,18 +266,52 @@ struct Generation {
 
 }  // namespace
 
-ApiServer::ApiServer(HttpConfig config, ServeQueue& queue, ServeMetrics& metrics)
-    : state_(new State{std::move(config), queue, metrics, draining_, {}, {}}),
-      server_(std::make_unique<httplib::Server>()) {
+namespace {
+
+// Room in RLIMIT_NOFILE for `open` connections besides the process's other files: the
+// soft limit is raised up to the hard one when needed; returns how many fit.
+int64_t fit_open_files(int64_t open) {
+  constexpr int64_t kOtherFiles = 256;  // MPI, model files, handler threads' pipes
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) return open;
+  const rlim_t want = static_cast<rlim_t>(open + kOtherFiles);
+  if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < want) {
+    rlimit raised = rl;
+    raised.rlim_cur = rl.rlim_max == RLIM_INFINITY ? want : std::min(want, rl.rlim_max);
+    if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) rl = raised;
+  }
+  if (rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= want) return open;
+  return std::max<int64_t>(16, static_cast<int64_t>(rl.rlim_cur) - kOtherFiles);
+}
+
+}  // namespace
+
+ApiServer::ApiServer(HttpConfig config, ServeQueue& queue, ServeMetrics& metrics, const ServeHealth* health)
+    : state_(new State{std::move(config), queue, metrics, draining_, health, {}, {}, {}}) {
   State& st = *state_;
-  httplib::Server& svr = *server_;
-  const size_t threads = static_cast<size_t>(std::max<int64_t>(1, st.config.threads));
-  svr.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  const int64_t open = fit_open_files(st.config.max_open_connections);
+  if (open < st.config.max_open_connections) {
+    std::fprintf(stderr,
+                 "[linnet-tp] serve: warning: --max-open-connections %lld does not fit the open-files limit "
+                 "(ulimit -n); using %lld\n",
+                 static_cast<long long>(st.config.max_open_connections), static_cast<long long>(open));
+  }
+  FrontConfig fc;
+  fc.max_open = open;
+  fc.header_timeout_s = static_cast<double>(st.config.header_timeout_s);
+  fc.body_timeout_s = static_cast<double>(st.config.timeout_s);
+  fc.keep_alive_timeout_s = static_cast<double>(st.config.keep_alive_timeout_s);
+  fc.keep_alive_max = 1000;
+  fc.write_timeout_s = static_cast<double>(st.config.timeout_s);
+  fc.api_threads = std::max<int64_t>(1, st.config.threads);
+  fc.light_threads = 4;
+  fc.framing.max_body_bytes = st.config.max_body_bytes;
+  fc.error_body = [](int status, const std::string& message) { return dump_json(ApiError(status, message).body()); };
+  fc.on_refused = [&st](const char* reason) { st.metrics.http_refused(reason); };
+  server_ = std::make_unique<FrontedServer>(std::move(fc));
+  st.open_connections = [this] { return server_->open_connections(); };
+  FrontedServer& svr = *server_;
   svr.set_payload_max_length(static_cast<size_t>(st.config.max_body_bytes));
-  svr.set_read_timeout(static_cast<time_t>(st.config.timeout_s), 0);
-  svr.set_write_timeout(static_cast<time_t>(st.config.timeout_s), 0);
-  svr.set_keep_alive_timeout(5);
-  svr.set_keep_alive_max_count(1000);
   svr.set_tcp_nodelay(true);
   // The listening socket, to widen httplib's accept backlog of 5 (a burst of clients
   // would otherwise overflow it) once it listens.
@@ -335,15 +377,24 @@ ApiServer::ApiServer(HttpConfig config, ServeQueue& queue, ServeMetrics& metrics
 
   svr.Get("/health", [&st](const httplib::Request&, httplib::Response& res) {
     const bool ready = st.served() != nullptr;
-    if (st.draining) {  // a load balancer takes this rank out while it drains
+    if (st.stopping()) {  // a load balancer takes this rank out while it drains
       res.status = 503;
       res.set_content("{\"status\":\"shutting down\"}", "application/json");
       return;
+    }
+    if (ready && st.health) {
+      const std::string problem = st.health->problem(std::chrono::steady_clock::now());
+      if (!problem.empty()) {
+        res.status = 503;
+        res.set_content(dump_json({{"status", "stalled"}, {"reason", problem}}), "application/json");
+        return;
+      }
     }
     res.status = ready ? 200 : 503;
     res.set_content(ready ? "{\"status\":\"ok\"}" : "{\"status\":\"loading\"}", "application/json");
   });
   svr.Get("/metrics", [&st](const httplib::Request&, httplib::Response& res) {
+    if (st.open_connections) st.metrics.http_connections(st.open_connections());
     res.set_content(st.metrics.render(), "text/plain; version=0.0.4");
   });
   svr.Get("/v1/models", [&st](const httplib::Request&, httplib::Response& res) {
@@ -388,7 +439,7 @@ ApiServer::ApiServer(HttpConfig config, ServeQueue& queue, ServeMetrics& metrics
       }
       if (!read) return reject(ApiError(400, "malformed or incomplete request body"));
       if (!model) return reject(ApiError(503, "the model is still loading"));
-      if (st.draining) return reject(ApiError(503, "the server is shutting down"));
+      if (st.stopping()) return reject(ApiError(503, "the server is shutting down"));
       auto g = std::make_shared<Generation>();
       try {
         g->req = parse_api_request(body, chat, model->api, model->limits);
@@ -432,6 +483,17 @@ ApiServer::ApiServer(HttpConfig config, ServeQueue& queue, ServeMetrics& metrics
         return reject(ApiError(429, "the server's queue is full; retry later", "", "", "queue_full"));
       }
       if (admit == ServeQueue::Admit::kClosed) return reject(ApiError(503, "the server is shutting down"));
+      // The engine loop takes the submission in at its next turn (within a step), or
+      // refuses it once a stop signal was caught; the status is sent only after that.
+      const ServeChannel::Admission admission =
+          g->channel->wait_admission(std::chrono::milliseconds(1000 * st.config.timeout_s));
+      if (admission != ServeChannel::Admission::kAdmitted) {
+        if (admission == ServeChannel::Admission::kRefused) return reject(ApiError(503, "the server is shutting down"));
+        g->channel->abandon();  // taken later, it is cancelled before it starts
+        st.queue.notify();
+        return reject(ApiError(503, "the engine did not take the request in within " +
+                                        std::to_string(st.config.timeout_s) + " s (is a step stuck?)"));
+      }
       ++st.open_responses;
 
       // The response is written as the tokens come; the client leaving (httplib tests
@@ -498,7 +560,9 @@ void ApiServer::start() {
   sigemptyset(&block);
   sigaddset(&block, SIGINT);
   sigaddset(&block, SIGTERM);
+  sigaddset(&block, SIGUSR1);
   pthread_sigmask(SIG_BLOCK, &block, &old);
+  server_->start_front();
   thread_ = std::thread([this] { server_->listen_after_bind(); });
   pthread_sigmask(SIG_SETMASK, &old, nullptr);
 }
@@ -521,6 +585,12 @@ void ApiServer::stop(std::chrono::milliseconds timeout) {
   }
   server_->stop();
   if (thread_.joinable()) thread_.join();
+  server_->stop_front(std::chrono::milliseconds(1000));
+}
+
+void ApiServer::drain() {
+  draining_ = true;
+  if (server_) server_->drain_front();
 }
 
 }  // namespace linnet

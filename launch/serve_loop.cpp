@@ -269,12 +269,19 @@ void run_serve_loop(Engine& engine, const ServeLoopConfig& c) {
         states[g] = std::move(rep);
       }
     };
+    if (c.health) c.health->loop_turned(Clock::now());
     for (;;) {
       if (relay.poll() && !draining) {
         draining = true;
         deadline = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(c.shutdown_grace_s * 1000.0));
         c.queue->close();
         if (c.on_drain) c.on_drain();
+      }
+      if (c.health) {
+        const auto now = Clock::now();
+        c.health->loop_turned(now);
+        const auto [rank, silent] = relay.most_silent();
+        c.health->peers_heard(rank, silent, now);
       }
       if (dp > 1) {
         receive_reports();
@@ -286,7 +293,18 @@ void run_serve_loop(Engine& engine, const ServeLoopConfig& c) {
       const auto wait = live.empty() && !draining ? std::chrono::milliseconds(50)
                         : local_idle              ? std::chrono::milliseconds(1)
                                                   : std::chrono::milliseconds(0);
-      for (auto& sub : c.queue->take(wait)) {
+      std::vector<ServeQueue::Submission> subs = c.queue->take(wait);
+      // Admission: a submission taken once a stop signal was caught (this rank's own,
+      // seen at once; another rank's, seen at the last poll) is refused, and its handler
+      // answers 503; every other one runs.
+      const bool refuse = draining || caught_stop_signal() != 0;
+      for (auto& sub : subs) {
+        if (refuse) {
+          sub.channel->admit(false);
+          c.queue->finished(static_cast<int64_t>(sub.choices.size()));
+          continue;
+        }
+        sub.channel->admit(true);
         // The group with the fewest choices in flight takes the whole submission (its
         // choices share prompt pages).
         const int g = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
@@ -352,6 +370,11 @@ void run_serve_loop(Engine& engine, const ServeLoopConfig& c) {
         hits += s.prefix_hit_tokens;
       }
       c.metrics->engine_state(running, waiting, in_use, total, hits);
+    }
+    // Submissions queued since the last take (none once the queue is closed) are refused.
+    for (auto& sub : c.queue->take(std::chrono::milliseconds(0))) {
+      sub.channel->admit(false);
+      c.queue->finished(static_cast<int64_t>(sub.choices.size()));
     }
     // The other groups' last events (cancellations), until each has shut down.
     while (std::find(bye.begin(), bye.end(), false) != bye.end() || !outgoing.empty()) {

@@ -8,11 +8,16 @@
 #include <arpa/inet.h>
 #include <unistd.h>
 
+#include <poll.h>
+
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <map>
 #include <regex>
+#include <sstream>
 #include <thread>
 
 #include <httplib.h>
@@ -151,6 +156,163 @@ class Serve : public test::CliTest {
     ::close(fd);
     std::smatch m;
     return std::regex_search(got, m, std::regex(R"(^HTTP/1\.1 (\d+))")) ? std::stoi(m[1]) : 0;
+  }
+
+  // A TCP connection to the server (-1 when it cannot connect).
+  static int connect_to(const Server& s) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(s.port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+      ::close(fd);
+      return -1;
+    }
+    return fd;
+  }
+
+  static bool send_all(int fd, const std::string& bytes) {
+    for (size_t at = 0; at < bytes.size();) {
+      const ssize_t n = ::send(fd, bytes.data() + at, bytes.size() - at, MSG_NOSIGNAL);
+      if (n <= 0) return false;
+      at += static_cast<size_t>(n);
+    }
+    return true;
+  }
+
+  // Bytes that arrive on `fd` within `ms` (until the peer closes, or `until` is in them).
+  static std::string recv_for(int fd, int ms, const std::string& until = "") {
+    std::string got;
+    const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+    for (;;) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - std::chrono::steady_clock::now());
+      if (left.count() <= 0) break;
+      pollfd p{fd, POLLIN, 0};
+      if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) break;
+      char buf[8192];
+      const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+      if (n <= 0) {
+        got += "<EOF>";
+        break;
+      }
+      got.append(buf, static_cast<size_t>(n));
+      if (!until.empty() && got.find(until) != std::string::npos) break;
+    }
+    return got;
+  }
+
+  struct RawResponse {
+    int status = 0;
+    std::map<std::string, std::string> headers;  // lower-case names
+    std::string body;
+  };
+
+  // Reads `count` responses from `fd` (Content-Length or chunked bodies) within `ms`.
+  static std::vector<RawResponse> read_responses(int fd, size_t count, int ms, bool* eof = nullptr) {
+    std::vector<RawResponse> out;
+    std::string in;
+    size_t at = 0;
+    bool closed = false;
+    const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+    // The bytes from `at` up to a delimiter, reading more as needed; false at the end.
+    auto need = [&](size_t bytes) {
+      while (in.size() - at < bytes && !closed) {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - std::chrono::steady_clock::now());
+        pollfd p{fd, POLLIN, 0};
+        if (left.count() <= 0 || ::poll(&p, 1, static_cast<int>(left.count())) <= 0) return false;
+        char buf[16384];
+        const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+        if (n <= 0) {
+          closed = true;
+          break;
+        }
+        in.append(buf, static_cast<size_t>(n));
+      }
+      return in.size() - at >= bytes;
+    };
+    auto line = [&](std::string& l) {
+      for (;;) {
+        const size_t nl = in.find("\r\n", at);
+        if (nl != std::string::npos) {
+          l = in.substr(at, nl - at);
+          at = nl + 2;
+          return true;
+        }
+        if (!need(in.size() - at + 1)) return false;
+      }
+    };
+    while (out.size() < count) {
+      RawResponse r;
+      std::string l;
+      if (!line(l)) break;
+      std::smatch m;
+      if (!std::regex_search(l, m, std::regex(R"(^HTTP/1\.1 (\d+))"))) break;
+      r.status = std::stoi(m[1]);
+      while (line(l) && !l.empty()) {
+        const size_t colon = l.find(':');
+        std::string name = l.substr(0, colon);
+        for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+        const size_t v = colon == std::string::npos ? std::string::npos : l.find_first_not_of(' ', colon + 1);
+        r.headers[name] = v == std::string::npos ? "" : l.substr(v);
+      }
+      if (r.status == 100) continue;  // interim
+      if (r.headers.count("content-length")) {
+        const size_t n = std::stoul(r.headers["content-length"]);
+        if (!need(n)) break;
+        r.body = in.substr(at, n);
+        at += n;
+      } else if (r.headers["transfer-encoding"] == "chunked") {
+        for (;;) {
+          if (!line(l)) return out;
+          const size_t n = std::stoul(l, nullptr, 16);
+          if (!need(n + 2)) return out;
+          r.body += in.substr(at, n);
+          at += n + 2;
+          if (n == 0) break;
+        }
+      }
+      out.push_back(std::move(r));
+    }
+    if (eof) {
+      if (!closed) need(in.size() - at + 1);  // waits for the close (or the time limit)
+      *eof = closed;
+    }
+    return out;
+  }
+
+  // The pids of the processes below `root` that run the linnet-tp binary (the ranks).
+  std::vector<pid_t> ranks_below(pid_t root) const {
+    const std::string command = bin_.filename().string().substr(0, 15);  // /proc's comm is cut at 15
+    std::map<pid_t, pid_t> parent;
+    std::map<pid_t, std::string> comm;
+    for (const auto& e : fs::directory_iterator("/proc")) {
+      const std::string name = e.path().filename();
+      if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+      std::ifstream stat(e.path() / "stat");
+      std::string text;
+      std::getline(stat, text);
+      const size_t close = text.rfind(')');
+      if (close == std::string::npos) continue;
+      std::istringstream rest(text.substr(close + 2));
+      char state;
+      pid_t ppid = 0;
+      rest >> state >> ppid;
+      const pid_t pid = std::stoi(name);
+      parent[pid] = ppid;
+      comm[pid] = text.substr(text.find('(') + 1, close - text.find('(') - 1);
+    }
+    std::vector<pid_t> out;
+    for (const auto& [pid, c] : comm) {
+      if (c != command) continue;
+      for (pid_t p = parent[pid]; p > 1; p = parent.count(p) ? parent[p] : 0) {
+        if (p == root) {
+          out.push_back(pid);
+          break;
+        }
+      }
+    }
+    return out;
   }
 
   static httplib::Client client(const Server& s) {
@@ -616,6 +778,13 @@ TEST_F(Serve, BadRequestsGetErrorObjects) {
   expect_error(cmpl, R"({"prompt": "a", "n": 5})", 400, "n");
   expect_error(cmpl, R"({"prompt": "a", "max_tokens": -1})", 400, "max_tokens");
   expect_error(cmpl, R"({"prompt": "a", "max_tokens": 100000})", 400, "max_tokens");
+  // Integers past int64 never wrap to negative values.
+  expect_error(cmpl, R"({"prompt": "a", "max_tokens": 9223372036854775808})", 400, "max_tokens");
+  expect_error(cmpl, R"({"prompt": "a", "max_tokens": 18446744073709551615})", 400, "max_tokens");
+  expect_error(cmpl, R"({"prompt": [1, 18446744073709551615]})", 400, "prompt");
+  expect_error(cmpl, R"({"prompt": "a", "logprobs": 18446744073709551615})", 400, "logprobs");
+  expect_error(cmpl, R"({"prompt": "a", "n": 9223372036854775808})", 400, "n");
+  expect_error(cmpl, R"({"prompt": "a", "seed": 18446744073709551616})", 400, "seed");
   expect_error(cmpl, R"({"prompt": "a", "logprobs": 50})", 400, "logprobs");
   expect_error(cmpl, R"({"prompt": "a", "stop": 5})", 400, "stop");
   expect_error(cmpl, R"({"prompt": "a", "seed": -3})", 400, "seed");
@@ -697,6 +866,295 @@ TEST_F(Serve, ApiKey) {
   EXPECT_EQ(stop(s), 0);
 }
 
+// Hundreds of connections that send nothing, or a header byte now and then, hold no
+// handler thread: a real request is answered at once; the slow ones get 408 after
+// --header-timeout, the idle ones are closed after the keep-alive timeout.
+TEST_F(Serve, IdleAndSlowClientsDoNotStarveRequests) {
+  Server s = start(1, "--max-connections 4 --header-timeout 3");
+  track(s);
+  std::vector<int> idle, slow;
+  for (int i = 0; i < 600; ++i) {
+    idle.push_back(connect_to(s));
+    ASSERT_GE(idle.back(), 0);
+  }
+  for (int i = 0; i < 100; ++i) {
+    slow.push_back(connect_to(s));
+    ASSERT_GE(slow.back(), 0);
+    ASSERT_TRUE(send_all(slow.back(), "POST /v1/completions HTTP/1.1\r\nHo"));
+  }
+  double open = 0;
+  for (int i = 0; i < 100 && open < 700; ++i) {
+    open = metric(s, "linnet_http_connections_open");
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_GE(open, 700.0);
+  const auto t0 = std::chrono::steady_clock::now();
+  int status = 0;
+  const json r = post(s, "/v1/completions", {{"prompt", "Once upon a time"}, {"max_tokens", 4}}, &status);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(status, 200) << r.dump();
+  EXPECT_LT(took, 2.0);
+  auto h = client(s).Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+  // A byte every half second does not keep a head open past --header-timeout.
+  for (int k = 0; k < 8; ++k) {
+    for (int fd : slow) ::send(fd, "s", 1, MSG_NOSIGNAL);
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+  const std::string got = recv_for(slow[0], 3000, "\r\n\r\n");
+  EXPECT_EQ(got.rfind("HTTP/1.1 408", 0), 0u) << got;
+  EXPECT_GE(metric(s, "linnet_http_refused_total{reason=\"timeout\"}"), 100.0);
+  // Idle past --keep-alive-timeout (5 s): closed.
+  EXPECT_NE(recv_for(idle[0], 8000).find("<EOF>"), std::string::npos);
+  for (int fd : idle) ::close(fd);
+  for (int fd : slow) ::close(fd);
+  EXPECT_EQ(stop(s), 0);
+}
+
+// --max-open-connections: past it the connection idle longest makes room; when every
+// connection is in the middle of a request, a new one is answered 503 at once.
+TEST_F(Serve, OpenConnectionsAreBounded) {
+  Server s = start(1, "--max-open-connections 40 --header-timeout 60");
+  track(s);
+  std::vector<int> busy, idle;
+  for (int i = 0; i < 40; ++i) {
+    busy.push_back(connect_to(s));
+    ASSERT_GE(busy.back(), 0);
+    ASSERT_TRUE(send_all(busy.back(), "POST /v1/completions HTTP/1.1\r\nHost: x\r\n"));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  {
+    const auto t0 = std::chrono::steady_clock::now();
+    const int fd = connect_to(s);
+    ASSERT_GE(fd, 0);
+    const std::string got = recv_for(fd, 5000);
+    ::close(fd);
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 1.0);
+    EXPECT_EQ(got.rfind("HTTP/1.1 503", 0), 0u) << got;
+    EXPECT_NE(got.find("too many open connections"), std::string::npos) << got;
+    EXPECT_NE(got.find("<EOF>"), std::string::npos) << got;
+  }
+  for (int i = 0; i < 10; ++i) ::close(busy[static_cast<size_t>(i)]);
+  busy.erase(busy.begin(), busy.begin() + 10);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  for (int i = 0; i < 30; ++i) {  // 30 busy + 30 idle: the idle ones make room for each other
+    idle.push_back(connect_to(s));
+    ASSERT_GE(idle.back(), 0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  int status = 0;
+  post(s, "/v1/completions", {{"prompt", "Once upon a time"}, {"max_tokens", 2}}, &status);
+  EXPECT_EQ(status, 200);
+  EXPECT_NE(recv_for(idle[0], 1000).find("<EOF>"), std::string::npos);  // the oldest idle one went
+  EXPECT_LE(metric(s, "linnet_http_connections_open"), 40.0);
+  EXPECT_GE(metric(s, "linnet_http_refused_total{reason=\"capacity\"}"), 1.0);
+  for (int fd : busy) ::close(fd);
+  for (int fd : idle) ::close(fd);
+  EXPECT_EQ(stop(s), 0);
+}
+
+// Requests sent back to back on one connection before reading are answered in order.
+TEST_F(Serve, PipelinedRequestsAreAnsweredInOrder) {
+  Server s = start(1, "");
+  track(s);
+  const json a = {{"prompt", "Once upon a time"}, {"max_tokens", 6}, {"temperature", 0}};
+  const json b = {{"prompt", "The little dog"}, {"max_tokens", 6}, {"temperature", 0}, {"stream", true}};
+  const std::string ta = post(s, "/v1/completions", a)["choices"][0]["text"];
+  const std::string tb = stream(s, "/v1/completions", b);
+  auto req = [](const std::string& method, const std::string& path, const std::string& body,
+                const std::string& extra = "") {
+    return method + " " + path + " HTTP/1.1\r\nHost: x\r\n" + extra +
+           (method == "POST" ? "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) + "\r\n"
+                             : "") +
+           "\r\n" + body;
+  };
+  const int fd = connect_to(s);
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(send_all(fd, req("POST", "/v1/completions", a.dump()) + req("GET", "/v1/models", "") +
+                               req("POST", "/v1/completions", b.dump()) +
+                               req("GET", "/health", "", "Connection: close\r\n")));
+  bool eof = false;
+  const std::vector<RawResponse> rs = read_responses(fd, 4, 60000, &eof);
+  ::close(fd);
+  ASSERT_EQ(rs.size(), 4u);
+  for (const RawResponse& r : rs) EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(json::parse(rs[0].body)["choices"][0]["text"], ta);
+  EXPECT_EQ(json::parse(rs[1].body)["object"], "list");
+  std::string streamed;
+  std::istringstream in(rs[2].body);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("data: {", 0) != 0) continue;
+    const json c = json::parse(line.substr(6));
+    if (!c["choices"].empty()) streamed += c["choices"][0]["text"].get<std::string>();
+  }
+  EXPECT_EQ(streamed, tb);
+  EXPECT_NE(rs[2].body.find("data: [DONE]"), std::string::npos);
+  EXPECT_EQ(json::parse(rs[3].body)["status"], "ok");
+  EXPECT_EQ(rs[3].headers.count("connection") ? rs[3].headers.at("connection") : "", "close");
+  EXPECT_TRUE(eof);  // closed after the request that asked for it
+  EXPECT_EQ(stop(s), 0);
+}
+
+// Framing the server does itself: Range is ignored (always whole 200 bodies), a bad
+// Content-Length is a 400 at once, chunked trailers are accepted, Expect: 100-continue
+// gets its interim answer, and a 1 MB body of distinct keys is refused in well under a
+// second.
+TEST_F(Serve, HttpFramingEdgeCases) {
+  Server s = start(1, "");
+  track(s);
+  const json body = {{"prompt", "Once upon a time"}, {"max_tokens", 5}, {"temperature", 0}};
+  const std::string text = post(s, "/v1/completions", body)["choices"][0]["text"];
+  auto one = [&](const std::string& raw) {
+    const int fd = connect_to(s);
+    EXPECT_TRUE(send_all(fd, raw));
+    const std::vector<RawResponse> rs = read_responses(fd, 1, 30000);
+    ::close(fd);
+    return rs.empty() ? RawResponse{} : rs[0];
+  };
+  {
+    auto c = client(s);
+    auto m = c.Get("/v1/models", {{"Range", "bytes=0-3"}});
+    ASSERT_TRUE(m);
+    EXPECT_EQ(m->status, 200);
+    EXPECT_EQ(json::parse(m->body)["data"][0]["id"], "stories260k");
+    auto bad = c.Get("/v1/models", {{"Range", "bytes=zz"}});
+    ASSERT_TRUE(bad);
+    EXPECT_EQ(bad->status, 200);
+    auto p = c.Post("/v1/completions", {{"Range", "bytes=0-3"}}, body.dump(), "application/json");
+    ASSERT_TRUE(p);
+    EXPECT_EQ(p->status, 200);
+    EXPECT_EQ(json::parse(p->body)["choices"][0]["text"], text);
+    auto h = c.Get("/health", {{"Range", "bytes=1-2"}});
+    ASSERT_TRUE(h);
+    EXPECT_EQ(h->status, 200);
+    EXPECT_EQ(h->body, "{\"status\":\"ok\"}");
+  }
+  for (const char* cl : {"-5", "abc", "5, 6", "1e3"}) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const RawResponse r = one("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " + std::string(cl) +
+                              "\r\n\r\n");
+    EXPECT_EQ(r.status, 400) << cl;
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 2.0) << cl;
+    const json e = json::parse(r.body, nullptr, false);
+    EXPECT_TRUE(e.contains("error") && e["error"]["message"].is_string()) << r.body;
+  }
+  {
+    const std::string b = body.dump();
+    char h1[16], h2[16];
+    std::snprintf(h1, sizeof h1, "%zx", size_t{10});
+    std::snprintf(h2, sizeof h2, "%zx", b.size() - 10);
+    const RawResponse r = one("POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+                              "Trailer: X-Checksum\r\n\r\n" + std::string(h1) + "\r\n" + b.substr(0, 10) + "\r\n" +
+                              h2 + "\r\n" + b.substr(10) + "\r\n0\r\nX-Checksum: 1234\r\nX-Other: a\r\n\r\n");
+    EXPECT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(json::parse(r.body, nullptr, false)["choices"][0]["text"], text) << r.body;
+  }
+  {
+    const std::string b = body.dump();
+    const int fd = connect_to(s);
+    ASSERT_TRUE(send_all(fd, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+                             "Content-Length: " + std::to_string(b.size()) + "\r\n\r\n"));
+    const std::string interim = recv_for(fd, 5000, "\r\n\r\n");
+    EXPECT_EQ(interim, "HTTP/1.1 100 Continue\r\n\r\n");
+    ASSERT_TRUE(send_all(fd, b));
+    const std::vector<RawResponse> rs = read_responses(fd, 1, 30000);
+    ::close(fd);
+    ASSERT_EQ(rs.size(), 1u);
+    EXPECT_EQ(rs[0].status, 200);
+  }
+  {
+    std::string big = "{";
+    for (int i = 0; big.size() < (1u << 20); ++i) big += (i ? ",\"k" : "\"k") + std::to_string(i) + "\":0";
+    big += "}";
+    auto c = client(s);
+    const auto t0 = std::chrono::steady_clock::now();
+    auto r = c.Post("/v1/completions", big, "application/json");
+    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 400) << r->body;
+    EXPECT_LT(took, 1.0);
+  }
+  int status = 0;
+  post(s, "/v1/completions", body, &status);  // still serving
+  EXPECT_EQ(status, 200);
+  EXPECT_EQ(stop(s), 0);
+}
+
+// /health answers 503 "stalled" while a rank is stopped (SIGSTOP): idle, its heartbeats
+// stop coming; busy, the step waits for it. Back to 200 once it runs again.
+TEST_F(Serve, HealthReportsAStalledRank) {
+  Server s = start(2, "--health-timeout 2", endless_model());
+  track(s);
+  const std::vector<pid_t> ranks = ranks_below(s.pid);
+  ASSERT_EQ(ranks.size(), 2u);
+  const pid_t other = ranks[0] == s.rank0 ? ranks[1] : ranks[0];
+  auto health = [&](json* body = nullptr) {
+    auto c = client(s);
+    c.set_read_timeout(5, 0);
+    auto r = c.Get("/health");
+    if (!r) return 0;
+    if (body) *body = json::parse(r->body, nullptr, false);
+    return r->status;
+  };
+  auto wait_health = [&](int want, json* body = nullptr) {
+    int st = 0;
+    for (int i = 0; i < 150 && (st = health(body)) != want; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    return st;
+  };
+  EXPECT_EQ(health(), 200);
+  json b;
+  ::kill(other, SIGSTOP);
+  EXPECT_EQ(wait_health(503, &b), 503);
+  EXPECT_EQ(b["status"], "stalled") << b.dump();
+  EXPECT_TRUE(b["reason"].is_string()) << b.dump();
+  ::kill(other, SIGCONT);
+  EXPECT_EQ(wait_health(200), 200);
+  // Busy: a step waits in a collective for the stopped rank.
+  std::string text;
+  bool done = false;
+  std::thread running([&] {
+    text = stream(s, "/v1/completions", {{"prompt", "Once upon a time"}, {"max_tokens", 1200}}, nullptr, &done);
+  });
+  while (metric(s, "linnet_generation_tokens_total") == 0 && metric(s, "linnet_requests_running") == 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ::kill(other, SIGSTOP);
+  EXPECT_EQ(wait_health(503, &b), 503);
+  EXPECT_EQ(b["status"], "stalled") << b.dump();
+  ::kill(other, SIGCONT);
+  running.join();
+  EXPECT_TRUE(done);
+  EXPECT_GT(text.size(), 100u);
+  EXPECT_EQ(wait_health(200), 200);
+  EXPECT_EQ(stop(s), 0);
+}
+
+// Requests that arrive just after SIGTERM, on an idle server (whose loop was waiting for
+// work), get 503: none is admitted once the signal was caught.
+TEST_F(Serve, RequestsRightAfterSigtermGet503) {
+  Server s = start(1, "--shutdown-grace 30");
+  track(s);
+  const std::string body = json{{"prompt", "Once upon a time"}, {"max_tokens", 8}}.dump();
+  const std::string request = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                              "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  std::vector<int> fds;
+  for (int i = 0; i < 4; ++i) {
+    fds.push_back(connect_to(s));
+    ASSERT_GE(fds.back(), 0);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ::kill(s.rank0, SIGTERM);
+  for (int fd : fds) ASSERT_TRUE(send_all(fd, request));
+  for (int fd : fds) {
+    const std::vector<RawResponse> rs = read_responses(fd, 1, 30000);
+    ::close(fd);
+    ASSERT_EQ(rs.size(), 1u);
+    EXPECT_EQ(rs[0].status, 503) << rs[0].body;
+  }
+  EXPECT_EQ(wait_exit(s, 60), 0) << test::slurp(s.err);
+}
+
 // SIGTERM: new requests and /health get 503 while the running one finishes, then every
 // rank exits 0.
 TEST_F(Serve, SigtermDrains) {
@@ -711,6 +1169,12 @@ TEST_F(Serve, SigtermDrains) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   ::kill(s.rank0, SIGTERM);
+  {
+    // At once, before the engine loop has noticed: 503 too.
+    int early = 0;
+    post(s, "/v1/completions", {{"prompt", "a"}, {"max_tokens", 2}}, &early);
+    EXPECT_EQ(early, 503);
+  }
   for (int i = 0; i < 100 && test::slurp(s.err).find("serve: stopping") == std::string::npos; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }

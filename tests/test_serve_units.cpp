@@ -3,7 +3,12 @@
 // the metrics text, and the step plan's queue bound.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <thread>
+
 #include "launch/generate_requests.h"
+#include "launch/http_framing.h"
+#include "launch/jsonl_input.h"
 #include "launch/openai_api.h"
 #include "launch/serve_engine.h"
 #include "tests/test_data.h"
@@ -98,6 +103,258 @@ TEST_F(ServeUnits, RefusalsNameTheParameter) {
   EXPECT_EQ(refusal(R"({"messages": [], "echo": true})", true).second, "echo");  // not a chat key
 }
 
+// Integers from 2^63 up (which nlohmann reads as unsigned, or beyond 2^64 as floats) are
+// no counts: each is a 400 naming its parameter, never a wrapped negative value.
+TEST_F(ServeUnits, HugeIntegersAreRefusedNamingTheParameter) {
+  for (const char* big : {"9223372036854775808", "18446744073709551615", "18446744073709551616", "1e30"}) {
+    const std::string b(big);
+    EXPECT_EQ(refusal(R"({"prompt": "a", "max_tokens": )" + b + "}").second, "max_tokens") << b;
+    EXPECT_EQ(refusal(R"({"prompt": "a", "n": )" + b + "}").second, "n") << b;
+    EXPECT_EQ(refusal(R"({"prompt": "a", "logprobs": )" + b + "}").second, "logprobs") << b;
+    EXPECT_EQ(refusal(R"({"prompt": [1, )" + b + "]}").second, "prompt") << b;
+    EXPECT_EQ(refusal(R"({"prompt": [[1], [2, )" + b + "]]}").second, "prompt") << b;
+    EXPECT_EQ(refusal(R"({"prompt": "a", "top_k": )" + b + "}").second, "top_k") << b;
+    EXPECT_EQ(refusal(R"({"prompt": "a", "stop_token_ids": [)" + b + "]}").second, "stop_token_ids") << b;
+    EXPECT_EQ(refusal(R"({"messages": [{"role": "user", "content": "hi"}], "logprobs": true, "top_logprobs": )" + b +
+                          "}",
+                      true)
+                  .second,
+              "top_logprobs")
+        << b;
+    EXPECT_EQ(refusal(R"({"messages": [], "max_completion_tokens": )" + b + "}", true).second,
+              "max_completion_tokens")
+        << b;
+  }
+  // The seed takes the whole uint64 range; beyond it, or negative, is a 400.
+  EXPECT_EQ(*parse(json::parse(R"({"prompt": "a", "seed": 18446744073709551615})")).seed, UINT64_MAX);
+  EXPECT_EQ(*parse(json::parse(R"({"prompt": "a", "seed": 9223372036854775808})")).seed, uint64_t{1} << 63);
+  EXPECT_EQ(refusal(R"({"prompt": "a", "seed": 18446744073709551616})").second, "seed");
+  EXPECT_EQ(refusal(R"({"prompt": "a", "seed": -1})").second, "seed");
+  EXPECT_EQ(refusal(R"({"prompt": "a", "seed": -9223372036854775808})").second, "seed");
+  // The largest count still works where the value is bounded otherwise.
+  EXPECT_EQ(refusal(R"({"prompt": "a", "max_tokens": 9223372036854775807})").second, "max_tokens");
+}
+
+// A body object of many distinct keys parses in O(n log n): 1 MB in well under a second
+// (ordered_json's operator[] made the parse O(keys^2), about a minute for this).
+TEST_F(ServeUnits, ManyKeysParseFast) {
+  std::string body = "{";
+  for (int i = 0; body.size() < (1u << 20); ++i) body += (i ? ",\"k" : "\"k") + std::to_string(i) + "\":0";
+  body += "}";
+  std::string nested = R"({"prompt": "a", "x": )" + body + "}";
+  std::string dup = body.substr(0, body.size() - 1) + ",\"k0\":1}";
+  const auto t0 = std::chrono::steady_clock::now();
+  const nlohmann::ordered_json j = parse_jsonl_line(body, "body");
+  EXPECT_GT(j.size(), 80000u);
+  EXPECT_EQ(j.begin().key(), "k0");  // file order kept
+  EXPECT_EQ(refusal(body).first, 400);  // unknown parameter
+  EXPECT_EQ(refusal(nested).second, "x");
+  try {
+    parse_jsonl_line(dup, "body");
+    ADD_FAILURE() << "a repeated key was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("duplicate key"), std::string::npos) << e.what();
+  }
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(s, 1.0) << "4 parses of 1 MB of distinct keys";
+}
+
+// --- the HTTP framing in front of httplib ----------------------------------------------
+
+using Framer = RequestFramer;
+
+std::vector<Framer::Message> frame_all(Framer& f, const std::string& bytes, size_t piece = 0) {
+  std::vector<Framer::Message> out;
+  auto drain = [&] {
+    while (f.advance() == Framer::Status::kReady) out.push_back(f.take());
+  };
+  if (piece == 0) {
+    f.append(bytes.data(), bytes.size());
+    drain();
+  } else {
+    for (size_t i = 0; i < bytes.size(); i += piece) {
+      f.append(bytes.data() + i, std::min(piece, bytes.size() - i));
+      drain();
+    }
+  }
+  return out;
+}
+
+const std::string kPost = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello";
+
+TEST(ServeFraming, PipelinedRequestsComeOutInOrder) {
+  for (size_t piece : {size_t{0}, size_t{1}, size_t{7}}) {
+    Framer f({});
+    const std::string two = kPost + "GET /health HTTP/1.1\r\nHost: x\r\n\r\n" + "\r\n" + kPost;
+    const auto m = frame_all(f, two, piece);
+    ASSERT_EQ(m.size(), 3u) << piece;
+    EXPECT_EQ(m[0].method, "POST");
+    EXPECT_EQ(m[0].bytes, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello");
+    EXPECT_EQ(m[1].method, "GET");
+    EXPECT_EQ(m[1].bytes, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+    EXPECT_EQ(m[2].bytes, m[0].bytes);
+    EXPECT_FALSE(m[0].close);
+    EXPECT_EQ(f.buffered(), 0u);
+    EXPECT_FALSE(f.started());
+  }
+}
+
+TEST(ServeFraming, ChunkedBodiesWithTrailersBecomeContentLength) {
+  Framer f({});
+  const std::string req = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: Chunked\r\n\r\n"
+                          "5;ext=1\r\nhello\r\n6\r\n world\r\n0\r\nX-Checksum: abc\r\nX-More: 1\r\n\r\n";
+  for (size_t piece : {size_t{0}, size_t{1}, size_t{3}}) {
+    Framer g({});
+    const auto m = frame_all(g, req + kPost, piece);
+    ASSERT_EQ(m.size(), 2u) << piece;
+    EXPECT_EQ(m[0].bytes, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 11\r\n\r\nhello world");
+    EXPECT_EQ(m[1].bytes, kPost);
+  }
+  // No trailer, bare LF line ends.
+  const auto m = frame_all(f, "POST / HTTP/1.1\nTransfer-Encoding: chunked\n\n3\nabc\n0\n\n");
+  ASSERT_EQ(m.size(), 1u);
+  EXPECT_EQ(m[0].bytes, "POST / HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc");
+}
+
+TEST(ServeFraming, HeadRewrite) {
+  Framer f({});
+  const auto m = frame_all(f,
+                           "\r\nGET /v1/models HTTP/1.1\r\nHost: x\r\nRange: bytes=0-5\r\nIf-Range: x\r\n"
+                           "Connection: keep-alive, Close\r\nAccept:  */*  \r\n\r\n");
+  ASSERT_EQ(m.size(), 1u);
+  EXPECT_EQ(m[0].bytes, "GET /v1/models HTTP/1.1\r\nHost: x\r\nAccept: */*\r\nConnection: close\r\n\r\n");
+  EXPECT_TRUE(m[0].close);
+  // A POST without a length has an empty body; a GET's body is dropped.
+  Framer g({});
+  const auto n = frame_all(g, "POST /a HTTP/1.0\r\n\r\nGET /b HTTP/1.1\r\nContent-Length: 3\r\n\r\nxyzGET /c HTTP/1.1\r\n\r\n");
+  ASSERT_EQ(n.size(), 3u);
+  EXPECT_EQ(n[0].bytes, "POST /a HTTP/1.0\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+  EXPECT_TRUE(n[0].close);  // HTTP/1.0
+  EXPECT_EQ(n[1].bytes, "GET /b HTTP/1.1\r\n\r\n");
+  EXPECT_EQ(n[2].bytes, "GET /c HTTP/1.1\r\n\r\n");
+}
+
+TEST(ServeFraming, ExpectContinue) {
+  Framer f({});
+  const std::string head = "POST /v1/completions HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 3\r\n\r\n";
+  f.append(head.data(), head.size());
+  EXPECT_EQ(f.advance(), Framer::Status::kNeedMore);
+  EXPECT_TRUE(f.head_done());
+  EXPECT_TRUE(f.wants_continue());
+  f.append("abc", 3);
+  ASSERT_EQ(f.advance(), Framer::Status::kReady);
+  EXPECT_EQ(f.take().bytes, "POST /v1/completions HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc");
+}
+
+TEST(ServeFraming, RefusalsHaveTheirStatus) {
+  FramingLimits limits;
+  limits.max_head_bytes = 1024;
+  limits.max_body_bytes = 100;
+  auto status = [&](const std::string& bytes) {
+    Framer f(limits);
+    f.append(bytes.data(), bytes.size());
+    Framer::Status s = f.advance();
+    while (s == Framer::Status::kReady) {
+      f.take();
+      s = f.advance();
+    }
+    EXPECT_TRUE(s != Framer::Status::kError || !f.error_message().empty());
+    return s == Framer::Status::kError ? f.error_status() : 0;
+  };
+  const std::string post = "POST /v1/completions HTTP/1.1\r\nHost: x\r\n";
+  EXPECT_EQ(status(post + "Content-Length: -5\r\n\r\n"), 400);
+  EXPECT_EQ(status(post + "Content-Length: abc\r\n\r\n"), 400);
+  EXPECT_EQ(status(post + "Content-Length: 5, 5\r\n\r\n"), 400);
+  EXPECT_EQ(status(post + "Content-Length: \r\n\r\n"), 400);
+  EXPECT_EQ(status(post + "Content-Length: 5\r\nContent-Length: 6\r\n\r\n"), 400);
+  EXPECT_EQ(status(post + "Content-Length: 3\r\nContent-Length: 3\r\n\r\nabc"), 0);
+  EXPECT_EQ(status(post + "Content-Length: 101\r\n\r\n"), 413);  // at once, before the body
+  EXPECT_EQ(status(post + "Content-Length: 99999999999999999999999999\r\n\r\n"), 413);
+  EXPECT_EQ(status(post + "Content-Length: 0000000000000000000000000003\r\n\r\nabc"), 0);
+  EXPECT_EQ(status(post + "Transfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n"), 400);
+  EXPECT_EQ(status(post + "Transfer-Encoding: gzip, chunked\r\n\r\n"), 501);
+  EXPECT_EQ(status(post + "Transfer-Encoding: chunked\r\n\r\n65\r\n"), 413);  // 101 bytes announced
+  EXPECT_EQ(status(post + "Transfer-Encoding: chunked\r\n\r\n40\r\n" + std::string(64, 'a') + "\r\n40\r\n"), 413);
+  EXPECT_EQ(status(post + "Transfer-Encoding: chunked\r\n\r\nzz\r\n"), 400);
+  EXPECT_EQ(status(post + "Transfer-Encoding: chunked\r\n\r\n3\r\nabcX"), 400);
+  EXPECT_EQ(status(post + "Transfer-Encoding: chunked\r\n\r\nfffffffffffffffffffffffff\r\n"), 413);
+  EXPECT_EQ(status(post + "Transfer-Encoding: chunked\r\n\r\n0\r\n" + std::string(2000, 'x')), 431);
+  EXPECT_EQ(status(post + "X: " + std::string(2000, 'a')), 431);  // head over the limit, unfinished
+  EXPECT_EQ(status(post + " folded\r\n\r\n"), 400);
+  EXPECT_EQ(status(post + "Bad Name: 1\r\n\r\n"), 400);
+  EXPECT_EQ(status(post + "NoColon\r\n\r\n"), 400);
+  EXPECT_EQ(status(post + "Expect: magic\r\n\r\n"), 417);
+  EXPECT_EQ(status("GET /\r\n\r\n"), 400);
+  EXPECT_EQ(status("GET / HTTP/2.0\r\n\r\n"), 505);
+  EXPECT_EQ(status("POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n"), 400);
+  // An error's message says what was wrong.
+  Framer f(limits);
+  const std::string bad = post + "Content-Length: -5\r\n\r\n";
+  f.append(bad.data(), bad.size());
+  ASSERT_EQ(f.advance(), Framer::Status::kError);
+  EXPECT_NE(f.error_message().find("Content-Length \"-5\""), std::string::npos) << f.error_message();
+}
+
+TEST(ServeFraming, StartedAndHeadDone) {
+  Framer f({});
+  f.append("\r\n\r\n", 4);
+  EXPECT_EQ(f.advance(), Framer::Status::kNeedMore);
+  EXPECT_FALSE(f.started());  // blank lines before a request are no request
+  f.append("P", 1);
+  EXPECT_EQ(f.advance(), Framer::Status::kNeedMore);
+  EXPECT_TRUE(f.started());
+  EXPECT_FALSE(f.head_done());
+  const std::string rest = "OST / HTTP/1.1\r\nContent-Length: 2\r\n\r\na";
+  f.append(rest.data(), rest.size());
+  EXPECT_EQ(f.advance(), Framer::Status::kNeedMore);
+  EXPECT_TRUE(f.head_done());
+  EXPECT_FALSE(f.wants_continue());
+  f.append("b", 1);
+  EXPECT_EQ(f.advance(), Framer::Status::kReady);
+}
+
+// --- admission and health --------------------------------------------------------------
+
+TEST(ServeEngine, AdmissionIsDecidedOnce) {
+  ServeChannel a;
+  EXPECT_EQ(a.wait_admission(std::chrono::milliseconds(1)), ServeChannel::Admission::kPending);
+  std::thread engine([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    a.admit(false);
+    a.admit(true);  // decided already
+  });
+  EXPECT_EQ(a.wait_admission(std::chrono::seconds(10)), ServeChannel::Admission::kRefused);
+  engine.join();
+  EXPECT_EQ(a.wait_admission(std::chrono::milliseconds(0)), ServeChannel::Admission::kRefused);
+  ServeChannel b;
+  b.admit(true);
+  EXPECT_EQ(b.wait_admission(std::chrono::milliseconds(0)), ServeChannel::Admission::kAdmitted);
+}
+
+TEST(ServeEngine, HealthReportsAStall) {
+  using Clock = std::chrono::steady_clock;
+  ServeHealth h(2.0);
+  const auto t0 = Clock::now();
+  EXPECT_EQ(h.problem(t0 + std::chrono::seconds(100)), "");  // the loop has not started
+  h.loop_turned(t0);
+  h.peers_heard(1, 0.5, t0);
+  EXPECT_EQ(h.problem(t0 + std::chrono::seconds(1)), "");
+  const std::string loop = h.problem(t0 + std::chrono::seconds(3));
+  EXPECT_NE(loop.find("engine loop"), std::string::npos) << loop;
+  h.loop_turned(t0 + std::chrono::seconds(3));
+  h.peers_heard(1, 2.5, t0 + std::chrono::seconds(3));
+  const std::string beat = h.problem(t0 + std::chrono::seconds(3));
+  EXPECT_NE(beat.find("rank 1"), std::string::npos) << beat;
+  h.peers_heard(1, 0.1, t0 + std::chrono::seconds(4));
+  h.loop_turned(t0 + std::chrono::seconds(4));
+  EXPECT_EQ(h.problem(t0 + std::chrono::seconds(4)), "");
+  h.peers_heard(-1, 0, t0 + std::chrono::seconds(4));  // one rank: nothing to hear
+  EXPECT_EQ(h.problem(t0 + std::chrono::seconds(5)), "");
+  ServeHealth off(0.0);
+  off.loop_turned(t0);
+  EXPECT_EQ(off.problem(t0 + std::chrono::hours(1)), "");
+}
+
 TEST(ServeApi, ConstantTimeEqual) {
   EXPECT_TRUE(constant_time_equal("sesame", "sesame"));
   EXPECT_FALSE(constant_time_equal("sesame", "sesamf"));
@@ -172,6 +429,8 @@ TEST(ServeEngine, QueueBoundsInFlightChoices) {
 
 TEST(ServeEngine, MetricsText) {
   ServeMetrics m;
+  m.http_refused("capacity");
+  m.http_connections(7);
   m.request_done("finished");
   m.step(3);
   m.first_token(0.02);
@@ -183,6 +442,9 @@ TEST(ServeEngine, MetricsText) {
   EXPECT_NE(t.find("linnet_time_to_first_token_seconds_bucket{le=\"0.025\"} 1\n"), std::string::npos);
   EXPECT_NE(t.find("linnet_time_to_first_token_seconds_bucket{le=\"+Inf\"} 1\n"), std::string::npos);
   EXPECT_NE(t.find("# TYPE linnet_inter_token_latency_seconds histogram"), std::string::npos);
+  EXPECT_NE(t.find("linnet_http_connections_open 7\n"), std::string::npos);
+  EXPECT_NE(t.find("linnet_http_refused_total{reason=\"capacity\"} 1\n"), std::string::npos);
+  EXPECT_NE(t.find("linnet_http_refused_total{reason=\"timeout\"} 0\n"), std::string::npos);
 }
 
 }  // namespace

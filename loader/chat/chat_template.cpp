@@ -2,6 +2,8 @@
 // variables transformers' apply_chat_template passes to a template.
 #include "loader/chat/chat_template.h"
 
+#include <map>
+
 #include "common/error.h"
 #include "loader/chat/jinja.h"
 #include "loader/tokenizer/tokenizer.h"
@@ -34,6 +36,36 @@ std::string ChatTemplate::render(const nlohmann::ordered_json& variables) const 
   return text;
 }
 
+namespace {
+
+// An ordered_json object built key by key as operator[] would (a key set again keeps its
+// place), in O(log n) per key: ordered_json's operator[] searches the member list, which
+// made a request with many keys (chat_template_kwargs, a message) O(keys^2).
+class ObjectBuilder {
+ public:
+  void set(const std::string& key, const nlohmann::ordered_json& value) {
+    auto& list = static_cast<nlohmann::ordered_json::object_t::Container&>(
+        object_.get_ref<nlohmann::ordered_json::object_t&>());
+    const auto it = index_.find(key);
+    if (it != index_.end()) {
+      list[it->second].second = value;
+    } else {
+      index_.emplace(key, list.size());
+      list.emplace_back(key, value);
+    }
+  }
+  bool contains(const std::string& key) const { return index_.count(key) > 0; }
+  const nlohmann::ordered_json& at(const std::string& key) const { return object_.at(key); }
+  const nlohmann::ordered_json& value() const { return object_; }
+  nlohmann::ordered_json take() { return std::move(object_); }
+
+ private:
+  nlohmann::ordered_json object_ = nlohmann::ordered_json::object();
+  std::map<std::string, size_t> index_;
+};
+
+}  // namespace
+
 nlohmann::ordered_json chat_variables(const nlohmann::ordered_json& request, const ChatSpecialTokens& tokens,
                                       const std::string& where) {
   if (!request.is_object()) throw Error("a chat request must be a JSON object", where);
@@ -50,37 +82,37 @@ nlohmann::ordered_json chat_variables(const nlohmann::ordered_json& request, con
   nlohmann::ordered_json normalized = nlohmann::ordered_json::array();
   for (const auto& m : *messages) {
     if (!m.is_object()) throw Error("each of \"messages\" must be a JSON object", where, "object", m.type_name());
-    nlohmann::ordered_json msg = nlohmann::ordered_json::object();
+    ObjectBuilder msg;
     for (const auto& [key, value] : m.items()) {
-      if (!value.is_null()) msg[key] = value;
+      if (!value.is_null()) msg.set(key, value);
     }
     for (const char* field : {"reasoning_content", "thinking", "reasoning"}) {
       if (!msg.contains(field)) continue;
-      const nlohmann::ordered_json reasoning = msg[field];
-      nlohmann::ordered_json aliased = nlohmann::ordered_json::object();
-      aliased["thinking"] = reasoning;
-      for (const auto& [key, value] : msg.items()) aliased[key] = value;
-      aliased["reasoning_content"] = reasoning;
+      const nlohmann::ordered_json reasoning = msg.at(field);
+      ObjectBuilder aliased;
+      aliased.set("thinking", reasoning);
+      for (const auto& [key, value] : msg.value().items()) aliased.set(key, value);
+      aliased.set("reasoning_content", reasoning);
       msg = std::move(aliased);
       break;
     }
-    normalized.push_back(std::move(msg));
+    normalized.push_back(msg.take());
   }
-  nlohmann::ordered_json vars = nlohmann::ordered_json::object();
+  ObjectBuilder vars;
   // Order as in transformers: special tokens first, then the request's own keys override.
-  if (tokens.bos_token) vars["bos_token"] = *tokens.bos_token;
-  if (tokens.eos_token) vars["eos_token"] = *tokens.eos_token;
-  vars["messages"] = normalized;
-  vars["tools"] = nullptr;
-  vars["documents"] = nullptr;
-  vars["add_generation_prompt"] = false;
+  if (tokens.bos_token) vars.set("bos_token", *tokens.bos_token);
+  if (tokens.eos_token) vars.set("eos_token", *tokens.eos_token);
+  vars.set("messages", normalized);
+  vars.set("tools", nullptr);
+  vars.set("documents", nullptr);
+  vars.set("add_generation_prompt", false);
   for (const auto& [key, value] : request.items()) {
     if (key == "add_generation_prompt" && !value.is_boolean()) {
       throw Error("\"add_generation_prompt\" must be true or false", where, "boolean", value.type_name());
     }
-    if (key != "messages") vars[key] = value;  // messages: the normalized list above
+    if (key != "messages") vars.set(key, value);  // messages: the normalized list above
   }
-  return vars;
+  return vars.take();
 }
 
 ModelChatTemplate load_chat_template(const Tokenizer& tok, const std::filesystem::path& model_dir) {
