@@ -264,7 +264,11 @@ int run_generate(const GenerateOptions& o, Job& job) {
   const WorldConfig& w = groups.world_config;
   const bool batch = !o.prompt;
   // From here a signal only sets a flag; the batch loop stops at its next step.
-  if (batch) install_stop_handlers();
+  if (batch) {
+    install_stop_handlers();
+  } else {
+    release_stop_handlers();
+  }
 
   // Rank 0 reads the prompts (stdin and local files exist only there under mpirun), the
   // lines to keep for --resume, and checks --output; then every rank gets the lines.

@@ -96,9 +96,15 @@ void install_stop_handlers() {
   sa.sa_handler = on_stop_signal;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
-  sigaction(SIGUSR1, &sa, nullptr);
+  for (const int sig : {SIGINT, SIGTERM, SIGUSR1}) {
+    // A signal already caught has its default action back (a second one ends the run).
+    if (g_stop_signal != sig) sigaction(sig, &sa, nullptr);
+  }
+}
+
+void release_stop_handlers() {
+  for (const int sig : {SIGINT, SIGTERM, SIGUSR1}) std::signal(sig, SIG_DFL);
+  if (const int sig = g_stop_signal; sig != 0) std::raise(sig);  // caught during start-up
 }
 
 void set_stop_note(const std::string& note) {

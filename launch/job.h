@@ -63,7 +63,16 @@ class Job {
 /// Installs SIGINT, SIGTERM and SIGUSR1 handlers that only record the signal
 /// (async-signal-safe); after the first signal its kind gets the default action back,
 /// so a second one ends the process (finished work stays in the journal).
+/// main() installs them before MPI starts, so a signal during start-up is kept (the
+/// run stops at its first step, exit 130) rather than killing the rank; a subcommand
+/// without a graceful stop then calls release_stop_handlers. Calling it again
+/// reinstalls them (after MPI_Init) except for a signal already caught.
 void install_stop_handlers();
+
+/// Gives SIGINT, SIGTERM and SIGUSR1 their default actions back (subcommands that do
+/// not stop gracefully: --prompt, info, bench, ...), and ends the process by the signal
+/// that was caught during start-up, if one was.
+void release_stop_handlers();
 
 /// Text the first stop signal writes to stderr at once (e.g. where the journal is);
 /// empty: nothing. Set it before the signal can come; it is copied.

@@ -21,6 +21,8 @@
 
 int main(int argc, char** argv) {
   // serve's HTTP threads never call MPI: only the main thread does (FUNNELED).
+  // A stop signal during start-up is recorded, not fatal (launch/job.h).
+  linnet::install_stop_handlers();
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
   linnet::init_comm_watch(MPI_COMM_WORLD);
@@ -30,7 +32,13 @@ int main(int argc, char** argv) {
     linnet::CommandLine cl;
     // Every rank parses the same argv, so a usage error is the same everywhere.
     try {
-      if (!job.load_phase([&] { cl = linnet::parse_command_line(argc, argv); })) {
+      const bool parsed = job.load_phase([&] { cl = linnet::parse_command_line(argc, argv); });
+      // Only generate --input, loss and serve stop gracefully on a signal.
+      using Kind = linnet::CommandLine::Kind;
+      if (!parsed || (cl.kind != Kind::kLoss && cl.kind != Kind::kServe && cl.kind != Kind::kGenerate)) {
+        linnet::release_stop_handlers();
+      }
+      if (!parsed) {
         code = linnet::kUsageExit;
       } else if (cl.kind == linnet::CommandLine::Kind::kHelp) {
         if (job.rank() == 0) std::fputs(cl.help_text.c_str(), stdout);

@@ -205,6 +205,32 @@ TEST_F(Reliability, SigintToALossRankKeepsFinishedDocumentsAndExits130) {
   EXPECT_FALSE(fs::exists(journal));
 }
 
+// A signal during start-up (MPI start, groups, loading) is kept, not fatal: the run stops
+// at its first step with exit 130 and says so. The signal is sent the moment the rank's
+// handler is in place (SigCgt of /proc/PID/status shows SIGUSR1): main() installs it
+// before MPI_Init, so it lands in MPI's start-up (a signal before main() still kills).
+TEST_F(Reliability, ASignalAsSoonAsTheHandlersExistStopsTheRunGracefully) {
+  const fs::path in = tmp_ / "docs.jsonl", out = tmp_ / "out.jsonl";
+  write_documents(in);
+  const std::string wrap =
+      R"(sh -c 'if [ "$OMPI_COMM_WORLD_RANK" = 0 ]; then "$0" "$@" & p=$!; i=0; )"
+      R"(while [ $i -lt 5000 ]; do m=$(sed -n "s/^SigCgt:[[:space:]]*//p" /proc/$p/status 2>/dev/null); )"
+      R"([ -n "$m" ] && [ $((0x$m & 512)) -ne 0 ] && break; i=$((i+1)); done; )"
+      R"(kill -USR1 $p; wait $p; exit $?; else exec "$0" "$@"; fi')";
+  const fs::path prompts = tmp_ / "prompts.jsonl";
+  write_prompts(prompts, 40);
+  for (const std::string command : {"loss", "generate"}) {
+    const std::string args = command == "loss" ? "loss --model " + stories() + " --input " + quote(in.string())
+                                               : "--model " + stories() + " --input " + quote(prompts.string());
+    fs::remove(out);
+    fs::remove(tmp_ / "out.jsonl.journal");
+    const Result k = run(2, args + " --output " + quote(out.string()), wrap);
+    EXPECT_EQ(k.code, 130) << command << ": " << k.err;
+    EXPECT_NE(k.err.find("interrupted: "), std::string::npos) << command << ": " << k.err;
+    EXPECT_EQ(k.err.find("exited on signal"), std::string::npos) << command << ": " << k.err;
+  }
+}
+
 // Open MPI's mpirun never passes SIGINT on (it exits 1); scripts/mpirun.sh turns it into
 // SIGUSR1, which mpirun forwards, so the run stops gracefully and exits 130.
 TEST_F(Reliability, SigintToScriptsMpirunStopsALossRunWithExit130) {
