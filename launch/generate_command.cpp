@@ -253,6 +253,32 @@ bool run_single(Engine& engine, const Tokenizer& tok, const Request& r, const st
   return g.finish_reason == "error";
 }
 
+// What decides a request's output line besides its input line and the seed: the
+// model, the dtypes held, the context, and the defaults a line's own keys override.
+ordered_json generate_settings(const GenerateOptions& o, const RequestSettings& d,
+                               const std::filesystem::path& model_dir, int64_t max_seq_len) {
+  std::error_code ec;
+  const std::filesystem::path real = std::filesystem::weakly_canonical(model_dir, ec);
+  ordered_json s;
+  s["model"] = (ec ? model_dir : real).string();
+  s["weight_dtype"] = o.weight_dtype;
+  s["kv_cache_dtype"] = o.kv_cache_dtype;
+  s["max_seq_len"] = max_seq_len;
+  s["chat"] = o.chat;
+  s["max_new_tokens"] = d.max_new_tokens;
+  s["temperature"] = d.sampling.temperature;
+  s["top_k"] = d.sampling.top_k;
+  s["top_p"] = d.sampling.top_p;
+  s["min_p"] = d.sampling.min_p;
+  s["repetition_penalty"] = d.sampling.repetition_penalty;
+  s["presence_penalty"] = d.sampling.presence_penalty;
+  s["frequency_penalty"] = d.sampling.frequency_penalty;
+  s["stop"] = d.stop;
+  s["stop_token_ids"] = d.stop_token_ids;
+  s["top_logprobs"] = d.top_logprobs;
+  return s;
+}
+
 }  // namespace
 
 int run_generate(const GenerateOptions& o, Job& job) {
@@ -340,6 +366,7 @@ int run_generate(const GenerateOptions& o, Job& job) {
   std::vector<size_t> todo;  // positions in `requests` still to generate
   std::vector<int64_t> eos;
   RequestSettings defaults;
+  ordered_json settings;  // what the journal's header keeps for --resume to check
   const bool loaded = job.load_phase([&] {
     GenerationModel m = open_generation_model(o, w);
     const std::filesystem::path& model_dir = m.model_dir;
@@ -348,6 +375,8 @@ int run_generate(const GenerateOptions& o, Job& job) {
     tokenizer = std::move(m.tokenizer);
     defaults = m.defaults;
     eos = m.eos;
+    settings = generate_settings(o, defaults, model_dir, max_seq_len);
+    if (w.world_rank == 0 && o.resume) check_journal_settings(journal_found, settings, journal_file);
 
     std::vector<int64_t> skip;
     for (const auto& s : kept_indices) skip.push_back(std::stoll(s));
@@ -499,6 +528,7 @@ int run_generate(const GenerateOptions& o, Job& job) {
         ordered_json header;
         header["linnet-tp journal"] = "generate";
         header["seed"] = seed;
+        header["settings"] = settings;
         journal = std::make_unique<Journal>(journal_file, header, o.resume ? &journal_found : nullptr);
         std::fprintf(stderr, "[linnet-tp] journal: %s (each finished request is kept there until --output is "
                      "written; after a crash, rerun with --resume)\n", journal->path().c_str());

@@ -267,6 +267,20 @@ void Journal::remove() {
   }
 }
 
+void check_journal_settings(const JournalContents& journal, const nlohmann::ordered_json& settings,
+                            const std::string& path) {
+  if (!journal.header.is_object() || !journal.header.contains("settings")) return;
+  const nlohmann::ordered_json& had = journal.header["settings"];
+  for (const auto& [key, value] : settings.items()) {
+    const bool same = had.is_object() && had.contains(key) && had[key] == value;
+    if (!same) {
+      throw Error("the journal is of a run with other settings (" + key + "); resume with the flags, model and --input "
+                      "of that run, or remove the journal to start over",
+                  path + ":1", value.dump(), had.is_object() && had.contains(key) ? had[key].dump() : "none");
+    }
+  }
+}
+
 std::string journal_note(Journal* journal) {
   if (!journal || !journal->ok()) return {};
   journal->sync();  // notices a journal whose folder vanished

@@ -52,6 +52,14 @@ JournalContents read_journal(const std::string& path, const std::string& command
 /// @throws Error naming `path` when the lock is still held after `seconds`.
 void wait_for_journal_writer(const std::string& path, double seconds = 30);
 
+/// Checks that a run resuming from `journal` has the settings of the run that wrote it:
+/// `settings` (an object: model folder, dtypes, the defaults each request samples with,
+/// ...) must equal the header's "settings" key by key, else the resumed file would mix
+/// lines of two different runs. A header without "settings" (an older journal) passes.
+/// @throws Error naming "path:1", the first key that differs, and both values.
+void check_journal_settings(const JournalContents& journal, const nlohmann::ordered_json& settings,
+                            const std::string& path);
+
 /// An open journal (world rank 0 only). Its writer holds an exclusive flock(2) on it
 /// while it is open, so two runs never append to one journal.
 class Journal {

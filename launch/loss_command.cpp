@@ -460,8 +460,17 @@ int run_loss(const LossOptions& o, Job& job) {
   std::vector<std::vector<Chunk>> packs;
   std::vector<size_t> todo;  // packs to score in this run, all groups
   int64_t pack_len = 0;
+  nlohmann::ordered_json settings;  // what the journal's header keeps for --resume to check
   if (!job.load_phase([&] {
         const std::filesystem::path dir = resolve_model_dir(o.model);
+        {
+          std::error_code ec;
+          const std::filesystem::path real = std::filesystem::weakly_canonical(dir, ec);
+          settings["model"] = (ec ? dir : real).string();
+          settings["weight_dtype"] = o.weight_dtype;
+          settings["kv_cache_dtype"] = o.kv_cache_dtype;
+          if (w.world_rank == 0 && o.resume) check_journal_settings(journal_found, settings, journal_file);
+        }
         files = std::make_unique<ModelFiles>(open_model(dir));
         const ShardPlan plan = ShardPlan::make(files->config, w.tp_rank, w.tp_size);
         pack_len = resolve_max_seq_len(files->config, o.max_seq_len);
@@ -511,6 +520,7 @@ int run_loss(const LossOptions& o, Job& job) {
       header["documents"] = docs.size();
       header["packs"] = packs.size();
       header["max_seq_len"] = pack_len;
+      header["settings"] = settings;
       journal = std::make_unique<Journal>(journal_file, header, o.resume ? &journal_found : nullptr);
       std::fprintf(stderr, "[linnet-tp] journal: %s (each scored pack of documents is kept there until --output is "
                    "written; after a crash, rerun with --resume)\n", journal->path().c_str());

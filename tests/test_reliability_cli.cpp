@@ -205,6 +205,39 @@ TEST_F(Reliability, SigintToALossRankKeepsFinishedDocumentsAndExits130) {
   EXPECT_FALSE(fs::exists(journal));
 }
 
+// The journal's header keeps the run's settings: a resume with other flags would mix the
+// lines of two runs in one file, so it is refused naming the setting.
+TEST_F(Reliability, AResumeWithOtherSettingsIsRefused) {
+  const fs::path prompts = tmp_ / "prompts.jsonl", docs = tmp_ / "docs.jsonl", out = tmp_ / "out.jsonl";
+  const fs::path journal = tmp_ / "out.jsonl.journal";
+  write_prompts(prompts, 40);
+  write_documents(docs);
+  const std::string gen = "--model " + stories() + " --input " + quote(prompts.string()) +
+                          " --max-new-tokens 100 --temperature 0.8 --seed 3 --max-batch 4 --output " + quote(out.string());
+  const Result k = run(2, gen, signal_when_lines(0, "9", journal, 4));
+  ASSERT_NE(k.code, 0);
+  ASSERT_TRUE(fs::exists(journal));
+  const Result other = run(2, gen + " --max-new-tokens 5 --resume");
+  EXPECT_EQ(other.code, 1);
+  EXPECT_NE(other.err.find(journal.string() + ":1: the journal is of a run with other settings (max_new_tokens)"),
+            std::string::npos)
+      << other.err;
+  const Result same = run(2, gen + " --resume");
+  EXPECT_EQ(same.code, 0) << same.err;
+
+  const std::string loss = "loss --model " + stories() + " --input " + quote(docs.string()) +
+                           " --max-seq-len 64 --output " + quote(out.string());
+  fs::remove(out);
+  const Result kl = run(2, loss, signal_when_lines(0, "9", journal, 4));
+  ASSERT_NE(kl.code, 0);
+  ASSERT_TRUE(fs::exists(journal));
+  const Result bf16 = run(2, loss + " --weight-dtype bf16 --resume");
+  EXPECT_EQ(bf16.code, 1);
+  EXPECT_NE(bf16.err.find(journal.string() + ":1: the journal is of a run with other settings (weight_dtype)"),
+            std::string::npos)
+      << bf16.err;
+}
+
 // A signal during start-up (MPI start, groups, loading) is kept, not fatal: the run stops
 // at its first step with exit 130 and says so. The signal is sent the moment the rank's
 // handler is in place (SigCgt of /proc/PID/status shows SIGUSR1): main() installs it
