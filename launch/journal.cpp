@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -176,8 +177,15 @@ void Journal::write_all(const std::string& bytes) {
     const ssize_t n = ::write(fd_, bytes.data() + done, bytes.size() - done);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
-      fail(errno_text());
-      return;
+      const std::string why = errno_text();
+      // A full disk or a failing device: the lines so far (bytes_, whole lines) go on in
+      // the temp folder, and this write is made there again from its start.
+      if (moved_ || !move_to_temp("a write to it failed (" + why + ")")) {
+        if (fd_ >= 0) fail(why);
+        return;
+      }
+      done = 0;
+      continue;
     }
     done += static_cast<size_t>(n);
   }
@@ -211,25 +219,26 @@ void Journal::check_path() {
   if (::stat(path_.c_str(), &path_st) == 0 && path_st.st_dev == open_st.st_dev && path_st.st_ino == open_st.st_ino) {
     return;
   }
-  move_to_temp();
+  move_to_temp("its folder vanished (removed or renamed?)");
 }
 
-void Journal::move_to_temp() {
+bool Journal::move_to_temp(const std::string& why) {
   std::error_code ec;
   const std::filesystem::path tmp = std::filesystem::temp_directory_path(ec);
   const std::string to = (ec ? std::filesystem::path("/tmp") : tmp) /
                          (std::filesystem::path(original_).filename().string() + "." + std::to_string(::getpid()));
   const int out = ::open(to.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (out < 0) {
-    fail("its path " + path_ + " no longer leads to it (its folder was removed?), and no copy can be made at " + to +
-         ": " + errno_text());
-    return;
+    fail(why + ", and no copy can be made at " + to + ": " + errno_text());
+    return false;
   }
   // The open file still holds every line: copy it whole.
   char buf[1 << 16];
   bool ok = true;
   for (off_t off = 0; ok && off < static_cast<off_t>(bytes_);) {
-    const ssize_t n = ::pread(fd_, buf, sizeof buf, off);
+    // Only the whole lines: a write cut by a full disk left a part of one beyond bytes_.
+    const size_t want = std::min(sizeof buf, static_cast<size_t>(static_cast<off_t>(bytes_) - off));
+    const ssize_t n = ::pread(fd_, buf, want, off);
     if (n <= 0) {
       ok = false;
       break;
@@ -246,17 +255,19 @@ void Journal::move_to_temp() {
   }
   if (!ok || ::fsync(out) != 0) {
     ::close(out);
-    fail("its path no longer leads to it, and copying it to " + to + " failed: " + errno_text());
-    return;
+    fail(why + ", and copying it to " + to + " failed: " + errno_text());
+    return false;
   }
+  ::flock(out, LOCK_EX | LOCK_NB);  // a fresh file of this process: nobody else holds it
   ::close(fd_);
   fd_ = out;
   const std::string from = path_;
   path_ = to;
   moved_ = true;
+  moved_because_ = why;
   dirty_ = false;
-  warn_once("the journal " + from + " is gone from its folder (removed or renamed?); it goes on at " + to +
-            " with every finished line");
+  warn_once("the journal " + from + ": " + why + "; it goes on at " + to + " with every finished line");
+  return true;
 }
 
 void Journal::remove() {
@@ -287,7 +298,7 @@ std::string journal_note(Journal* journal) {
   if (!journal->ok()) return {};
   if (journal->moved()) {
     return "; the finished work is kept in the journal " + journal->path() +
-           " (moved there when its folder vanished): put it back as " + journal->original_path() +
+           " (moved there: " + journal->moved_because() + "): put it back as " + journal->original_path() +
            " and rerun with --resume";
   }
   return "; the finished work is kept in the journal " + journal->path() + ": rerun with --resume to keep it";

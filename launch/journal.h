@@ -8,9 +8,10 @@
 // --resume reads it back (read_journal), and a last line cut by a crash is ignored.
 //
 // Design choice: when the journal's path no longer leads to the open file (its folder
-// was removed or renamed mid-run), it is copied to the temp folder (TMPDIR, else /tmp)
-// and continued there, so a lost output folder loses nothing finished; the warning
-// and the final error name the copy and how to resume from it.
+// was removed or renamed mid-run) or a write to it fails (a full disk), it is copied to
+// the temp folder (TMPDIR, else /tmp) and continued there, so a lost output folder or a
+// full disk loses nothing finished; the warning and the final error name the copy and
+// how to resume from it.
 #pragma once
 
 #include <chrono>
@@ -93,6 +94,8 @@ class Journal {
   const std::string& path() const { return path_; }
   /// True when the journal had to move from beside --output (the original path).
   bool moved() const { return moved_; }
+  /// Why it moved ("its folder vanished ...", "a write to it failed (...)"), once moved().
+  const std::string& moved_because() const { return moved_because_; }
   /// The path it was created at, beside --output.
   const std::string& original_path() const { return original_; }
   /// False once a write failed: the journal no longer keeps anything.
@@ -101,10 +104,12 @@ class Journal {
  private:
   void write_all(const std::string& bytes);
   void check_path();
-  void move_to_temp();
+  // Continues the journal in the temp folder (a copy of its whole lines); false, with
+  // the journal failed, when no copy can be made. `why`: what happened to it.
+  bool move_to_temp(const std::string& why);
   void fail(const std::string& what);
 
-  std::string path_, original_;
+  std::string path_, original_, moved_because_;
   int fd_ = -1;
   uint64_t bytes_ = 0;  // file size as written
   bool dirty_ = false, moved_ = false;

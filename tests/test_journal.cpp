@@ -2,10 +2,12 @@
 // with a torn or damaged last line, refused when damaged elsewhere or of another
 // command, continued after its last whole line, and moved to the temp folder when its
 // folder vanishes mid-run.
+#include <sys/mount.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -185,6 +187,45 @@ TEST_F(JournalTest, RemoveDeletesIt) {
 
 // The output folder removed mid-run: the journal goes on in TMPDIR with every line, and
 // says where.
+// A full disk: the journal goes on in TMPDIR with every line, the one whose write failed
+// included. Needs a small tmpfs (root with CAP_SYS_ADMIN), else skipped.
+TEST_F(JournalTest, AJournalOnAFullDiskMovesToTheTempFolder) {
+  const fs::path small = dir_ / "small", rescue = dir_ / "tmp";
+  fs::create_directories(small);
+  fs::create_directories(rescue);
+  if (::mount("tmpfs", small.c_str(), "tmpfs", 0, "size=16k") != 0) {
+    GTEST_SKIP() << "cannot mount a 16 KiB tmpfs to fill (" << std::strerror(errno) << ")";
+  }
+  const char* old = std::getenv("TMPDIR");
+  const std::string saved = old ? old : "";
+  ::setenv("TMPDIR", rescue.c_str(), 1);
+  const std::string path = (small / "o.jsonl.journal").string();
+  std::string want = header("generate").dump() + "\n";
+  {
+    Journal j(path, header("generate"));
+    for (int i = 0; i < 400; ++i) {  // ~40 KiB of lines into 16 KiB
+      const std::string line = "{\"index\":" + std::to_string(i) + ",\"completion\":\"" + std::string(80, 'a') + "\"}";
+      j.append(line);
+      want += line + "\n";
+    }
+    EXPECT_TRUE(j.ok());
+    EXPECT_TRUE(j.moved());
+    EXPECT_EQ(fs::path(j.path()).parent_path(), rescue);
+    EXPECT_NE(journal_note(&j).find("(moved there: a write to it failed (No space left on device)): put it back as " +
+                                    path + " and rerun with --resume"),
+              std::string::npos)
+        << journal_note(&j);
+    j.sync();
+    EXPECT_EQ(slurp(j.path()), want);
+  }
+  ::umount(small.c_str());
+  if (old) {
+    ::setenv("TMPDIR", saved.c_str(), 1);
+  } else {
+    ::unsetenv("TMPDIR");
+  }
+}
+
 TEST_F(JournalTest, AJournalWhoseFolderVanishesMovesToTheTempFolder) {
   const fs::path rescue = dir_ / "tmp";
   fs::create_directories(rescue);

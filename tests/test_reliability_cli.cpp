@@ -353,7 +353,7 @@ TEST_F(Reliability, ALostOutputFolderLosesNoFinishedRequest) {
   for (const auto& e : fs::directory_iterator(rescue)) moved.push_back(e.path());
   ASSERT_EQ(moved.size(), 1u) << r.err;
   EXPECT_NE(r.err.find("the finished work is kept in the journal " + moved[0].string() +
-                       " (moved there when its folder vanished): put it back as " + journal.string() +
+                       " (moved there: its folder vanished (removed or renamed?)): put it back as " + journal.string() +
                        " and rerun with --resume"),
             std::string::npos)
       << r.err;
