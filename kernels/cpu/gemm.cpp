@@ -1,5 +1,6 @@
-// matmul_nt_packed: splits the panels over the rank's OpenMP threads and runs the active
-// ISA path's panel kernel on each share (see gemm.h for the layout, the design and the
+// matmul_nt_packed: splits the panels over the rank's OpenMP threads (GEMV-sized steps:
+// one contiguous share each; more rows: chunks taken as threads free up) and runs the
+// active ISA path's panel kernel on each share (see gemm.h for the layout, the design and the
 // fixed reduction order). Why OpenMP and not a pool of our own: it comes with the
 // compiler (libgomp, no extra package), a parallel region costs about a microsecond,
 // and OMP_* settings work as users of other runtimes know them; threads.h pins it.
