@@ -178,6 +178,43 @@ TEST(Gemm, ThreadSplitOfALargeGemmChangesNoBit) {
   }
 }
 
+// Long k with many rows: the AVX-512 path cuts k into blocks (of at most 256) and
+// carries each partial sum through out, which must stay one chain in ascending k: the
+// result matches the double reference, and each row equals the same row computed alone
+// (m = 1 runs the unblocked GEMV kernel) bit for bit, for every weight type.
+TEST(Gemm, KBlocksKeepOneChainPerElement) {
+  const int64_t k = 601, n = 70, m = 30;
+  std::mt19937 g(17);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> x(m * k);
+  for (auto& v : x) v = d(g);
+  for (Isa isa : paths()) {
+    for (WeightType wt : {WeightType::kF32, WeightType::kBF16, WeightType::kF16}) {
+      const Weights w = make_weights(wt, n * k, 21);
+      std::vector<float> all(m * n);
+      matmul_nt_isa(isa, x.data(), data_at(w, wt, 0), wt, all.data(), m, k, n);
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < n; ++j) {
+          double ref = 0, mag = 0;
+          for (int64_t t = 0; t < k; ++t) {
+            const double p = double(x[i * k + t]) * w.value[j * k + t];
+            ref += p;
+            mag += std::fabs(p);
+          }
+          ASSERT_NEAR(all[i * n + j], ref, (double(k) + 2) * std::ldexp(1.0, -24) * mag + 1e-30)
+              << isa_name(isa) << " " << name(wt) << " at " << i << "," << j;
+        }
+      }
+      for (int64_t r : {0, 11, 12, 29}) {
+        std::vector<float> one(n);
+        matmul_nt_isa(isa, x.data() + r * k, data_at(w, wt, 0), wt, one.data(), 1, k, n);
+        EXPECT_EQ(0, std::memcmp(one.data(), all.data() + r * n, n * 4)) << isa_name(isa) << " " << name(wt)
+                                                                         << " row " << r;
+      }
+    }
+  }
+}
+
 // The packed layout: unpack_row and the embedding lookup read back each row exactly.
 TEST(Gemm, PackedRowsReadBackExactly) {
   for (WeightType wt : {WeightType::kF32, WeightType::kBF16, WeightType::kF16}) {

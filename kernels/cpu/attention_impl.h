@@ -46,6 +46,96 @@ inline float dot(const float* a, const KV* b, int64_t n) {
   return s;
 }
 
+// GCC vector types (element-wise, so each path's own registers give the same bits):
+// 8 and 16 floats; loads through memcpy (no alignment), results through pointers (no
+// wide vector crosses a call on the narrower ISA paths).
+typedef float vf8 __attribute__((vector_size(32)));
+typedef float vf16 __attribute__((vector_size(64)));
+typedef unsigned int vu8 __attribute__((vector_size(32)));
+typedef unsigned int vu16 __attribute__((vector_size(64)));
+typedef unsigned short vh8 __attribute__((vector_size(16)));
+typedef unsigned short vh16 __attribute__((vector_size(32)));
+inline void load8(const float* p, vf8* v) { __builtin_memcpy(v, p, 32); }
+inline void load8(const uint16_t* p, vf8* v) {
+  vh8 h;
+  __builtin_memcpy(&h, p, 16);
+  const vu8 u = __builtin_convertvector(h, vu8) << 16;
+  __builtin_memcpy(v, &u, 32);
+}
+inline void load16(const float* p, vf16* v) { __builtin_memcpy(v, p, 64); }
+inline void load16(const uint16_t* p, vf16* v) {
+  vh16 h;
+  __builtin_memcpy(&h, p, 32);
+  const vu16 u = __builtin_convertvector(h, vu16) << 16;
+  __builtin_memcpy(v, &u, 64);
+}
+inline float lane_sum(const vf8& v) {
+  return ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
+}
+
+// dot() of a with four rows b0..b3 at once (out[t] = dot(a, bt, n)): the same lane sums
+// and the same combination per row, four independent chains.
+template <typename KV>
+inline void dot4(const float* a, const KV* b0, const KV* b1, const KV* b2, const KV* b3, int64_t n, float* out) {
+  vf8 l0 = {0, 0, 0, 0, 0, 0, 0, 0}, l1 = l0, l2 = l0, l3 = l0;
+  const int64_t nv = n / 8 * 8;
+  for (int64_t d = 0; d < nv; d += 8) {
+    vf8 x, k;
+    load8(a + d, &x);
+    load8(b0 + d, &k);
+    l0 = l0 + x * k;
+    load8(b1 + d, &k);
+    l1 = l1 + x * k;
+    load8(b2 + d, &k);
+    l2 = l2 + x * k;
+    load8(b3 + d, &k);
+    l3 = l3 + x * k;
+  }
+  float s0 = lane_sum(l0), s1 = lane_sum(l1), s2 = lane_sum(l2), s3 = lane_sum(l3);
+  for (int64_t d = nv; d < n; ++d) {
+    s0 = s0 + a[d] * kv_load(b0, d);
+    s1 = s1 + a[d] * kv_load(b1, d);
+    s2 = s2 + a[d] * kv_load(b2, d);
+    s3 = s3 + a[d] * kv_load(b3, d);
+  }
+  out[0] = s0;
+  out[1] = s1;
+  out[2] = s2;
+  out[3] = s3;
+}
+
+// acc[0, 16 V) = acc * corr, then += e[j] * v_j[off, off + 16 V) for j in [0, n) in
+// order, where v_j is cache row rows_of[j]: the accumulators kept in registers over the
+// keys (the same operations per element as one key at a time).
+template <int V, typename KV>
+inline void accumulate16(float* acc, float corr, const float* e, const KV* v_cache, const int64_t* rows_of,
+                         int64_t n, int64_t kv_stride, int64_t off) {
+  vf16 a[V];
+  for (int q = 0; q < V; ++q) {
+    load16(acc + 16 * q, &a[q]);
+    a[q] = a[q] * corr;
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    const KV* vt = v_cache + rows_of[j] * kv_stride + off;
+    const float ej = e[j];
+    for (int q = 0; q < V; ++q) {
+      vf16 v;
+      load16(vt + 16 * q, &v);
+      a[q] = a[q] + ej * v;
+    }
+  }
+  for (int q = 0; q < V; ++q) __builtin_memcpy(acc + 16 * q, &a[q], 64);
+}
+
+// The same over one element (head_dim tails).
+template <typename KV>
+inline void accumulate1(float* acc, float corr, const float* e, const KV* v_cache, const int64_t* rows_of, int64_t n,
+                        int64_t kv_stride, int64_t off) {
+  float a = *acc * corr;
+  for (int64_t j = 0; j < n; ++j) a = a + e[j] * kv_load(v_cache + rows_of[j] * kv_stride + off, 0);
+  *acc = a;
+}
+
 // One (row, head) pair over keys [k0, k1) of its sequence: the online softmax's running
 // max m, running sum l and unnormalized accumulator acc[head_dim] at the end.
 template <typename KV>
@@ -66,19 +156,33 @@ inline void attend_keys(const float* qh, const KV* k_cache, const KV* v_cache, c
         off = 0;
         ++page;
       }
-      scores[j] = dot(qh, k_cache + rows_of[j] * kv_stride + kvh * head_dim, head_dim) * scale;
-      bm = fmax(bm, scores[j]);
     }
+    // Four keys at a time: four independent dot products in flight (each one the same
+    // eight-lane sum as dot(), so the same bits as one at a time).
+    int64_t j = 0;
+    for (; j + 4 <= n; j += 4) {
+      dot4(qh, k_cache + rows_of[j] * kv_stride + kvh * head_dim, k_cache + rows_of[j + 1] * kv_stride + kvh * head_dim,
+           k_cache + rows_of[j + 2] * kv_stride + kvh * head_dim, k_cache + rows_of[j + 3] * kv_stride + kvh * head_dim,
+           head_dim, scores + j);
+      for (int t = 0; t < 4; ++t) scores[j + t] *= scale;
+    }
+    for (; j < n; ++j) scores[j] = dot(qh, k_cache + rows_of[j] * kv_stride + kvh * head_dim, head_dim) * scale;
+    for (j = 0; j < n; ++j) bm = fmax(bm, scores[j]);
     const float m_new = fmax(m, bm);
     const float corr = __builtin_expf(m - m_new);  // 0 on the first block (m = -inf)
     l *= corr;
-    for (int64_t d = 0; d < head_dim; ++d) acc[d] *= corr;
-    for (int64_t j = 0; j < n; ++j) {
-      const float e = __builtin_expf(scores[j] - m_new);
-      l += e;
-      const KV* vt = v_cache + rows_of[j] * kv_stride + kvh * head_dim;
-      for (int64_t d = 0; d < head_dim; ++d) acc[d] += e * kv_load(vt, d);
+    for (j = 0; j < n; ++j) {
+      scores[j] = __builtin_expf(scores[j] - m_new);
+      l += scores[j];
     }
+    // acc = acc * corr, then + e_j v_j in ascending j: chunks of head_dim held in
+    // registers over the block's keys (the same operations per element, in the same
+    // order, as one key at a time over the whole row).
+    int64_t d0 = 0;
+    const int64_t voff = kvh * head_dim;
+    for (; d0 + 64 <= head_dim; d0 += 64) accumulate16<4>(acc + d0, corr, scores, v_cache, rows_of, n, kv_stride, voff + d0);
+    for (; d0 + 16 <= head_dim; d0 += 16) accumulate16<1>(acc + d0, corr, scores, v_cache, rows_of, n, kv_stride, voff + d0);
+    for (; d0 < head_dim; ++d0) accumulate1(acc + d0, corr, scores, v_cache, rows_of, n, kv_stride, voff + d0);
     m = m_new;
   }
   *m_out = m;

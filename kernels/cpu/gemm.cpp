@@ -1,5 +1,6 @@
-// matmul_nt_packed: splits the panels over the rank's OpenMP threads and runs the active
-// ISA path's panel kernel on each share (see gemm.h for the layout, the design and the
+// matmul_nt_packed: splits the panels over the rank's OpenMP threads (GEMV-sized steps:
+// one contiguous share each; more rows: chunks taken as threads free up) and runs the
+// active ISA path's panel kernel on each share (see gemm.h for the layout, the design and the
 // fixed reduction order). Why OpenMP and not a pool of our own: it comes with the
 // compiler (libgomp, no extra package), a parallel region costs about a microsecond,
 // and OMP_* settings work as users of other runtimes know them; threads.h pins it.
@@ -50,12 +51,25 @@ void matmul_nt_packed_isa(Isa isa, const float* x, const void* packed, WeightTyp
     panels_fn(x, packed, wt, out, m, k, n, 0, panels);
     return;
   }
+  if (m <= 2) {
+    // GEMV-sized: one contiguous run of panels per thread, streamed front to back.
 #pragma omp parallel num_threads(threads)
-  {
-    const int t = omp_get_thread_num(), T = omp_get_num_threads();
-    const int64_t p0 = panels * t / T, p1 = panels * (t + 1) / T;
-    if (p1 > p0) panels_fn(x, packed, wt, out, m, k, n, p0, p1);
+    {
+      const int t = omp_get_thread_num(), T = omp_get_num_threads();
+      const int64_t p0 = panels * t / T, p1 = panels * (t + 1) / T;
+      if (p1 > p0) panels_fn(x, packed, wt, out, m, k, n, p0, p1);
+    }
+    return;
   }
+  // More rows: chunks of an even number of panels (about 8 per thread) handed out as
+  // threads free up, so a thread that lost its core for a while (a shared machine) is
+  // not waited for over half the GEMM. A chunk is computed whole by one thread, so the
+  // split changes no bit.
+  const int64_t chunk = std::max<int64_t>(2, panels / (int64_t{8} * threads) / 2 * 2);
+  const int64_t chunks = (panels + chunk - 1) / chunk;
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
+  for (int64_t c = 0; c < chunks; ++c)
+    panels_fn(x, packed, wt, out, m, k, n, c * chunk, std::min(panels, (c + 1) * chunk));
 }
 
 void matmul_nt_packed(const float* x, const void* packed, WeightType wt, float* out, int64_t m, int64_t k,

@@ -16,11 +16,16 @@
 // (AVX-512) or 2 (AVX2) panels a tile so enough multiply-add chains are in flight to
 // keep up with DRAM. Rows are taken in blocks whose slice of x stays in L2;
 // panels are split over the rank's threads (OpenMP), each thread owning whole panels.
+// On AVX-512, steps of more than 2 rows also block over k (at most 256 a block): for
+// each panel pair, block by block in ascending k, every 12-row tile runs over the
+// pair's block while it sits in L1, and the next block is prefetched into L2; a tile
+// starts its accumulators from the partial sums the previous block stored in out.
 //
 // Fixed reduction order: out[r, j] = (...((x[r,0] w[j,0]) + x[r,1] w[j,1]) + ...) +
-// x[r,k-1] w[j,k-1], one f32 chain in ascending k (fused multiply-adds on the AVX2
-// path, multiply then add on the generic one: it is built without FMA), whatever the tile, the row block, the
-// panel grouping or the thread. So a row computed alone equals the same row among 31
+// x[r,k-1] w[j,k-1], one f32 chain in ascending k (fused multiply-adds on the AVX2 and
+// AVX-512 paths, multiply then add on the generic one: it is built without FMA),
+// whatever the tile, the row block, the k block (a partial sum stored in out and loaded
+// back is the same f32 value), the panel grouping or the thread. So a row computed alone equals the same row among 31
 // others bit for bit, and the thread count changes no bit. The two paths may differ
 // from each other in the last bits (fused vs not); each is deterministic.
 #pragma once

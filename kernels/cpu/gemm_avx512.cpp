@@ -2,14 +2,18 @@
 // -mavx512f; it runs only when cpu_features finds AVX-512F. One zmm holds a panel's 16
 // columns, so with 32 registers the micro-kernel takes R <= 12 rows x P = 2 panels (24
 // accumulators: 2 weight loads and 12 broadcasts per 24 fused multiply-adds), and P = 4
-// panels for GEMV-sized steps (m <= 2). bf16 weights: zero-extend + shift; f16:
-// vcvtph2ps. Each output element is the same single f32 fma chain in ascending k as on
-// the AVX2 path, so both paths give the same bits (a fused multiply-add rounds once,
-// whatever the vector width). AVX512_BF16's vdpbf16ps is not used: it would round the
-// f32 activations to bf16 and pair the products, another numerics than transformers'.
+// panels for GEMV-sized steps (m <= 2). Steps of more rows are blocked over k so a panel
+// pair's block is reused from L1 by every row tile (panels_blocked). bf16 weights:
+// zero-extend + shift; f16: vcvtph2ps. Each output element is the same single f32 fma
+// chain in ascending k as on the AVX2 path, so both paths give the same bits (a fused
+// multiply-add rounds once, whatever the vector width). AVX512_BF16's vdpbf16ps is not
+// used: it would round the f32 activations to bf16 and pair the products, another
+// numerics than transformers'.
 #include <immintrin.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #include "kernels/cpu/gemm.h"
 
@@ -74,6 +78,166 @@ inline void rows(const float* x, const void* packed, float* out, int64_t k, int6
   }
 }
 
+// k per block of the blocked path, at most: a pair of panels' block (2 x 16 x kKc f32,
+// 32 KiB; k = 576 gives three blocks of 192, 24 KiB) stays in L1 while every row tile of
+// the row block runs over it.
+constexpr int64_t kKc = 256;
+// Rows per row block: their slice of x (rows x k f32) stays in L2 (1 MiB of 2) while the
+// thread's panels stream past it once.
+inline int64_t rows_per_block(int64_t k) {
+  const int64_t rows = (int64_t{1} << 20) / (k * 4);
+  return rows < 12 ? 12 : rows / 12 * 12;
+}
+
+// A per-thread scratch buffer, grown as needed and kept (no allocation per call). Only
+// C allocation functions: no std:: template in an ISA file (see attention_impl.h).
+struct Scratch {
+  float* data = nullptr;
+  int64_t cap = 0;
+  ~Scratch() { std::free(data); }
+  float* get(int64_t elems) {
+    if (elems > cap) {
+      std::free(data);
+      data = static_cast<float*>(std::aligned_alloc(64, static_cast<size_t>((elems * 4 + 63) / 64 * 64)));
+      cap = elems;
+    }
+    return data;
+  }
+};
+thread_local Scratch t_w;
+
+// The weight block the next k block (or panel pair) will read: a tile prefetches one
+// 64-byte line of each of its (up to two) panel runs per k step, into L2, while it
+// computes, so a block streamed from DRAM or L3 is in L2 before its first tile starts.
+struct Prefetch {
+  const char* a = nullptr;
+  const char* b = nullptr;  // the second panel, or null
+  int64_t bytes = 0;        // bytes of each run (0: nothing to prefetch)
+};
+
+// R rows x P panels over one k block of kc steps: xp is row 0's x at the block's first
+// k (row i at xp + i * xs), w the P panels' weights there (panel q at w + q * wstride,
+// 16 per k). The accumulators start at zero (first block) or at the partial sums the
+// previous block left in out (exact f32 values), so each element stays one chain in
+// ascending k, the same bits as an unblocked pass.
+template <WeightType WT, int R, int P>
+inline void tile_block(const float* xp, int64_t xs, const void* w, int64_t wstride, float* out, int64_t n, int64_t j0,
+                       int64_t kc, bool first, const Prefetch& pf) {
+  __m512 acc[R][P];
+  __mmask16 mask[P];
+  for (int q = 0; q < P; ++q) {
+    const int64_t cols = n - (j0 + q * kPanel) < kPanel ? n - (j0 + q * kPanel) : kPanel;
+    mask[q] = static_cast<__mmask16>((1u << cols) - 1u);
+  }
+  for (int i = 0; i < R; ++i)
+    for (int q = 0; q < P; ++q)
+      acc[i][q] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mask[q], out + i * n + j0 + q * kPanel);
+  const float* xr[R];
+  for (int i = 0; i < R; ++i) xr[i] = xp + i * xs;
+  for (int64_t c = 0; c < kc; ++c) {
+    __m512 wv[P];
+    for (int q = 0; q < P; ++q) wv[q] = load16<WT>(w, q * wstride + c * kPanel);
+    if (c * 64 < pf.bytes) {
+      _mm_prefetch(pf.a + c * 64, _MM_HINT_T1);
+      if (pf.b) _mm_prefetch(pf.b + c * 64, _MM_HINT_T1);
+    }
+    for (int i = 0; i < R; ++i) {
+      const __m512 xv = _mm512_set1_ps(xr[i][c]);
+      for (int q = 0; q < P; ++q) acc[i][q] = _mm512_fmadd_ps(xv, wv[q], acc[i][q]);
+    }
+  }
+  for (int q = 0; q < P; ++q)
+    for (int i = 0; i < R; ++i) _mm512_mask_storeu_ps(out + i * n + j0 + q * kPanel, mask[q], acc[i][q]);
+}
+
+template <WeightType WT, int P>
+inline void tile_rows(int64_t R, const float* xp, int64_t xs, const void* w, int64_t wstride, float* out, int64_t n, int64_t j0,
+                      int64_t kc, bool first, const Prefetch& pf) {
+  switch (R) {
+    case 12: return tile_block<WT, 12, P>(xp, xs, w, wstride, out, n, j0, kc, first, pf);
+    case 11: return tile_block<WT, 11, P>(xp, xs, w, wstride, out, n, j0, kc, first, pf);
+    case 10: return tile_block<WT, 10, P>(xp, xs, w, wstride, out, n, j0, kc, first, pf);
+    case 9: return tile_block<WT, 9, P>(xp, xs, w, wstride, out, n, j0, kc, first, pf);
+    case 8: return tile_block<WT, 8, P>(xp, xs, w, wstride, out, n, j0, kc, first, pf);
+    case 7: return tile_block<WT, 7, P>(xp, xs, w, wstride, out, n, j0, kc, first, pf);
+    case 6: return tile_block<WT, 6, P>(xp, xs, w, wstride, out, n, j0, kc, first, pf);
+    case 5: return tile_block<WT, 5, P>(xp, xs, w, wstride, out, n, j0, kc, first, pf);
+    case 4: return tile_block<WT, 4, P>(xp, xs, w, wstride, out, n, j0, kc, first, pf);
+    case 3: return tile_block<WT, 3, P>(xp, xs, w, wstride, out, n, j0, kc, first, pf);
+    case 2: return tile_block<WT, 2, P>(xp, xs, w, wstride, out, n, j0, kc, first, pf);
+    case 1: return tile_block<WT, 1, P>(xp, xs, w, wstride, out, n, j0, kc, first, pf);
+    default: return;
+  }
+}
+
+// The blocked path (m > 2): row blocks whose x stays in L2; in each, panel pairs in
+// order; for each pair, k blocks of at most kKc in ascending order; for each k block,
+// every 12-row tile of the row block over the pair's block, which stays in L1 (before,
+// each tile streamed the pair's whole k from L2 or L3: 256 KiB at k = 2048). The first
+// tile of a block prefetches the next block into L2. bf16 / f16 weights of a block are
+// widened to f32 once (exactly) into a per-thread buffer when the row block has more
+// than one tile, so the tiles run the f32 kernel without the conversion's shuffles.
+template <WeightType WT>
+void panels_blocked(const float* x, const void* packed, float* out, int64_t m, int64_t k, int64_t n, int64_t p0,
+                    int64_t p1) {
+  using Raw = std::conditional_t<WT == WeightType::kF32, float, uint16_t>;
+  const Raw* wp = static_cast<const Raw*>(packed);
+  const int64_t mb = rows_per_block(k);
+  float* wf = WT == WeightType::kF32 ? nullptr : t_w.get(2 * kPanel * kKc);  // widen: kb <= kKc
+  for (int64_t r0 = 0; r0 < m; r0 += mb) {
+    const int64_t r1 = r0 + mb < m ? r0 + mb : m;
+    const bool widen = WT != WeightType::kF32 && r1 - r0 > 12;
+    // k blocks of at most kKc, as even as k allows; one block when the row block is one
+    // tile (nothing reuses a weight block then).
+    const int64_t kb = r1 - r0 <= 12 ? k : (k + (k + kKc - 1) / kKc - 1) / ((k + kKc - 1) / kKc);
+    for (int64_t p = p0; p < p1;) {
+      const int64_t P = p + 2 <= p1 ? 2 : 1;
+      const int64_t j0 = p * kPanel;
+      for (int64_t c0 = 0; c0 < k; c0 += kb) {
+        const int64_t kc = k - c0 < kb ? k - c0 : kb;
+        const Raw* wb = wp + p * kPanel * k + c0 * kPanel;
+        // What comes next: this pair's next k block, else the next pair's (or single's) first.
+        Prefetch next;
+        if (c0 + kb < k) {
+          const int64_t kn = k - c0 - kb < kb ? k - c0 - kb : kb;
+          next.a = reinterpret_cast<const char*>(wb + kb * kPanel);
+          next.b = P == 2 ? next.a + kPanel * k * sizeof(Raw) : nullptr;
+          next.bytes = kn * kPanel * static_cast<int64_t>(sizeof(Raw));
+        } else if (p + P < p1) {
+          const int64_t kn = k < kb ? k : kb;
+          next.a = reinterpret_cast<const char*>(wp + (p + P) * kPanel * k);
+          next.b = p + P + 1 < p1 ? next.a + kPanel * k * sizeof(Raw) : nullptr;
+          next.bytes = kn * kPanel * static_cast<int64_t>(sizeof(Raw));
+        }
+        const Prefetch none;
+        if (widen) {
+          for (int64_t q = 0; q < P; ++q)
+            for (int64_t c = 0; c < kc; c += 1)
+              _mm512_storeu_ps(wf + q * kPanel * kc + c * kPanel, load16<WT>(wb, q * kPanel * k + c * kPanel));
+        }
+        for (int64_t t0 = r0; t0 < r1; t0 += 12) {
+          const int64_t R = r1 - t0 < 12 ? r1 - t0 : 12;
+          const float* xt = x + t0 * k + c0;
+          float* ot = out + t0 * n;
+          const Prefetch& pf = t0 == r0 ? next : none;
+          if (widen) {
+            if (P == 2) {
+              tile_rows<WeightType::kF32, 2>(R, xt, k, wf, kPanel * kc, ot, n, j0, kc, c0 == 0, pf);
+            } else {
+              tile_rows<WeightType::kF32, 1>(R, xt, k, wf, kPanel * kc, ot, n, j0, kc, c0 == 0, pf);
+            }
+          } else if (P == 2) {
+            tile_rows<WT, 2>(R, xt, k, wb, kPanel * k, ot, n, j0, kc, c0 == 0, pf);
+          } else {
+            tile_rows<WT, 1>(R, xt, k, wb, kPanel * k, ot, n, j0, kc, c0 == 0, pf);
+          }
+        }
+      }
+      p += P;
+    }
+  }
+}
+
 template <WeightType WT>
 void panels(const float* x, const void* packed, float* out, int64_t m, int64_t k, int64_t n, int64_t p0,
             int64_t p1) {
@@ -89,12 +253,7 @@ void panels(const float* x, const void* packed, float* out, int64_t m, int64_t k
     for (; p < p1; ++p) rows<WT, 1>(x, packed, out, k, n, 0, m, p);
     return;
   }
-  const int64_t mb = row_block(k);
-  for (int64_t r0 = 0; r0 < m; r0 += mb) {
-    const int64_t r1 = r0 + mb < m ? r0 + mb : m;
-    for (p = p0; p + 2 <= p1; p += 2) rows<WT, 2>(x, packed, out, k, n, r0, r1, p);
-    if (p < p1) rows<WT, 1>(x, packed, out, k, n, r0, r1, p);
-  }
+  panels_blocked<WT>(x, packed, out, m, k, n, p0, p1);
 }
 
 }  // namespace
