@@ -91,17 +91,25 @@ Error bad_value_error(cxxopts::Options& opts, const std::vector<char*>& args, co
 // cxxopts reads a floating-point value with operator>>, which stops at the first
 // character it cannot use, so "0.5abc" would read as 0.5: every value of a
 // floating-point option (one that takes "0.5" but not "x") must be a whole number text.
+// Neither kind of number may be hexadecimal.
 void check_whole_numbers(cxxopts::Options& opts, const cxxopts::ParseResult& r) {
   const std::vector<OptionInfo> infos = option_infos(opts);
   for (const auto& kv : r.arguments()) {
     const auto it = std::find_if(infos.begin(), infos.end(), [&](const OptionInfo& o) { return o.name == kv.key(); });
     if (it == infos.end() || it->is_boolean || it->is_container) continue;
-    if (!parses(opts, it->name, "0.5") || parses(opts, it->name, "x")) continue;
     const std::string& v = kv.value();
+    // Hexadecimal (cxxopts takes "0x10" for an integer, strtod "0x1p-1") is refused:
+    // values are decimal, as the help says.
+    const bool hex = v.find_first_of("xX") != std::string::npos;
+    if (!parses(opts, it->name, "0.5") && parses(opts, it->name, "1") && !parses(opts, it->name, "x")) {
+      if (hex) throw Error("invalid value", "--" + it->name, expected_text(opts, *it) + ", in decimal", "'" + v + "'");
+      continue;
+    }
+    if (!parses(opts, it->name, "0.5") || parses(opts, it->name, "x")) continue;
     char* end = nullptr;
     errno = 0;
     const double d = std::strtod(v.c_str(), &end);
-    if (v.empty() || end != v.c_str() + v.size() || errno == ERANGE || !std::isfinite(d)) {
+    if (v.empty() || hex || end != v.c_str() + v.size() || errno == ERANGE || !std::isfinite(d)) {
       throw Error("invalid value", "--" + it->name, "a finite number", "'" + v + "'");
     }
   }

@@ -151,6 +151,10 @@ TEST(CommandLine, UnparsableValuesNameTheOptionAndTheValue) {
            {{"--stop-token-ids", "a,b"}, "--stop-token-ids: invalid value (expected a comma-separated list"},
            {{"--threads", "2147483648"}, "--threads: invalid value (expected an integer in [1, 4096], got 2147483648)"},
            {{"--tp", "x"}, "--tp: invalid value (expected an integer"},
+           // Decimal only: cxxopts reads "0x10" as 16, strtod "0x1p-1" as 0.5.
+           {{"--max-new-tokens", "0x10"}, "--max-new-tokens: invalid value (expected an integer in [-2^63, 2^63-1], in decimal, got '0x10')"},
+           {{"--seed=0X10"}, "--seed: invalid value (expected an integer in [0, 2^64-1]"},
+           {{"--temperature", "0x1p-1"}, "--temperature: invalid value (expected a finite number, got '0x1p-1')"},
            {{"--verbose=maybe"}, "--verbose: invalid value (expected true or false, got 'maybe')"}}) {
     const std::string e = command_line_error(args);
     EXPECT_EQ(e.rfind(message, 0), 0u) << args[0] << ": " << e;
