@@ -305,6 +305,7 @@ int run_generate(const GenerateOptions& o, Job& job) {
   std::string journal_file;             // rank 0, --input with --output: <output>.journal
   JournalContents journal_found;        // rank 0, --resume: what the journal holds
   std::set<int64_t> from_journal;       // rank 0: indices kept from the journal only
+  std::map<int64_t, std::string> kept_where;  // rank 0: "file:line" of each kept line
   if (!job.load_phase([&] {
         if (w.world_rank != 0) return;
         if (o.prompt) {
@@ -320,7 +321,9 @@ int run_generate(const GenerateOptions& o, Job& job) {
         }
         if (o.resume) {
           wait_for_journal_writer(journal_file);  // a killed mpirun's ranks may still be at work
-          kept = read_output_lines(resolve_output_path(o.output));
+          std::map<int64_t, int> numbers;
+          kept = read_output_lines(resolve_output_path(o.output), &numbers);
+          for (const auto& [index, n] : numbers) kept_where[index] = o.output + ":" + std::to_string(n);
           journal_found = read_journal(journal_file, "generate");
           if (!journal_found.dropped.empty()) {
             warn_once("ignoring " + journal_found.dropped + "; that request runs again");
@@ -331,6 +334,7 @@ int run_generate(const GenerateOptions& o, Job& job) {
             const auto [it, added] = kept.emplace(index, text);
             if (added) {
               from_journal.insert(index);
+              kept_where[index] = where;
             } else if (it->second != text) {
               throw Error("index " + std::to_string(index) + " is also in --output " + o.output +
                               " with a different line; are they of different runs?",
@@ -451,10 +455,19 @@ int run_generate(const GenerateOptions& o, Job& job) {
     // Rank 0: a kept line must belong to this input (its index and its prompt).
     for (const auto& [index, line] : kept) {
       const auto it = std::find_if(requests.begin(), requests.end(), [&](const Request& r) { return r.index == index; });
-      const std::string where =
-          (from_journal.count(index) ? journal_file : o.output) + ": line with index " + std::to_string(index);
+      const std::string where = kept_where[index] + " (index " + std::to_string(index) + ")";
       if (it == requests.end()) throw Error("no input line has this index; is it the output of another input?", where);
       const ordered_json j = ordered_json::parse(line);
+      // Only the keys linnet-tp writes: a line edited by hand would end up in --output.
+      for (const auto& [key, value] : j.items()) {
+        static const std::set<std::string> written = {"index", "prompt", "completion", "prompt_ids", "completion_ids",
+                                                      "finish_reason", "error", "prompt_tokens", "completion_tokens",
+                                                      "logprobs"};
+        if (!written.count(key)) {
+          throw Error("a kept line has a key linnet-tp does not write: \"" + key + "\"; is it linnet-tp's output?",
+                      where);
+        }
+      }
       if (!j.contains("prompt") || j["prompt"] != it->text) {
         throw Error("its prompt differs from " + it->where + "; is it the output of another input?", where);
       }

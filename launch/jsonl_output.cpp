@@ -90,7 +90,7 @@ int64_t output_line_index(const nlohmann::ordered_json& j, const std::string& wh
   return it->get<int64_t>();
 }
 
-std::map<int64_t, std::string> read_output_lines(const std::string& path) {
+std::map<int64_t, std::string> read_output_lines(const std::string& path, std::map<int64_t, int>* line_numbers) {
   std::map<int64_t, std::string> lines;
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) return lines;
@@ -104,6 +104,7 @@ std::map<int64_t, std::string> read_output_lines(const std::string& path) {
     if (!lines.emplace(index, std::move(text)).second) {
       throw Error("index " + std::to_string(index) + " appears twice", where);
     }
+    if (line_numbers) (*line_numbers)[index] = n;
   }
   return lines;
 }

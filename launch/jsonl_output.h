@@ -56,8 +56,10 @@ int64_t output_line_index(const nlohmann::ordered_json& line, const std::string&
 
 /// The lines of an earlier --output file for --resume, by their "index" field (the
 /// 0-based input line), each kept as its exact text. A missing file gives none.
+/// `line_numbers`, when given, receives each index's 1-based line in the file.
 /// @throws Error naming "path:line" when a line is not a JSON object with a
 ///   non-negative integer "index", or an index appears twice.
-std::map<int64_t, std::string> read_output_lines(const std::string& path);
+std::map<int64_t, std::string> read_output_lines(const std::string& path,
+                                                std::map<int64_t, int>* line_numbers = nullptr);
 
 }  // namespace linnet

@@ -238,6 +238,46 @@ TEST_F(Reliability, AResumeWithOtherSettingsIsRefused) {
       << bf16.err;
 }
 
+// A kept line is checked against the input and against what linnet-tp writes; a refusal
+// names the file and line (journal or --output) and the index.
+TEST_F(Reliability, AnEditedKeptLineIsRefusedNamingItsFileAndLine) {
+  const fs::path prompts = tmp_ / "prompts.jsonl", out = tmp_ / "out.jsonl";
+  const fs::path journal = tmp_ / "out.jsonl.journal";
+  write_prompts(prompts, 40);
+  const std::string gen = "--model " + stories() + " --input " + quote(prompts.string()) +
+                          " --max-new-tokens 100 --max-batch 4 --output " + quote(out.string());
+  const Result k = run(2, gen, signal_when_lines(0, "9", journal, 4));
+  ASSERT_NE(k.code, 0);
+  std::vector<std::string> lines = lines_of(journal);
+  ASSERT_GE(lines.size(), 4u);
+  json edited = json::parse(lines[2]);
+  const int64_t index = edited["index"].get<int64_t>();
+  edited["evil"] = 1;
+  lines[2] = edited.dump();
+  {
+    std::ofstream f(journal, std::ios::binary | std::ios::trunc);
+    for (size_t i = 0; i < 4; ++i) f << lines[i] << "\n";
+  }
+  const Result r = run(2, gen + " --resume");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find(journal.string() + ":3 (index " + std::to_string(index) +
+                       "): a kept line has a key linnet-tp does not write: \"evil\""),
+            std::string::npos)
+      << r.err;
+  edited.erase("evil");
+  edited["prompt"] = "another prompt";
+  lines[2] = edited.dump();
+  {
+    std::ofstream f(journal, std::ios::binary | std::ios::trunc);
+    for (size_t i = 0; i < 4; ++i) f << lines[i] << "\n";
+  }
+  const Result p = run(2, gen + " --resume");
+  EXPECT_EQ(p.code, 1);
+  EXPECT_NE(p.err.find(journal.string() + ":3 (index " + std::to_string(index) + "): its prompt differs from "),
+            std::string::npos)
+      << p.err;
+}
+
 // A signal during start-up (MPI start, groups, loading) is kept, not fatal: the run stops
 // at its first step with exit 130 and says so. The signal is sent the moment the rank's
 // handler is in place (SigCgt of /proc/PID/status shows SIGUSR1): main() installs it
