@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/error.h"
+#include "common/utf8.h"
 #include "launch/jsonl_input.h"
 #include "loader/chat/chat_template.h"
 
@@ -85,6 +86,8 @@ std::string prompt_text(const ordered_json& line, bool chat_flag, const Tokenize
       is_chat = false;
       return it->get<std::string>();
     }
+    // The message goes through JSON, which cannot hold invalid UTF-8: named here first.
+    check_utf8(it->get_ref<const std::string&>(), where);
     request = ordered_json::parse(user_message_request(it->get<std::string>()));
   }
   is_chat = true;

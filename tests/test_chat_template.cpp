@@ -483,6 +483,12 @@ TEST_F(ChatCli, GenerateChatDoesNotAddASecondBos) {
   ASSERT_GE(c["prompt_ids"].size(), 2u);
   EXPECT_NE(c["prompt_ids"][0], c["prompt_ids"][1]);
   EXPECT_EQ(c["completion_ids"], w["completion_ids"]);
+  // Invalid UTF-8 in --prompt with --chat is named as --prompt's (the message goes
+  // through JSON, whose library would report a type error naming nothing).
+  const CliResult bad = run(common + quote((tmp_ / "bad.jsonl").string()) + " --chat --prompt \"$(printf 'a\\303(')\"");
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_NE(bad.err.find("--prompt: invalid UTF-8 at byte offset 1"), std::string::npos) << bad.err;
+  EXPECT_EQ(bad.err.find("json.exception"), std::string::npos) << bad.err;
 }
 
 }  // namespace
