@@ -8,6 +8,9 @@ namespace linnet {
 namespace {
 
 constexpr size_t kMaxChunkSizeLine = 4096;
+// cpp-httplib's CPPHTTPLIB_HEADER_MAX_LENGTH and CPPHTTPLIB_REQUEST_URI_MAX_LENGTH (8192): a
+// request line or field line it reads, CRLF included, must be shorter.
+constexpr size_t kMaxLineBytes = 8192;
 
 bool is_tchar(char c) {
   if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9')) return true;
@@ -176,13 +179,27 @@ RequestFramer::Status RequestFramer::parse_head(size_t end) {
   if (method.empty() || target.empty() || !std::all_of(method.begin(), method.end(), is_tchar)) {
     return fail(400, "malformed request line " + quoted(rl));
   }
+  // cpp-httplib reads at most CPPHTTPLIB_REQUEST_URI_MAX_LENGTH / _HEADER_MAX_LENGTH
+  // (8192) bytes of a target or a field line; longer ones are refused here, by name.
+  if (target.size() >= kMaxLineBytes) {
+    return fail(414, "the request target is longer than " + std::to_string(kMaxLineBytes - 1) + " bytes");
+  }
+  // The absolute form (RFC 9112 3.2.2) is taken as its path.
+  std::string_view path = target;
+  for (const std::string_view scheme : {std::string_view("http://"), std::string_view("https://")}) {
+    if (path.size() > scheme.size() && ci_equal(path.substr(0, scheme.size()), scheme)) {
+      const size_t slash = path.find('/', scheme.size());
+      path = slash == std::string_view::npos ? std::string_view("/") : path.substr(slash);
+      break;
+    }
+  }
   if (version != "HTTP/1.1" && version != "HTTP/1.0") {
     if (version.rfind("HTTP/", 0) == 0) return fail(505, "HTTP version " + quoted(version) + " is not supported");
     return fail(400, "malformed request line " + quoted(rl));
   }
   method_ = std::string(method);
   std::string fields;
-  bool has_length = false, has_te = false;
+  bool has_length = false, has_te = false, has_authorization = false;
   std::string length_text, te;
   for (size_t k = 1; k < lines.size(); ++k) {
     const std::string_view line = lines[k];
@@ -193,6 +210,19 @@ RequestFramer::Status RequestFramer::parse_head(size_t end) {
     const std::string_view name = line.substr(0, colon);
     if (!std::all_of(name.begin(), name.end(), is_tchar)) return fail(400, "malformed header field name " + quoted(name));
     const std::string_view value = trim_ows(line.substr(colon + 1));
+    if (line.size() + 2 >= kMaxLineBytes) {
+      return fail(431, "the header field " + quoted(name) + " is longer than " + std::to_string(kMaxLineBytes - 3) +
+                           " bytes");
+    }
+    // RFC 9110 5.5: no control bytes but HTAB in a field value (httplib would cut at NUL).
+    if (std::any_of(value.begin(), value.end(),
+                    [](char c) { return (static_cast<unsigned char>(c) < 0x20 && c != '\t') || c == 0x7f; })) {
+      return fail(400, "the header field " + quoted(name) + " holds a control byte");
+    }
+    if (ci_equal(name, "authorization")) {
+      if (has_authorization) return fail(400, "more than one Authorization header field");
+      has_authorization = true;
+    }
     if (ci_equal(name, "content-length")) {
       if (value.empty() || !std::all_of(value.begin(), value.end(), [](char c) { return c >= '0' && c <= '9'; })) {
         return fail(400, "invalid Content-Length " + quoted(value) + " (expected a number of bytes)");
@@ -242,7 +272,7 @@ RequestFramer::Status RequestFramer::parse_head(size_t end) {
     }
     phase_ = Phase::kLengthBody;
   }
-  head_out_ = method_ + " " + std::string(target) + " " + std::string(version) + "\r\n" + fields;
+  head_out_ = method_ + " " + std::string(path) + " " + std::string(version) + "\r\n" + fields;
   pos_ = end;
   return status_;
 }
@@ -331,6 +361,9 @@ RequestFramer::Status RequestFramer::advance_body() {
         pos_ = nl + 1;
         if (trailer_bytes_ > limits_.max_head_bytes) return fail(431, "the trailer section is too large");
         if (line.empty()) return status_ = Status::kReady;
+        if (const size_t colon = line.find(':'); colon == std::string_view::npos || colon == 0) {
+          return fail(400, "malformed trailer field " + quoted(line));
+        }
         break;
       }
     }

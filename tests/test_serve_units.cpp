@@ -232,6 +232,12 @@ TEST(ServeFraming, HeadRewrite) {
   EXPECT_TRUE(n[0].close);  // HTTP/1.0
   EXPECT_EQ(n[1].bytes, "GET /b HTTP/1.1\r\n\r\n");
   EXPECT_EQ(n[2].bytes, "GET /c HTTP/1.1\r\n\r\n");
+  // The absolute form is taken as its path (RFC 9112 3.2.2).
+  Framer h({});
+  const auto a = frame_all(h, "GET http://127.0.0.1:8000/health HTTP/1.1\r\n\r\nGET HTTP://x HTTP/1.1\r\n\r\n");
+  ASSERT_EQ(a.size(), 2u);
+  EXPECT_EQ(a[0].bytes, "GET /health HTTP/1.1\r\n\r\n");
+  EXPECT_EQ(a[1].bytes, "GET / HTTP/1.1\r\n\r\n");
 }
 
 TEST(ServeFraming, ExpectContinue) {
@@ -287,6 +293,25 @@ TEST(ServeFraming, RefusalsHaveTheirStatus) {
   EXPECT_EQ(status("GET /\r\n\r\n"), 400);
   EXPECT_EQ(status("GET / HTTP/2.0\r\n\r\n"), 505);
   EXPECT_EQ(status("POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n"), 400);
+  // What cpp-httplib would cut or refuse unnamed: control bytes in a value (it stops at
+  // a NUL: "Bearer KEY\0x" passed as "Bearer KEY"), lines of 8 KiB, two Authorization
+  // fields (which one counts?), a trailer line without a colon.
+  static const char kNul[] = "Authorization: Bearer k\0x\r\n\r\n";
+  EXPECT_EQ(status(post + std::string(kNul, sizeof kNul - 1)), 400);
+  EXPECT_EQ(status(post + "X: a\x01b\r\n\r\n"), 400);
+  EXPECT_EQ(status(post + "X: a\tb\r\nContent-Length: 0\r\n\r\n"), 0);
+  EXPECT_EQ(status(post + "Authorization: Bearer a\r\nauthorization: Bearer b\r\n\r\n"), 400);
+  EXPECT_EQ(status(post + "Transfer-Encoding: chunked\r\n\r\n0\r\nnocolon\r\n\r\n"), 400);
+  FramingLimits wide;
+  wide.max_head_bytes = 64 << 10;
+  auto wide_status = [&](const std::string& bytes) {
+    Framer f(wide);
+    f.append(bytes.data(), bytes.size());
+    return f.advance() == Framer::Status::kError ? f.error_status() : 0;
+  };
+  EXPECT_EQ(wide_status(post + "X: " + std::string(8180, 'a') + "\r\n\r\n"), 0);
+  EXPECT_EQ(wide_status(post + "X: " + std::string(8200, 'a') + "\r\n\r\n"), 431);
+  EXPECT_EQ(wide_status("GET /" + std::string(8200, 'a') + " HTTP/1.1\r\n\r\n"), 414);
   // An error's message says what was wrong.
   Framer f(limits);
   const std::string bad = post + "Content-Length: -5\r\n\r\n";
