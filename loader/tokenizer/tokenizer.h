@@ -49,6 +49,15 @@ class Tokenizer {
   static Tokenizer from_files(const std::filesystem::path& tokenizer_json,
                               const std::filesystem::path& tokenizer_config_json);
 
+  /// The same from the files' texts, held in memory: `tokenizer_json` is a tokenizer.json,
+  /// `tokenizer_config_json` a tokenizer_config.json or nullopt (no config).
+  /// `tokenizer_where` / `config_where` name them in errors (from_files passes the paths).
+  /// @throws Error as from_files, naming `tokenizer_where` or `config_where`.
+  static Tokenizer from_json_text(std::string_view tokenizer_json,
+                                  std::optional<std::string_view> tokenizer_config_json,
+                                  const std::string& tokenizer_where = "tokenizer.json",
+                                  const std::string& config_where = "tokenizer_config.json");
+
   /// Token ids of `text` (UTF-8). Added tokens (e.g. "<s>") written in the text are
   /// matched as tokens whether or not add_special_tokens is set; add_special_tokens adds
   /// the post-processor's tokens (BOS for Llama). Semantics of tokenizers'
