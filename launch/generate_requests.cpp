@@ -96,6 +96,22 @@ std::string prompt_text(const ordered_json& line, bool chat_flag, const Tokenize
   }
 }
 
+void read_request_line(const ordered_json& line, const RequestSettings& defaults, int64_t vocab_size, bool chat_flag,
+                       const Tokenizer& tok, const std::filesystem::path& model_dir,
+                       std::unique_ptr<ModelChatTemplate>& chat, Request& r, bool& is_chat) {
+  r.settings = apply_request_keys(line, defaults, r.where);
+  for (int64_t id : r.settings.stop_token_ids) {
+    if (id >= vocab_size) {
+      // The flag's ids are every line's default: name the flag unless the line set them.
+      const auto it = line.find("stop_token_ids");
+      const bool from_line = it != line.end() && !it->is_null();
+      throw Error("invalid value", from_line ? r.where + ": key \"stop_token_ids\"" : std::string("--stop-token-ids"),
+                  "ids < vocab_size = " + std::to_string(vocab_size), std::to_string(id));
+    }
+  }
+  r.text = prompt_text(line, chat_flag, tok, model_dir, chat, r.where, is_chat);
+}
+
 // The completion text of `ids` after `prompt`, cut before the first stop string it
 // holds (vLLM's rule); `stopped` tells whether one was found.
 std::string completion_text(const Tokenizer& tok, const Request& r, const std::vector<int32_t>& ids, bool& stopped) {

@@ -61,6 +61,19 @@ std::string prompt_text(const nlohmann::ordered_json& line, bool chat_flag, cons
                         const std::filesystem::path& model_dir, std::unique_ptr<ModelChatTemplate>& chat,
                         const std::string& where, bool& is_chat);
 
+/// Reads one request line into `r`, as `generate` does for each --input line (and for
+/// {"prompt": --prompt}): r.settings = `defaults` with the line's keys applied
+/// (apply_request_keys), its stop_token_ids checked against `vocab_size` (config.json's),
+/// and r.text = prompt_text(...) (raw, or rendered by the chat template, loaded into
+/// `chat` from `model_dir` on first use; `is_chat` says which). r.where names the line.
+/// Tokenizing r.text is left to the caller (it first bounds the text's bytes).
+/// @throws Error naming r.where and the key as apply_request_keys and prompt_text do; for
+///   a stop token id >= vocab_size, naming the line's key, or --stop-token-ids when the
+///   ids are the flag's (the line did not set them).
+void read_request_line(const nlohmann::ordered_json& line, const RequestSettings& defaults, int64_t vocab_size,
+                       bool chat_flag, const Tokenizer& tok, const std::filesystem::path& model_dir,
+                       std::unique_ptr<ModelChatTemplate>& chat, Request& r, bool& is_chat);
+
 /// The completion text of `ids` after the request's prompt, cut before the first stop
 /// string it holds (vLLM's rule); `stopped` tells whether one was found.
 std::string completion_text(const Tokenizer& tok, const Request& r, const std::vector<int32_t>& ids, bool& stopped);
