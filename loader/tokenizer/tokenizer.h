@@ -123,7 +123,9 @@ class Tokenizer {
 /// detokenizer_utils.py): each step decodes only the window from prefix_offset,
 /// and emits what it adds over the window's already-emitted part. The window start is
 /// kept where decoding is local (not inside a byte run, and with non-empty text before
-/// read_offset so decoders that strip a leading space treat both decodes alike).
+/// read_offset so decoders that strip a leading space treat both decodes alike). Text
+/// held because it ends in U+FFFD restarts the window where the held ids decode in two
+/// independent halves, so a run of invalid bytes costs linear time, not quadratic.
 class StreamingDetokenizer {
  public:
   /// @param prompt_ids  ids already shown to the user (their text is not emitted).
@@ -142,6 +144,7 @@ class StreamingDetokenizer {
 
  private:
   std::string emit(bool force);
+  std::string emit_settled(const std::string& new_text);
   bool is_window_start(std::size_t i) const;
   std::string decode_range(std::size_t begin, std::size_t end) const;
 
