@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <set>
+#include <stdexcept>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -74,32 +76,118 @@ void check_json_text_depth(std::string_view text, std::size_t max_depth, const s
 
 namespace {
 
+// A SAX handler that builds the document itself, refusing repeated keys. It appends
+// each member of an ordered_json object to the object's vector directly: nlohmann's own
+// parsers insert through ordered_map::operator[], which searches the object's keys
+// first, so an object of n keys took O(n^2) (a line of a million keys, hours). The keys
+// are unique by construction (`keys`), so nothing is lost by not searching.
+template <class Json>
+class UniqueKeysBuilder {
+ public:
+  using number_integer_t = typename Json::number_integer_t;
+  using number_unsigned_t = typename Json::number_unsigned_t;
+  using number_float_t = typename Json::number_float_t;
+  using string_t = typename Json::string_t;
+  using binary_t = typename Json::binary_t;
+
+  UniqueKeysBuilder(Json& root, const std::string& where) : root_(root), where_(where) {}
+
+  bool null() { return add(Json(nullptr)); }
+  bool boolean(bool v) { return add(Json(v)); }
+  bool number_integer(number_integer_t v) { return add(Json(v)); }
+  bool number_unsigned(number_unsigned_t v) { return add(Json(v)); }
+  bool number_float(number_float_t v, const string_t&) { return add(Json(v)); }
+  bool string(string_t& v) { return add(Json(std::move(v))); }
+  bool binary(binary_t& v) { return add(Json::binary(std::move(v))); }
+  bool start_object(std::size_t) { return open(Json::value_t::object); }
+  bool start_array(std::size_t) { return open(Json::value_t::array); }
+  bool end_object() { return close(); }
+  bool end_array() { return close(); }
+
+  bool key(string_t& k) {
+    Frame& top = stack_.back();
+    if (!top.keys.insert(k).second) {
+      std::string what = "duplicate key " + json_brief(nlohmann::json(k));
+      if (objects_ > 1) what += " in " + json_brief(nlohmann::json(top.parent));
+      throw Error(what + " (a JSON object may not repeat a key)", where_);
+    }
+    last_key_ = k;
+    key_ = std::move(k);
+    return true;
+  }
+
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) {
+    if (const auto* p = dynamic_cast<const nlohmann::detail::parse_error*>(&e)) throw *p;
+    if (const auto* o = dynamic_cast<const nlohmann::detail::out_of_range*>(&e)) throw *o;
+    throw std::runtime_error(e.what());
+  }
+
+ private:
+  struct Frame {
+    Json* value;                 // the open array or object
+    std::set<std::string> keys;  // an object's keys so far
+    std::string parent;          // the key the object is the value of ("" at the top)
+  };
+
+  // Places `v` where the parse is (the root, the open array, or the open object's
+  // current key) and returns it.
+  Json* place(Json&& v) {
+    if (stack_.empty()) {
+      root_ = std::move(v);
+      return &root_;
+    }
+    Json& top = *stack_.back().value;
+    if (top.is_array()) {
+      auto& items = top.template get_ref<typename Json::array_t&>();
+      items.push_back(std::move(v));
+      return &items.back();
+    }
+    auto& members = top.template get_ref<typename Json::object_t&>();
+    if constexpr (std::is_same_v<Json, nlohmann::ordered_json>) {
+      auto& vec = static_cast<typename Json::object_t::Container&>(members);
+      vec.emplace_back(std::move(key_), std::move(v));
+      return &vec.back().second;
+    } else {
+      return &members.emplace(std::move(key_), std::move(v)).first->second;
+    }
+  }
+
+  bool add(Json&& v) {
+    place(std::move(v));
+    return true;
+  }
+
+  bool open(typename Json::value_t type) {
+    const bool object = type == Json::value_t::object;
+    std::string parent = object && objects_ > 0 ? last_key_ : std::string();
+    // The containers on the stack are always the last member of their parent, so these
+    // pointers stay valid: a sibling is only appended once the container is closed.
+    Json* value = place(Json(type));
+    stack_.push_back({value, {}, std::move(parent)});
+    if (object) ++objects_;
+    return true;
+  }
+
+  bool close() {
+    if (stack_.back().value->is_object()) --objects_;
+    stack_.pop_back();
+    return true;
+  }
+
+  Json& root_;
+  const std::string& where_;
+  std::vector<Frame> stack_;
+  std::size_t objects_ = 0;  // objects on the stack
+  string_t key_;             // the key whose value comes next
+  std::string last_key_;     // the most recent key (names the object it opens)
+};
+
 template <class Json>
 Json parse_unique_keys(std::string_view text, const std::string& where) {
-  // One entry per object being parsed: its keys so far, and the key it is the value of.
-  struct Open {
-    std::set<std::string> keys;
-    std::string parent;
-  };
-  std::vector<Open> open;
-  std::string last_key;
-  const auto callback = [&](int /*depth*/, nlohmann::detail::parse_event_t event, Json& parsed) {
-    using E = nlohmann::detail::parse_event_t;
-    if (event == E::object_start) {
-      open.push_back({{}, open.empty() ? std::string() : last_key});
-    } else if (event == E::object_end) {
-      open.pop_back();
-    } else if (event == E::key) {
-      last_key = parsed.template get<std::string>();
-      if (!open.back().keys.insert(last_key).second) {
-        std::string what = "duplicate key " + json_brief(nlohmann::json(last_key));
-        if (open.size() > 1) what += " in " + json_brief(nlohmann::json(open.back().parent));
-        throw Error(what + " (a JSON object may not repeat a key)", where);
-      }
-    }
-    return true;
-  };
-  return Json::parse(text, callback);
+  Json root;
+  UniqueKeysBuilder<Json> builder(root, where);
+  Json::sax_parse(text, &builder);
+  return root;
 }
 
 }  // namespace

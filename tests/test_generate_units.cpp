@@ -3,6 +3,7 @@
 // latency percentiles of the stats line (numpy.percentile's linear rule, by hand).
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -243,6 +244,26 @@ TEST(JsonlInput, DuplicateKeysNameTheLineAndTheKey) {
     } catch (const Error& e) {
       EXPECT_EQ(std::string(e.what()).rfind(message, 0), 0u) << e.what();
     }
+  }
+}
+
+TEST(JsonlInput, ParseTimeIsLinearInTheNumberOfKeys) {
+  // ordered_json's parser inserted each key through a search of the keys before it: a
+  // line of 300000 keys took minutes.
+  std::string line = R"({"prompt": "x")";
+  for (int k = 0; k < 300000; ++k) line += ", \"k" + std::to_string(k) + "\": " + std::to_string(k);
+  const auto start = std::chrono::steady_clock::now();
+  const ordered_json j = parse_jsonl_line(line + "}", "in.jsonl:1");
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 10.0);
+  ASSERT_EQ(j.size(), 300001u);
+  EXPECT_EQ(j.begin().key(), "prompt");
+  EXPECT_EQ(j.back(), 299999);
+  EXPECT_EQ(j.at("k1234"), 1234);
+  try {
+    parse_jsonl_line(line + R"(, "k7": 1})", "in.jsonl:1");
+    ADD_FAILURE() << "accepted a repeated key";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("in.jsonl:1: duplicate key \"k7\"", 0), 0u) << e.what();
   }
 }
 
