@@ -29,6 +29,7 @@ class EvalNest {
                          " levels (macros calling macros?)");
     }
     ++ev_.eval_depth_;
+    ev_.line_ = line;
   }
   ~EvalNest() { --ev_.eval_depth_; }
   EvalNest(const EvalNest&) = delete;
@@ -43,6 +44,14 @@ Evaluator::Evaluator(const std::string& name, const Value& globals) : name_(name
   if (globals.dict) {
     for (const auto& [k, v] : *globals.dict) assign(k, v);
   }
+}
+
+Evaluator::~Evaluator() {
+  for (const auto& ns : namespaces_) ns->clear();
+}
+
+void Evaluator::track_namespace(const Value& ns) {
+  if (ns.dict) namespaces_.push_back(ns.dict);
 }
 
 void Evaluator::step(int line, int64_t n) {
@@ -514,8 +523,8 @@ Value Evaluator::binary(const std::string& op, const Value& a, const Value& b, i
 }
 
 bool Evaluator::compare(const std::string& op, const Value& a, const Value& b, int line) {
-  if (op == "==") return equal(a, b);
-  if (op == "!=") return !equal(a, b);
+  if (op == "==") return equal(a, b, this, line);
+  if (op == "!=") return !equal(a, b, this, line);
   if (op == "in") return contains(*this, b, a, line);
   if (op == "not in") return !contains(*this, b, a, line);
   int c = 0;
@@ -609,6 +618,12 @@ Value Evaluator::slice(const Value& obj, const Value& start_v, const Value& stop
   const int64_t stop = adjust(stop_v, step < 0 ? -1 : n);
   std::u32string out_s;
   List out_l;
+  // The items taken count as steps (and list items as bytes copied), as iteration does.
+  const uint64_t stride = step > 0 ? static_cast<uint64_t>(step) : static_cast<uint64_t>(-(step + 1)) + 1;
+  const int64_t span = step > 0 ? stop - start : start - stop;  // start, stop in [-1, n]
+  const auto count = span > 0 ? static_cast<int64_t>((static_cast<uint64_t>(span) - 1) / stride + 1) : int64_t{0};
+  this->step(line, count);
+  if (!is_str) copied(static_cast<std::size_t>(count) * sizeof(Value), line);
   for (int64_t k = start; step > 0 ? k < stop : k > stop;) {
     if (is_str) {
       out_s += s[static_cast<std::size_t>(k)];
@@ -623,7 +638,11 @@ Value Evaluator::slice(const Value& obj, const Value& start_v, const Value& stop
 std::string render(const std::vector<Node>& nodes, const Value& globals, const std::string& name) {
   Evaluator ev(name, globals);
   std::string out;
-  ev.exec(nodes, out);
+  try {
+    ev.exec(nodes, out);
+  } catch (const ValueLimit& e) {
+    ev.fail(ev.line(), e.what());
+  }
   return out;
 }
 
