@@ -30,11 +30,14 @@ void* operator new(std::size_t n) {
   if (g_counting.load(std::memory_order_relaxed)) g_outstanding.fetch_add(1, std::memory_order_relaxed);
   return p;
 }
-void operator delete(void* p) noexcept {
+namespace {
+void release(void* p) noexcept {
   if (p && g_counting.load(std::memory_order_relaxed)) g_outstanding.fetch_sub(1, std::memory_order_relaxed);
   std::free(p);
 }
-void operator delete(void* p, std::size_t) noexcept { operator delete(p); }
+}  // namespace
+void operator delete(void* p) noexcept { release(p); }
+void operator delete(void* p, std::size_t) noexcept { release(p); }
 
 namespace linnet {
 namespace {
@@ -150,6 +153,61 @@ TEST(ChatLimits, SplitIntoTooManyItemsIsAnError) {
   EXPECT_EQ(out.rfind("error: t.jinja line 2: ", 0), 0u) << out.substr(0, 200);
   EXPECT_NE(out.find("more than 1048576 items"), std::string::npos) << out.substr(0, 200);
   EXPECT_EQ(render("{{ 'a,b,,c'.split(',') }} {{ ' a  b '.split() }}"), "['a', 'b', '', 'c'] ['a', 'b']");
+}
+
+// Seconds `f` takes.
+template <class F>
+double seconds_of(F&& f) {
+  const auto start = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+TEST(ChatLimits, ManyVariablesAndKeysTakeLinearTime) {
+  // ordered_json's operator[] searches the keys before inserting (O(n^2) for n keys), and
+  // every template variable was looked up by a scan of all of them.
+  // (Built through the objects' vectors: operator[] here would be quadratic too.)
+  const auto append = [](ojson& obj, std::string key, ojson value) {
+    static_cast<ojson::object_t::Container&>(obj.get_ref<ojson::object_t&>()).emplace_back(std::move(key),
+                                                                                           std::move(value));
+  };
+  ojson request = ojson::object();
+  ojson message = {{"role", "user"}, {"content", "hi"}, {"thinking", "t"}};
+  for (int k = 0; k < 200000; ++k) {
+    const std::string n = std::to_string(k);
+    append(request, std::string("v").append(n), k);
+    append(message, std::string("m").append(n), k);
+  }
+  request["messages"] = ojson::array({message});
+  ojson vars;
+  EXPECT_LT(seconds_of([&] { vars = chat_variables(request, {}, "request"); }), 10.0);
+  EXPECT_EQ(vars.size(), 4u + 200000u);  // messages, tools, documents, add_generation_prompt + the 200000
+  const ojson& m = vars["messages"][0];
+  EXPECT_EQ(m.begin().key(), "thinking");
+  EXPECT_EQ(m.back(), "t");  // reasoning_content, last
+  EXPECT_EQ(m.size(), 3u + 200000u + 1u);
+  const ChatTemplate t = ChatTemplate::parse(
+      "{% for i in range(100000) %}{% if absent is defined or v199999 != 199999 %}x{% endif %}{% endfor %}"
+      "{{ messages[0].m5 }}",
+      "t.jinja");
+  std::string out;
+  EXPECT_LT(seconds_of([&] { out = t.render(vars); }), 10.0);
+  EXPECT_EQ(out, "5");
+}
+
+TEST(ChatLimits, MacroCallsDoNotCopyTheGlobals) {
+  // Each call copied every top-level variable (here 16 MB) in and out again.
+  std::string out;
+  EXPECT_LT(seconds_of([&] {
+              out = render("{% set s = 'a' * 16000000 %}{% macro f(x) %}{% if x == 19999 %}{{ x }}{% endif %}"
+                           "{% endmacro %}{% for i in range(20000) %}{{ f(i) }}{% endfor %}");
+            }),
+            10.0);
+  EXPECT_EQ(out, "19999");
+  // A macro still sees the globals, not its caller's locals.
+  EXPECT_EQ(render("{% set g = 1 %}{% macro f() %}{{ g }}{{ l is defined }}{% endmacro %}"
+                   "{% for l in [1] %}{{ f() }}{% endfor %}{% set g = 2 %}{{ f() }}"),
+            "1False2False");
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -259,7 +260,9 @@ class Evaluator {
   Value slice(const Value& obj, const Value& start, const Value& stop, const Value& step, int line);
 
   const std::string& name_;
-  std::vector<Dict> frames_;
+  std::vector<Dict> frames_;  // [0]: builtins and the template's variables; then loop and macro scopes
+  std::unordered_map<std::string, std::size_t> global_index_;  // name -> position in frames_[0]
+  std::size_t scope_base_ = 1;  // the first frame of the innermost macro call (1: none)
   int64_t steps_ = 0;     // counted against kMaxSteps
   std::size_t copied_ = 0;  // bytes, counted against kMaxCopyBytes
   int call_depth_ = 0;    // macro calls in progress, against kMaxNestingDepth

@@ -41,6 +41,7 @@ class EvalNest {
 
 Evaluator::Evaluator(const std::string& name, const Value& globals) : name_(name) {
   frames_.emplace_back(builtin_globals());
+  for (std::size_t k = 0; k < frames_[0].size(); ++k) global_index_.emplace(frames_[0][k].first, k);
   if (globals.dict) {
     for (const auto& [k, v] : *globals.dict) assign(k, v);
   }
@@ -89,16 +90,30 @@ void Evaluator::fail_undefined(int line, const Value& v) const {
   fail(line, "undefined value: " + (v.s.empty() ? std::string("a value is undefined") : v.s));
 }
 
+// The frames a name is looked up in: the innermost ones down to scope_base_ (a macro
+// call starts a new scope), then the global frame, through its index (a request can
+// bring a million variables; scanning them for every name would be quadratic).
 Value Evaluator::lookup(const std::string& name) const {
-  for (auto f = frames_.rbegin(); f != frames_.rend(); ++f) {
-    for (const auto& [k, v] : *f) {
+  for (std::size_t f = frames_.size(); f-- > std::max<std::size_t>(scope_base_, 1);) {
+    for (const auto& [k, v] : frames_[f]) {
       if (k == name) return v;
     }
   }
+  const auto it = global_index_.find(name);
+  if (it != global_index_.end()) return frames_[0][it->second].second;
   return Value::undefined("'" + name + "' is undefined");
 }
 
 void Evaluator::assign(const std::string& name, Value v) {
+  if (frames_.size() == 1) {
+    const auto [it, added] = global_index_.emplace(name, frames_[0].size());
+    if (added) {
+      frames_[0].emplace_back(name, std::move(v));
+    } else {
+      frames_[0][it->second].second = std::move(v);
+    }
+    return;
+  }
   for (auto& [k, old] : frames_.back()) {
     if (k == name) {
       old = std::move(v);
@@ -260,13 +275,23 @@ Value Evaluator::call_macro(const Node& macro, Args& args, Kwargs& kwargs, int l
     int& depth;
     ~Leave() { --depth; }
   } leave{call_depth_};
-  // A macro sees the template's top-level variables, not its caller's locals.
-  std::vector<Dict> saved;
-  saved.swap(frames_);
-  frames_.push_back(saved.front());
+  // A macro sees the template's top-level variables, not its caller's locals: its
+  // frames start a scope above the caller's (the global frame is shared, not copied: a
+  // copy per call cost O(variables) and copied every global string).
+  const std::size_t saved_base = scope_base_;
+  const std::size_t saved_size = frames_.size();
+  scope_base_ = frames_.size();
   frames_.emplace_back();
+  struct Restore {
+    Evaluator& ev;
+    std::size_t base, size;
+    ~Restore() {
+      ev.frames_.resize(size);
+      ev.scope_base_ = base;
+    }
+  } restore{*this, saved_base, saved_size};
   std::string out;
-  try {
+  {
     for (std::size_t k = 0; k < macro.params.size(); ++k) {
       const auto& [param, def] = macro.params[k];
       Value v = Value::undefined("'" + param + "' is undefined");
@@ -286,12 +311,7 @@ Value Evaluator::call_macro(const Node& macro, Args& args, Kwargs& kwargs, int l
       if (!known) fail(line, "macro '" + macro.targets[0] + "' has no parameter '" + key + "'");
     }
     exec(macro.body, out);
-  } catch (...) {
-    frames_.swap(saved);
-    throw;
   }
-  saved.front() = frames_.front();
-  frames_.swap(saved);
   return Value::string(std::move(out));
 }
 
