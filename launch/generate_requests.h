@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -94,6 +95,27 @@ std::string dump_line(const nlohmann::ordered_json& j);
 /// max_new_tokens, `eos` plus its stop_token_ids, top_logprobs and error.
 BatchRequest batch_request(const Request& r, const std::vector<int64_t>& eos, uint64_t seed);
 
+/// Finds a request's stop strings in a text that grows at its end, in time linear in the
+/// text for each stop string (Knuth-Morris-Pratt: no byte is compared twice, however
+/// long a stop string the text keeps almost matching).
+class StopFinder {
+ public:
+  /// `stops`: non-empty strings.
+  explicit StopFinder(const std::vector<std::string>& stops);
+  /// Appends `more` to the text; returns the offset in the whole text where the earliest
+  /// stop string that ends inside `more` starts, or npos.
+  size_t feed(std::string_view more);
+
+ private:
+  struct Stop {
+    std::string text;
+    std::vector<uint32_t> fail;  // KMP: longest proper prefix of text[0..i] that is also its suffix
+    size_t matched = 0;          // bytes of text matched at the end of what was fed
+  };
+  std::vector<Stop> stops_;
+  size_t fed_ = 0;  // bytes fed so far
+};
+
 /// The completion text of one request as its tokens arrive, for streaming: complete
 /// UTF-8 characters only (StreamingDetokenizer), text held back while it could be the
 /// start of one of the request's stop strings, and nothing from the first stop string
@@ -114,7 +136,7 @@ class CompletionStream {
   std::string release(bool final);
 
   StreamingDetokenizer stream_;
-  std::vector<std::string> stop_;
+  StopFinder stops_;
   size_t hold_ = 0;                // longest stop string - 1
   std::string text_;               // everything decoded so far
   size_t shown_ = 0;               // bytes of text_ already returned
@@ -130,7 +152,7 @@ class StopScan {
 
  private:
   std::unique_ptr<StreamingDetokenizer> stream_;
-  std::string text_;
+  std::unique_ptr<StopFinder> stops_;
 };
 
 }  // namespace linnet
