@@ -11,6 +11,7 @@
 #include "launch/bench_command.h"
 #include "launch/info_command.h"
 #include "launch/loss_command.h"
+#include "launch/request_settings.h"
 #include "launch/template_command.h"
 #include "launch/tokenize_command.h"
 #include "runtime/sampler.h"
@@ -79,31 +80,6 @@ struct ServeOptions {
 /// Most requests --max-batch decodes together: far above what fits a step, low enough
 /// that --max-batch x --max-seq-len never overflows.
 inline constexpr int64_t kMaxBatchLimit = 65536;
-
-/// Most alternatives per token that --top-logprobs / "top_logprobs" may ask for (vLLM's
-/// and OpenAI's cap).
-inline constexpr int64_t kMaxTopLogprobs = 20;
-
-/// One request's generation settings: what an --input line may set. Each key defaults
-/// to the command-line flag, which defaults to generation_config.json.
-struct RequestSettings {
-  SamplingParams sampling;                // temperature, top_k, top_p, min_p, repetition_penalty
-  std::optional<uint64_t> seed;           // the line's own seed; else the run's seed + line index
-  int64_t max_new_tokens = 256;
-  std::vector<std::string> stop;          // stop strings: the completion is cut before the first one
-  std::vector<int64_t> stop_token_ids;    // on top of the model's EOS ids
-  int64_t top_logprobs = -1;              // -1: no logprobs; else the alternatives per token
-};
-
-/// `defaults` with the keys of one --input line applied: temperature, top_k, top_p,
-/// min_p, repetition_penalty, presence_penalty, frequency_penalty, seed, max_new_tokens, stop (a string or a list of
-/// strings), stop_token_ids (a list of ids), logprobs (true/false), top_logprobs (N,
-/// implies logprobs). A null value counts as absent; other keys are ignored.
-/// @throws Error naming `where` (file:line) and the key when a value has the wrong JSON
-///   type or is out of range (the ranges of Sampler, max_new_tokens >= 0, ids >= 0,
-///   non-empty stop strings, top_logprobs in [0, kMaxTopLogprobs]).
-RequestSettings apply_request_keys(const nlohmann::ordered_json& line, RequestSettings defaults,
-                                   const std::string& where);
 
 /// Declares the flags that load a model and size its engine, shared by generate and
 /// serve: --model, --tp, --max-seq-len, --max-batch (help `max_batch_help`),

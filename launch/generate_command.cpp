@@ -407,18 +407,9 @@ int run_generate(const GenerateOptions& o, Job& job) {
       } else {
         line = parse_jsonl_line(text, r.where);
       }
-      r.settings = apply_request_keys(line, defaults, r.where);
-      for (int64_t id : r.settings.stop_token_ids) {
-        if (id >= files->config.vocab_size) {
-          // The flag's ids are every line's default: name the flag unless the line set them.
-          const bool from_line = line.contains("stop_token_ids") && !line["stop_token_ids"].is_null();
-          throw Error("invalid value", from_line ? r.where + ": key \"stop_token_ids\"" : std::string("--stop-token-ids"),
-                      "ids < vocab_size = " + std::to_string(files->config.vocab_size), std::to_string(id));
-        }
-      }
-      const bool done = std::binary_search(skip.begin(), skip.end(), r.index);
       bool is_chat = false;
-      r.text = prompt_text(line, o.chat, *tokenizer, model_dir, chat, r.where, is_chat);
+      read_request_line(line, defaults, files->config.vocab_size, o.chat, *tokenizer, model_dir, chat, r, is_chat);
+      const bool done = std::binary_search(skip.begin(), skip.end(), r.index);
       if (!done && static_cast<int64_t>(r.text.size()) > prompt_byte_limit) {
         const std::string why = "the prompt has " + std::to_string(r.text.size()) +
                                 " bytes, more than --max-seq-len = " + std::to_string(max_seq_len) +

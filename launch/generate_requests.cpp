@@ -99,6 +99,22 @@ std::string prompt_text(const ordered_json& line, bool chat_flag, const Tokenize
   }
 }
 
+void read_request_line(const ordered_json& line, const RequestSettings& defaults, int64_t vocab_size, bool chat_flag,
+                       const Tokenizer& tok, const std::filesystem::path& model_dir,
+                       std::unique_ptr<ModelChatTemplate>& chat, Request& r, bool& is_chat) {
+  r.settings = apply_request_keys(line, defaults, r.where);
+  for (int64_t id : r.settings.stop_token_ids) {
+    if (id >= vocab_size) {
+      // The flag's ids are every line's default: name the flag unless the line set them.
+      const auto it = line.find("stop_token_ids");
+      const bool from_line = it != line.end() && !it->is_null();
+      throw Error("invalid value", from_line ? r.where + ": key \"stop_token_ids\"" : std::string("--stop-token-ids"),
+                  "ids < vocab_size = " + std::to_string(vocab_size), std::to_string(id));
+    }
+  }
+  r.text = prompt_text(line, chat_flag, tok, model_dir, chat, r.where, is_chat);
+}
+
 // The completion text of `ids` after `prompt`, cut before the first stop string it
 // holds (vLLM's rule); `stopped` tells whether one was found.
 std::string completion_text(const Tokenizer& tok, const Request& r, const std::vector<int32_t>& ids, bool& stopped) {
@@ -173,30 +189,62 @@ BatchRequest batch_request(const Request& r, const std::vector<int64_t>& eos, ui
   return b;
 }
 
+StopFinder::StopFinder(const std::vector<std::string>& stops) {
+  for (const std::string& t : stops) {
+    if (t.empty()) continue;
+    Stop st{t, std::vector<uint32_t>(t.size(), 0), 0};
+    for (size_t i = 1, k = 0; i < t.size(); ++i) {
+      while (k > 0 && t[i] != t[k]) k = st.fail[k - 1];
+      if (t[i] == t[k]) ++k;
+      st.fail[i] = static_cast<uint32_t>(k);
+    }
+    stops_.push_back(std::move(st));
+  }
+}
+
+size_t StopFinder::feed(std::string_view more) {
+  size_t first = std::string::npos;
+  for (Stop& st : stops_) {
+    size_t k = st.matched;
+    bool found = false;
+    for (size_t i = 0; i < more.size(); ++i) {
+      while (k > 0 && more[i] != st.text[k]) k = st.fail[k - 1];
+      if (more[i] == st.text[k]) ++k;
+      if (k == st.text.size()) {
+        if (!found) first = std::min(first, fed_ + i + 1 - k);  // its first match here
+        found = true;
+        k = st.fail[k - 1];
+      }
+    }
+    st.matched = k;
+  }
+  fed_ += more.size();
+  return first;
+}
+
 CompletionStream::CompletionStream(const Tokenizer& tok, const Request& r)
-    : stream_(tok, r.ids), stop_(r.settings.stop) {
-  for (const auto& s : stop_) hold_ = std::max(hold_, s.size() - 1);
+    : stream_(tok, r.ids), stops_(r.settings.stop) {
+  for (const auto& s : r.settings.stop) hold_ = std::max(hold_, s.size() - 1);
 }
 
 std::string CompletionStream::push(int32_t token) {
   if (stopped()) return {};
-  text_ += stream_.push(token);
+  const std::string more = stream_.push(token);
+  text_ += more;
+  cut_ = std::min(cut_, stops_.feed(more));
   return release(false);
 }
 
 std::string CompletionStream::finish() {
-  if (!stopped()) text_ += stream_.flush();
+  if (!stopped()) {
+    const std::string more = stream_.flush();
+    text_ += more;
+    cut_ = std::min(cut_, stops_.feed(more));
+  }
   return release(true);
 }
 
 std::string CompletionStream::release(bool final) {
-  if (!stopped()) {
-    // Only an occurrence that reaches past the shown text can be new.
-    for (const auto& s : stop_) {
-      const size_t from = shown_ >= s.size() ? shown_ - s.size() + 1 : 0;
-      cut_ = std::min(cut_, text_.find(s, from));
-    }
-  }
   size_t upto = final ? text_.size() : (text_.size() > hold_ ? text_.size() - hold_ : 0);
   if (stopped()) upto = std::min(upto, cut_);
   if (upto <= shown_) return {};
@@ -207,15 +255,12 @@ std::string CompletionStream::release(bool final) {
 
 bool StopScan::push(const Tokenizer& tok, const Request& r, int32_t token) {
   if (r.settings.stop.empty()) return false;
-  if (!stream_) stream_ = std::make_unique<StreamingDetokenizer>(tok, r.ids);
-  const size_t before = text_.size();
-  text_ += stream_->push(token);
-  for (const auto& t : r.settings.stop) {
-    // Only a match that ends in the new text is new.
-    const size_t from = before >= t.size() ? before - t.size() + 1 : 0;
-    if (text_.find(t, from) != std::string::npos) return true;
+  if (!stream_) {
+    stream_ = std::make_unique<StreamingDetokenizer>(tok, r.ids);
+    stops_ = std::make_unique<StopFinder>(r.settings.stop);
   }
-  return false;
+  // Only a match that ends in the new text is new.
+  return stops_->feed(stream_->push(token)) != std::string::npos;
 }
 
 }  // namespace linnet

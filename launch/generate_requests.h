@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -61,6 +62,19 @@ std::string prompt_text(const nlohmann::ordered_json& line, bool chat_flag, cons
                         const std::filesystem::path& model_dir, std::unique_ptr<ModelChatTemplate>& chat,
                         const std::string& where, bool& is_chat);
 
+/// Reads one request line into `r`, as `generate` does for each --input line (and for
+/// {"prompt": --prompt}): r.settings = `defaults` with the line's keys applied
+/// (apply_request_keys), its stop_token_ids checked against `vocab_size` (config.json's),
+/// and r.text = prompt_text(...) (raw, or rendered by the chat template, loaded into
+/// `chat` from `model_dir` on first use; `is_chat` says which). r.where names the line.
+/// Tokenizing r.text is left to the caller (it first bounds the text's bytes).
+/// @throws Error naming r.where and the key as apply_request_keys and prompt_text do; for
+///   a stop token id >= vocab_size, naming the line's key, or --stop-token-ids when the
+///   ids are the flag's (the line did not set them).
+void read_request_line(const nlohmann::ordered_json& line, const RequestSettings& defaults, int64_t vocab_size,
+                       bool chat_flag, const Tokenizer& tok, const std::filesystem::path& model_dir,
+                       std::unique_ptr<ModelChatTemplate>& chat, Request& r, bool& is_chat);
+
 /// The completion text of `ids` after the request's prompt, cut before the first stop
 /// string it holds (vLLM's rule); `stopped` tells whether one was found.
 std::string completion_text(const Tokenizer& tok, const Request& r, const std::vector<int32_t>& ids, bool& stopped);
@@ -80,6 +94,27 @@ std::string dump_line(const nlohmann::ordered_json& j);
 /// The BatchRequest that runs `r`: its ids, sampling settings with `seed`,
 /// max_new_tokens, `eos` plus its stop_token_ids, top_logprobs and error.
 BatchRequest batch_request(const Request& r, const std::vector<int64_t>& eos, uint64_t seed);
+
+/// Finds a request's stop strings in a text that grows at its end, in time linear in the
+/// text for each stop string (Knuth-Morris-Pratt: no byte is compared twice, however
+/// long a stop string the text keeps almost matching).
+class StopFinder {
+ public:
+  /// `stops`: non-empty strings.
+  explicit StopFinder(const std::vector<std::string>& stops);
+  /// Appends `more` to the text; returns the offset in the whole text where the earliest
+  /// stop string that ends inside `more` starts, or npos.
+  size_t feed(std::string_view more);
+
+ private:
+  struct Stop {
+    std::string text;
+    std::vector<uint32_t> fail;  // KMP: longest proper prefix of text[0..i] that is also its suffix
+    size_t matched = 0;          // bytes of text matched at the end of what was fed
+  };
+  std::vector<Stop> stops_;
+  size_t fed_ = 0;  // bytes fed so far
+};
 
 /// The completion text of one request as its tokens arrive, for streaming: complete
 /// UTF-8 characters only (StreamingDetokenizer), text held back while it could be the
@@ -101,7 +136,7 @@ class CompletionStream {
   std::string release(bool final);
 
   StreamingDetokenizer stream_;
-  std::vector<std::string> stop_;
+  StopFinder stops_;
   size_t hold_ = 0;                // longest stop string - 1
   std::string text_;               // everything decoded so far
   size_t shown_ = 0;               // bytes of text_ already returned
@@ -117,7 +152,7 @@ class StopScan {
 
  private:
   std::unique_ptr<StreamingDetokenizer> stream_;
-  std::string text_;
+  std::unique_ptr<StopFinder> stops_;
 };
 
 }  // namespace linnet

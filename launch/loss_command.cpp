@@ -20,6 +20,7 @@
 #include "launch/journal.h"
 #include "launch/jsonl_input.h"
 #include "launch/jsonl_output.h"
+#include "launch/loss_document.h"
 #include "launch/model_path.h"
 #include "launch/run_relay.h"
 #include "loader/tokenizer/tokenizer.h"
@@ -33,80 +34,14 @@
 namespace linnet {
 namespace {
 
-struct Document {
-  std::vector<int32_t> ids;
-  std::vector<int32_t> labels;  // unshifted, as transformers takes them; -100 = ignored
-};
-
 // A piece of a document scored on its own: ids[begin, end) of document `doc`.
 struct Chunk {
   int64_t doc = 0;
   int64_t begin = 0, end = 0;
 };
 
-std::vector<int32_t> int_list(const nlohmann::json& v, const char* field, const std::string& where) {
-  if (!v.is_array()) throw Error(std::string("\"") + field + "\" must be a list of integers", where);
-  std::vector<int32_t> out;
-  out.reserve(v.size());
-  for (const auto& e : v) {
-    if (!e.is_number_integer()) throw Error(std::string("\"") + field + "\" must be a list of integers", where);
-    if ((e.is_number_unsigned() && e.get<uint64_t>() > INT32_MAX) ||
-        (!e.is_number_unsigned() && (e.get<int64_t>() < INT32_MIN || e.get<int64_t>() > INT32_MAX))) {
-      throw Error("integer out of range", where + ": " + field, "a token id or -100", e.dump());
-    }
-    out.push_back(e.get<int32_t>());
-  }
-  return out;
-}
-
-// {"text": ...} (tokenized with the special tokens the tokenizer adds, e.g. BOS) or
-// {"ids": [...]} with optional "labels" of the same length.
-Document parse_document(const JsonlLine& l, const std::string& where, const Tokenizer* tok, int64_t vocab_size) {
-  check_known_keys(l.value, {"text", "ids", "labels"}, "a loss line", where);
-  Document d;
-  const auto text = l.value.find("text");
-  const auto ids = l.value.find("ids");
-  if ((text != l.value.end()) == (ids != l.value.end())) {
-    throw Error("each line needs exactly one of \"text\" and \"ids\"", where);
-  }
-  if (text != l.value.end()) {
-    if (!text->is_string()) throw Error("\"text\" must be a string", where);
-    if (!tok) throw Error("\"text\" needs the model's tokenizer.json", where);
-    try {
-      d.ids = tok->encode(text->get<std::string>());
-    } catch (const Error& e) {
-      throw e.at(where);
-    }
-    if (l.value.contains("labels")) throw Error("\"labels\" go with \"ids\", not \"text\"", where);
-  } else {
-    d.ids = int_list(*ids, "ids", where);
-  }
-  for (size_t i = 0; i < d.ids.size(); ++i) {
-    if (d.ids[i] < 0 || d.ids[i] >= vocab_size) {
-      throw Error("token id out of range", where + ": ids[" + std::to_string(i) + "]",
-                  "[0, " + std::to_string(vocab_size) + ")", std::to_string(d.ids[i]));
-    }
-  }
-  if (const auto labels = l.value.find("labels"); labels != l.value.end()) {
-    d.labels = int_list(*labels, "labels", where);
-    if (d.labels.size() != d.ids.size()) {
-      throw Error("\"labels\" and \"ids\" differ in length", where, std::to_string(d.ids.size()),
-                  std::to_string(d.labels.size()));
-    }
-    for (size_t i = 0; i < d.labels.size(); ++i) {
-      if (d.labels[i] != kIgnoreIndex && (d.labels[i] < 0 || d.labels[i] >= vocab_size)) {
-        throw Error("label out of range", where + ": labels[" + std::to_string(i) + "]",
-                    "[0, " + std::to_string(vocab_size) + ") or -100", std::to_string(d.labels[i]));
-      }
-    }
-  } else {
-    d.labels = d.ids;
-  }
-  return d;
-}
-
 // Chunks of at most `n` tokens, packed in input order into sequences of at most `n`.
-std::vector<std::vector<Chunk>> pack(const std::vector<Document>& docs, int64_t n) {
+std::vector<std::vector<Chunk>> pack(const std::vector<LossDocument>& docs, int64_t n) {
   std::vector<std::vector<Chunk>> packs;
   int64_t used = n;  // forces a new pack first
   for (size_t d = 0; d < docs.size(); ++d) {
@@ -124,11 +59,11 @@ std::vector<std::vector<Chunk>> pack(const std::vector<Document>& docs, int64_t 
   return packs;
 }
 
-PackedBatch make_batch(const std::vector<Document>& docs, const std::vector<Chunk>& chunks) {
+PackedBatch make_batch(const std::vector<LossDocument>& docs, const std::vector<Chunk>& chunks) {
   PackedBatch b;
   for (size_t s = 0; s < chunks.size(); ++s) {
     const Chunk& c = chunks[s];
-    const Document& d = docs[static_cast<size_t>(c.doc)];
+    const LossDocument& d = docs[static_cast<size_t>(c.doc)];
     for (int64_t i = c.begin; i < c.end; ++i) {
       b.tokens.push_back(d.ids[i]);
       b.positions.push_back(static_cast<int32_t>(i - c.begin));
@@ -142,7 +77,7 @@ PackedBatch make_batch(const std::vector<Document>& docs, const std::vector<Chun
 
 // Tokens of `d` that are scored when it is cut into chunks of `n`: position i of a chunk
 // predicts label i + 1 of the same chunk, unless that label is -100 (as make_batch does).
-int64_t scored_tokens(const Document& d, int64_t n) {
+int64_t scored_tokens(const LossDocument& d, int64_t n) {
   const int64_t len = static_cast<int64_t>(d.ids.size());
   int64_t count = 0;
   for (int64_t b = 0; b < len; b += n) {
@@ -192,7 +127,7 @@ std::string pack_record(size_t k, const std::vector<Chunk>& chunks, const Packed
 // input and these flags (a resumed run must add up exactly as an uninterrupted one).
 void check_resume(const LossOptions& o, const std::string& journal_file, const JournalContents& journal,
                   const std::map<int64_t, std::string>& kept,
-                  const std::map<int64_t, nlohmann::ordered_json>& records, const std::vector<Document>& docs,
+                  const std::map<int64_t, nlohmann::ordered_json>& records, const std::vector<LossDocument>& docs,
                   const std::vector<std::vector<Chunk>>& packs, int64_t pack_len) {
   const int64_t D = static_cast<int64_t>(docs.size());
   for (const auto& [index, text] : kept) {
@@ -246,7 +181,7 @@ void check_resume(const LossOptions& o, const std::string& journal_file, const J
 // stdout. An interrupted run writes the documents done and keeps the journal. Returns
 // the exit code.
 int write_loss_results(const LossOptions& o, const std::vector<std::pair<int, std::string>>& lines,
-                       const std::vector<Document>& docs, const std::vector<std::vector<Chunk>>& packs,
+                       const std::vector<LossDocument>& docs, const std::vector<std::vector<Chunk>>& packs,
                        const std::map<int64_t, std::string>& kept,
                        const std::map<int64_t, nlohmann::ordered_json>& records, double tokens_per_s,
                        Journal* journal, JsonlOutput* output) {
@@ -456,7 +391,7 @@ int run_loss(const LossOptions& o, Job& job) {
   std::unique_ptr<ModelFiles> files;
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Engine> engine;
-  std::vector<Document> docs;
+  std::vector<LossDocument> docs;
   std::vector<std::vector<Chunk>> packs;
   std::vector<size_t> todo;  // packs to score in this run, all groups
   int64_t pack_len = 0;
@@ -485,7 +420,7 @@ int run_loss(const LossOptions& o, Job& job) {
           tok = std::make_unique<Tokenizer>(Tokenizer::from_dir(dir));
         }
         for (const JsonlLine& l : parse_jsonl(o.input, lines)) {
-          docs.push_back(parse_document(l, o.input + ":" + std::to_string(l.line), tok.get(), files->config.vocab_size));
+          docs.push_back(parse_loss_document(l.value, o.input + ":" + std::to_string(l.line), tok.get(), files->config.vocab_size));
         }
         packs = pack(docs, pack_len);
         if (w.world_rank == 0) check_resume(o, journal_file, journal_found, kept, pack_records, docs, packs, pack_len);

@@ -114,14 +114,17 @@ GenerationConfig GenerationConfig::from_json(const json& j, const std::string& s
 GenerationConfig GenerationConfig::load(const std::filesystem::path& path) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) return {};
-  const std::string text = read_text_file(path, "generation config");
+  return from_text(read_text_file(path, "generation config"), path.string());
+}
+
+GenerationConfig GenerationConfig::from_text(std::string_view text, const std::string& source) {
   json j;
   try {
     j = json::parse(text);
   } catch (const json::exception& e) {
-    throw Error("generation config is not valid JSON", path.string(), "a JSON object", e.what());
+    throw Error("generation config is not valid JSON", source, "a JSON object", e.what());
   }
-  return from_json(j, path.string());
+  return from_json(j, source);
 }
 
 }  // namespace linnet

@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <filesystem>
 #include <optional>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
@@ -28,6 +30,9 @@ struct GenerationConfig {
   ///   top_k < 0 or > 2^63-1, top_p outside (0, 1], min_p outside [0, 1],
   ///   repetition_penalty not finite or <= 0, max_new_tokens < 0.
   static GenerationConfig from_json(const nlohmann::json& j, const std::string& source);
+  /// Parses the text of a generation_config.json. `source` names the file in errors.
+  /// @throws Error naming `source` when `text` is not valid JSON, then as from_json.
+  static GenerationConfig from_text(std::string_view text, const std::string& source);
   /// Reads `path`; a missing file gives an empty GenerationConfig (it is optional).
   /// @throws Error naming the file when it exists but is not a regular file or not valid
   ///   JSON, then as from_json.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <set>
+#include <stdexcept>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -75,13 +76,13 @@ void check_json_text_depth(std::string_view text, std::size_t max_depth, const s
 
 namespace {
 
-// A SAX handler that builds the value as nlohmann's own DOM parser does, refusing a
-// repeated key. Members are appended to an object without a lookup: ordered_json's
-// operator[] searches the object's member list, so the DOM parsers (with or without a
-// callback) take O(keys^2) on an object of many keys, seconds for a 1 MB body of
-// distinct keys. Repeats are found with one std::set per open object: O(n log n).
+// A SAX handler that builds the document itself, refusing repeated keys. It appends
+// each member of an ordered_json object to the object's vector directly: nlohmann's own
+// parsers insert through ordered_map::operator[], which searches the object's keys
+// first, so an object of n keys took O(n^2) (a line of a million keys, hours). The keys
+// are unique by construction (`keys`), so nothing is lost by not searching.
 template <class Json>
-class UniqueKeyBuilder {
+class UniqueKeysBuilder {
  public:
   using number_integer_t = typename Json::number_integer_t;
   using number_unsigned_t = typename Json::number_unsigned_t;
@@ -89,99 +90,104 @@ class UniqueKeyBuilder {
   using string_t = typename Json::string_t;
   using binary_t = typename Json::binary_t;
 
-  UniqueKeyBuilder(Json& root, const std::string& where) : root_(root), where_(where) {}
+  UniqueKeysBuilder(Json& root, const std::string& where) : root_(root), where_(where) {}
 
-  bool null() { return put(nullptr); }
-  bool boolean(bool v) { return put(v); }
-  bool number_integer(number_integer_t v) { return put(v); }
-  bool number_unsigned(number_unsigned_t v) { return put(v); }
-  bool number_float(number_float_t v, const string_t& /*text*/) { return put(v); }
-  bool string(string_t& v) { return put(v); }
-  bool binary(binary_t& v) { return put(std::move(v)); }
+  bool null() { return add(Json(nullptr)); }
+  bool boolean(bool v) { return add(Json(v)); }
+  bool number_integer(number_integer_t v) { return add(Json(v)); }
+  bool number_unsigned(number_unsigned_t v) { return add(Json(v)); }
+  bool number_float(number_float_t v, const string_t&) { return add(Json(v)); }
+  bool string(string_t& v) { return add(Json(std::move(v))); }
+  bool binary(binary_t& v) { return add(Json::binary(std::move(v))); }
+  bool start_object(std::size_t) { return open(Json::value_t::object); }
+  bool start_array(std::size_t) { return open(Json::value_t::array); }
+  bool end_object() { return close(); }
+  bool end_array() { return close(); }
 
-  bool start_object(std::size_t /*elements*/) {
-    Json* obj = place(Json(Json::value_t::object));
-    stack_.push_back(obj);
-    open_.push_back({{}, open_.empty() ? std::string() : last_key_});
-    return true;
-  }
   bool key(string_t& k) {
-    last_key_ = k;
-    if (!open_.back().keys.insert(k).second) {
+    Frame& top = stack_.back();
+    if (!top.keys.insert(k).second) {
       std::string what = "duplicate key " + json_brief(nlohmann::json(k));
-      if (open_.size() > 1) what += " in " + json_brief(nlohmann::json(open_.back().parent));
+      if (objects_ > 1) what += " in " + json_brief(nlohmann::json(top.parent));
       throw Error(what + " (a JSON object may not repeat a key)", where_);
     }
-    auto& members = stack_.back()->template get_ref<typename Json::object_t&>();
-    if constexpr (std::is_same_v<Json, nlohmann::ordered_json>) {
-      // Appended: the key is new (checked above), so no search is needed.
-      auto& list = static_cast<typename Json::object_t::Container&>(members);
-      list.emplace_back(k, Json());
-      member_ = &list.back().second;
-    } else {
-      member_ = &members[k];  // std::map: O(log n)
-    }
+    last_key_ = k;
+    key_ = std::move(k);
     return true;
   }
-  bool end_object() {
-    stack_.pop_back();
-    open_.pop_back();
-    return true;
-  }
-  bool start_array(std::size_t /*elements*/) {
-    stack_.push_back(place(Json(Json::value_t::array)));
-    return true;
-  }
-  bool end_array() {
-    stack_.pop_back();
-    return true;
-  }
-  template <class Exception>
-  bool parse_error(std::size_t /*position*/, const std::string& /*token*/, const Exception& ex) {
-    throw ex;  // as Json::parse does: json::parse_error (or out_of_range), unchanged
+
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) {
+    if (const auto* p = dynamic_cast<const nlohmann::detail::parse_error*>(&e)) throw *p;
+    if (const auto* o = dynamic_cast<const nlohmann::detail::out_of_range*>(&e)) throw *o;
+    throw std::runtime_error(e.what());
   }
 
  private:
-  template <class V>
-  bool put(V&& v) {
-    place(Json(std::forward<V>(v)));
-    return true;
-  }
-  // Puts `v` where the next value goes: the root, the end of the open array, or the
-  // member whose key came last.
-  Json* place(Json v) {
+  struct Frame {
+    Json* value;                 // the open array or object
+    std::set<std::string> keys;  // an object's keys so far
+    std::string parent;          // the key the object is the value of ("" at the top)
+  };
+
+  // Places `v` where the parse is (the root, the open array, or the open object's
+  // current key) and returns it.
+  Json* place(Json&& v) {
     if (stack_.empty()) {
       root_ = std::move(v);
       return &root_;
     }
-    Json& top = *stack_.back();
+    Json& top = *stack_.back().value;
     if (top.is_array()) {
       auto& items = top.template get_ref<typename Json::array_t&>();
       items.push_back(std::move(v));
       return &items.back();
     }
-    *member_ = std::move(v);
-    return member_;
+    auto& members = top.template get_ref<typename Json::object_t&>();
+    if constexpr (std::is_same_v<Json, nlohmann::ordered_json>) {
+      auto& vec = static_cast<typename Json::object_t::Container&>(members);
+      vec.emplace_back(std::move(key_), std::move(v));
+      return &vec.back().second;
+    } else {
+      return &members.emplace(std::move(key_), std::move(v)).first->second;
+    }
   }
 
-  struct Open {
-    std::set<std::string> keys;
-    std::string parent;
-  };
+  bool add(Json&& v) {
+    place(std::move(v));
+    return true;
+  }
+
+  bool open(typename Json::value_t type) {
+    const bool object = type == Json::value_t::object;
+    std::string parent = object && objects_ > 0 ? last_key_ : std::string();
+    // The containers on the stack are always the last member of their parent, so these
+    // pointers stay valid: a sibling is only appended once the container is closed.
+    Json* value = place(Json(type));
+    stack_.push_back({value, {}, std::move(parent)});
+    if (object) ++objects_;
+    return true;
+  }
+
+  bool close() {
+    if (stack_.back().value->is_object()) --objects_;
+    stack_.pop_back();
+    return true;
+  }
+
   Json& root_;
   const std::string& where_;
-  std::vector<Json*> stack_;  // open arrays and objects (their addresses hold while they are open)
-  std::vector<Open> open_;
-  Json* member_ = nullptr;
-  std::string last_key_;
+  std::vector<Frame> stack_;
+  std::size_t objects_ = 0;  // objects on the stack
+  string_t key_;             // the key whose value comes next
+  std::string last_key_;     // the most recent key (names the object it opens)
 };
 
 template <class Json>
 Json parse_unique_keys(std::string_view text, const std::string& where) {
-  Json result;
-  UniqueKeyBuilder<Json> builder(result, where);
+  Json root;
+  UniqueKeysBuilder<Json> builder(root, where);
   Json::sax_parse(text, &builder);
-  return result;
+  return root;
 }
 
 }  // namespace

@@ -271,15 +271,18 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
   return c;
 }
 
-ModelConfig ModelConfig::load(const std::filesystem::path& path) {
-  const std::string text = read_text_file(path, "model config");
+ModelConfig ModelConfig::from_text(std::string_view text, const std::string& source) {
   json j;
   try {
     j = json::parse(text);
   } catch (const json::exception& e) {
-    throw Error("model config is not valid JSON", path.string(), "a JSON object", e.what());
+    throw Error("model config is not valid JSON", source, "a JSON object", e.what());
   }
-  return from_json(j, path.string());
+  return from_json(j, source);
+}
+
+ModelConfig ModelConfig::load(const std::filesystem::path& path) {
+  return from_text(read_text_file(path, "model config"), path.string());
 }
 
 }  // namespace linnet

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
@@ -60,6 +61,10 @@ struct ModelConfig {
   ///   the one used), attention_bias or mlp_bias true,
   ///   hidden_act other than "silu", Qwen3's use_sliding_window.
   static ModelConfig from_json(const nlohmann::json& j, const std::string& source);
+
+  /// Parses the text of a config.json. `source` names the file in errors.
+  /// @throws Error naming `source` when `text` is not valid JSON, then as from_json.
+  static ModelConfig from_text(std::string_view text, const std::string& source);
 
   /// Reads and parses `path` (config.json).
   /// @throws Error naming the file when it is missing, not a regular file or not valid

@@ -250,6 +250,35 @@ class HeaderParser {
 
 }  // namespace
 
+SafetensorsHeader parse_safetensors_header(std::span<const std::byte> file, const std::string& where) {
+  const uint64_t size = file.size();
+  if (size < 8)
+    throw Error("file too short for a safetensors header length", where, ">= 8 bytes",
+                std::to_string(size) + " bytes");
+  uint64_t n = 0;
+  std::memcpy(&n, file.data(), 8);
+  if (n > SafetensorsFile::kMaxHeaderBytes)
+    throw Error("safetensors header length exceeds the cap", where,
+                "<= " + std::to_string(SafetensorsFile::kMaxHeaderBytes) + " bytes", std::to_string(n) + " bytes");
+  if (n > size - 8)
+    throw Error("safetensors header runs past the end of the file", where,
+                "8 + header length <= file size " + std::to_string(size), "8 + " + std::to_string(n));
+  const std::string_view text(reinterpret_cast<const char*>(file.data() + 8), n);
+  // object > tensor entry > shape / data_offsets array; parsing deeper nesting only
+  // costs memory (100 MiB of '[' is gigabytes of json nodes).
+  check_json_text_depth(text, SafetensorsFile::kMaxHeaderDepth, where);
+  json parsed;
+  try {
+    parsed = parse_json_unique_keys(text, where);
+  } catch (const json::exception& e) {
+    throw Error("safetensors header is not valid JSON", where, "a JSON object", e.what());
+  }
+  SafetensorsHeader header;
+  header.header_bytes = n;
+  HeaderParser(where, size - 8 - n).parse(parsed, header.tensors, header.metadata);
+  return header;
+}
+
 SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path) {
   const std::string file = path.string();
   uint64_t size = 0;
@@ -270,27 +299,10 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path
   map_size_ = size;
 
   try {
-    uint64_t n = 0;
-    std::memcpy(&n, map_, 8);
-    if (n > kMaxHeaderBytes)
-      throw Error("safetensors header length exceeds the cap", file,
-                  "<= " + std::to_string(kMaxHeaderBytes) + " bytes", std::to_string(n) + " bytes");
-    if (n > size - 8)
-      throw Error("safetensors header runs past the end of the file", file,
-                  "8 + header length <= file size " + std::to_string(size),
-                  "8 + " + std::to_string(n));
-    const char* h = reinterpret_cast<const char*>(map_ + 8);
-    // object > tensor entry > shape / data_offsets array; parsing deeper nesting only
-    // costs memory (100 MiB of '[' is gigabytes of json nodes).
-    check_json_text_depth(std::string_view(h, n), kMaxHeaderDepth, file);
-    json header;
-    try {
-      header = parse_json_unique_keys(std::string_view(h, n), file);
-    } catch (const json::exception& e) {
-      throw Error("safetensors header is not valid JSON", file, "a JSON object", e.what());
-    }
-    data_ = map_ + 8 + n;
-    HeaderParser(file, size - 8 - n).parse(header, tensors_, metadata_);
+    SafetensorsHeader header = parse_safetensors_header(std::span<const std::byte>(map_, map_size_), file);
+    data_ = map_ + 8 + header.header_bytes;
+    tensors_ = std::move(header.tensors);
+    metadata_ = std::move(header.metadata);
   } catch (...) {
     ::munmap(const_cast<std::byte*>(map_), map_size_);
     map_ = nullptr;

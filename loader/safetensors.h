@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -52,6 +53,23 @@ struct Slice2D {
   int64_t row_begin = 0, row_end = 0;
   int64_t col_begin = 0, col_end = 0;
 };
+
+/// The tables of a validated safetensors header.
+struct SafetensorsHeader {
+  std::map<std::string, TensorInfo> tensors;    // by name
+  std::map<std::string, std::string> metadata;  // "__metadata__" (empty when absent)
+  uint64_t header_bytes = 0;                    // N: the data area starts at byte 8 + N
+};
+
+/// Validates the start of a safetensors file held in memory: `file` is the whole file
+/// (or at least its 8-byte length, the header and, for the range checks, the data area
+/// it describes: every tensor must lie inside file.size() - 8 - N bytes). Reads nothing
+/// outside `file`. `where` names the file in errors. What SafetensorsFile's constructor
+/// runs on the mapped file.
+/// @throws Error naming `where` for every header fault SafetensorsFile lists (too short,
+///   header length over kMaxHeaderBytes or past the end, nesting, JSON, entries, dtypes,
+///   sizes, ranges, overlaps, __metadata__, duplicate keys).
+SafetensorsHeader parse_safetensors_header(std::span<const std::byte> file, const std::string& where);
 
 /// A validated, memory-mapped safetensors file. Move-only.
 class SafetensorsFile {

@@ -362,6 +362,19 @@ TEST(ModelConfig, LoadNamesTheFile) {
   EXPECT_CONTAINS(msg, "not valid JSON");
 }
 
+TEST(ModelConfig, FromTextNamesTheSource) {
+  EXPECT_EQ(ModelConfig::from_text(base_config().dump(), "mem").hidden_size, base_config()["hidden_size"].get<int64_t>());
+  EXPECT_CONTAINS(error_of([] { ModelConfig::from_text("{\"hidden_size\": ", "in memory"); }),
+                  "in memory: model config is not valid JSON");
+  EXPECT_CONTAINS(error_of([] { ModelConfig::from_text("[]", "in memory"); }), "in memory: config is not a JSON object");
+}
+
+TEST(GenerationConfig, FromTextNamesTheSource) {
+  EXPECT_EQ(GenerationConfig::from_text(R"({"top_k": 5})", "mem").top_k, 5);
+  EXPECT_CONTAINS(error_of([] { GenerationConfig::from_text("{", "in memory"); }),
+                  "in memory: generation config is not valid JSON");
+}
+
 // ---------------------------------------------------------------- GenerationConfig
 
 TEST(GenerationConfig, Stories260k) {

@@ -3,6 +3,7 @@
 // latency percentiles of the stats line (numpy.percentile's linear rule, by hand).
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -13,11 +14,14 @@
 
 #include "common/error.h"
 #include "launch/cli_options.h"
+#include "launch/generate_requests.h"
 #include "launch/jsonl_input.h"
 #include "launch/jsonl_output.h"
+#include "launch/loss_document.h"
 #include "launch/progress.h"
 #include "runtime/kv_cache.h"
 #include "runtime/model_loader.h"
+#include "tests/test_data.h"
 
 namespace linnet {
 namespace {
@@ -247,6 +251,26 @@ TEST(JsonlInput, DuplicateKeysNameTheLineAndTheKey) {
   }
 }
 
+TEST(JsonlInput, ParseTimeIsLinearInTheNumberOfKeys) {
+  // ordered_json's parser inserted each key through a search of the keys before it: a
+  // line of 300000 keys took minutes.
+  std::string line = R"({"prompt": "x")";
+  for (int k = 0; k < 300000; ++k) line += ", \"k" + std::to_string(k) + "\": " + std::to_string(k);
+  const auto start = std::chrono::steady_clock::now();
+  const ordered_json j = parse_jsonl_line(line + "}", "in.jsonl:1");
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 10.0);
+  ASSERT_EQ(j.size(), 300001u);
+  EXPECT_EQ(j.begin().key(), "prompt");
+  EXPECT_EQ(j.back(), 299999);
+  EXPECT_EQ(j.at("k1234"), 1234);
+  try {
+    parse_jsonl_line(line + R"(, "k7": 1})", "in.jsonl:1");
+    ADD_FAILURE() << "accepted a repeated key";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("in.jsonl:1: duplicate key \"k7\"", 0), 0u) << e.what();
+  }
+}
+
 TEST(JsonlInput, UnknownKeysListTheKnownOnes) {
   const ordered_json line = ordered_json::parse(R"({"ids": [1], "label": [1]})");
   EXPECT_NO_THROW(check_known_keys(ordered_json::parse(R"({"ids": [1]})"), {"text", "ids", "labels"}, "a loss line",
@@ -256,6 +280,65 @@ TEST(JsonlInput, UnknownKeysListTheKnownOnes) {
     ADD_FAILURE() << "accepted";
   } catch (const Error& e) {
     EXPECT_STREQ(e.what(), "in.jsonl:2: unknown key \"label\" (a loss line may have: text, ids, labels)");
+  }
+}
+
+TEST(RequestLine, SettingsPromptTextAndStopIdsOfOneLine) {
+  const Tokenizer tok = Tokenizer::from_dir(test::stories_dir());
+  auto chat = std::make_unique<ModelChatTemplate>(
+      ModelChatTemplate{ChatTemplate::parse("{% for m in messages %}[{{ m.content }}]{% endfor %}", "t.jinja"), {}});
+  Request r;
+  r.where = "in.jsonl:2";
+  bool is_chat = true;
+  read_request_line(ordered_json::parse(R"({"prompt": "Once", "top_k": 3})"), defaults(), 512, false, tok, "/none",
+                    chat, r, is_chat);
+  EXPECT_EQ(r.text, "Once");
+  EXPECT_FALSE(is_chat);
+  EXPECT_EQ(r.settings.sampling.top_k, 3);
+  EXPECT_EQ(r.settings.stop_token_ids, std::vector<int64_t>{7});
+  read_request_line(ordered_json::parse(R"({"messages": [{"role": "user", "content": "hi"}]})"), defaults(), 512,
+                    false, tok, "/none", chat, r, is_chat);
+  EXPECT_EQ(r.text, "[hi]");
+  EXPECT_TRUE(is_chat);
+  // A stop id past the vocabulary names the line's key, or the flag when the line did not set it.
+  const auto error = [&](const std::string& line, RequestSettings d) {
+    try {
+      read_request_line(ordered_json::parse(line), d, 512, false, tok, "/none", chat, r, is_chat);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(error(R"({"prompt": "x", "stop_token_ids": [512]})", defaults()).rfind("in.jsonl:2: key \"stop_token_ids\"", 0), 0u);
+  RequestSettings big = defaults();
+  big.stop_token_ids = {600};
+  EXPECT_EQ(error(R"({"prompt": "x"})", big).rfind("--stop-token-ids: invalid value", 0), 0u);
+  EXPECT_EQ(error(R"({"prompt": "x", "temprature": 1})", defaults()).rfind("in.jsonl:2: unknown key \"temprature\"", 0), 0u);
+}
+
+TEST(LossDocument, TextOrIdsWithLabels) {
+  const Tokenizer tok = Tokenizer::from_dir(test::stories_dir());
+  const LossDocument t = parse_loss_document(ordered_json::parse(R"({"text": "Once upon a time"})"), "l:1", &tok, 512);
+  EXPECT_EQ(t.ids, tok.encode("Once upon a time"));
+  EXPECT_EQ(t.labels, t.ids);
+  const LossDocument d = parse_loss_document(ordered_json::parse(R"({"ids": [1, 5, 9], "labels": [-100, 5, 9]})"), "l:2",
+                                             nullptr, 512);
+  EXPECT_EQ(d.ids, (std::vector<int32_t>{1, 5, 9}));
+  EXPECT_EQ(d.labels, (std::vector<int32_t>{-100, 5, 9}));
+  for (const auto& [line, message] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"ids": [1], "label": [1]})", "l:3: unknown key \"label\""},
+           {R"({"ids": [1], "text": "a"})", "l:3: each line needs exactly one of"},
+           {R"({"ids": [1, 512]})", "l:3: ids[1]: token id out of range"},
+           {R"({"ids": [1, 2], "labels": [1]})", "l:3: \"labels\" and \"ids\" differ in length"},
+           {R"({"ids": [1], "labels": [-5]})", "l:3: labels[0]: label out of range"},
+           {R"({"ids": [1, 4294967296]})", "l:3: ids: integer out of range"},
+           {R"({"text": "a"})", "l:3: \"text\" needs the model's tokenizer.json"}}) {
+    try {
+      parse_loss_document(ordered_json::parse(line), "l:3", nullptr, 512);
+      ADD_FAILURE() << "accepted " << line;
+    } catch (const Error& e) {
+      EXPECT_EQ(std::string(e.what()).rfind(message, 0), 0u) << e.what();
+    }
   }
 }
 

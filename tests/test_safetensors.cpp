@@ -12,6 +12,7 @@
 #include <fstream>
 #include <limits>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -312,6 +313,38 @@ TEST(SafetensorsMalformed, EmptyObjectWithPaddingIsFine) {
   SafetensorsFile f(p);
   EXPECT_TRUE(f.tensors().empty());
   EXPECT_TRUE(f.metadata().empty());
+}
+
+TEST(SafetensorsHeader, InMemoryParseMatchesTheMappedFile) {
+  FileBuilder b;
+  b.add("w", "F32", {2, 3}, bytes_of(std::vector<float>{1, 2, 3, 4, 5, 6}));
+  b.add("v", "BF16", {2}, std::string(4, '\x3f'));
+  b.header["__metadata__"] = {{"format", "pt"}};
+  const std::string bytes = b.bytes();
+  const auto h = linnet::parse_safetensors_header(
+      std::span<const std::byte>(reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()), "mem");
+  EXPECT_EQ(h.header_bytes, b.header.dump().size());
+  EXPECT_EQ(h.metadata.at("format"), "pt");
+  TempDir dir;
+  write_file(dir.path / "m.safetensors", bytes);
+  const SafetensorsFile f(dir.path / "m.safetensors");
+  ASSERT_EQ(h.tensors.size(), f.tensors().size());
+  for (const auto& [name, t] : f.tensors()) {
+    const linnet::TensorInfo& m = h.tensors.at(name);
+    EXPECT_EQ(m.shape, t.shape);
+    EXPECT_EQ(m.begin, t.begin);
+    EXPECT_EQ(m.end, t.end);
+    EXPECT_EQ(m.dtype, t.dtype);
+  }
+  // Errors name the `where` given, and nothing past the span is read.
+  const std::string cut = bytes.substr(0, bytes.size() - 1);
+  EXPECT_CONTAINS(error_of([&] {
+                    linnet::parse_safetensors_header(
+                        std::span<const std::byte>(reinterpret_cast<const std::byte*>(cut.data()), cut.size()),
+                        "in memory");
+                  }),
+                  "in memory: tensor 'v': data_offsets run past the data area");
+  EXPECT_CONTAINS(error_of([&] { linnet::parse_safetensors_header({}, "in memory"); }), "in memory: file too short");
 }
 
 TEST(SafetensorsMalformed, UnsupportedDtypeNamesTensorAndDtype) {

@@ -418,6 +418,31 @@ TEST_F(ServeUnits, CompletionStreamHoldsBackStopStrings) {
   EXPECT_NE(shown.find("little"), std::string::npos) << shown;
 }
 
+// A long stop string that the text keeps almost matching: each new token searched the
+// last 2 x |stop| bytes with std::string::find, O(|stop|^2) per token (20000 tokens
+// against a stop string of 5001 bytes took a minute).
+TEST_F(ServeUnits, StopStringsAreScannedInLinearTime) {
+  const int32_t a = tok_->token_to_id("a").value();
+  Request r;
+  r.ids = tok_->encode("Once", true);
+  r.settings.stop = {std::string(5000, 'a') + "b"};
+  const std::vector<int32_t> ids(20000, a);
+  const auto start = std::chrono::steady_clock::now();
+  CompletionStream stream(*tok_, r);
+  StopScan scan;
+  std::string shown;
+  for (int32_t id : ids) {
+    shown += stream.push(id);
+    EXPECT_FALSE(scan.push(*tok_, r, id));
+  }
+  shown += stream.finish();
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 10.0);
+  bool stopped = true;
+  EXPECT_EQ(shown, completion_text(*tok_, r, ids, stopped));
+  EXPECT_FALSE(stopped);
+  EXPECT_EQ(shown, std::string(20000, 'a'));
+}
+
 // text_offset counts characters (code points), as OpenAI and vLLM do, not UTF-8 bytes.
 TEST_F(ServeUnits, TextOffsetCountsCharacters) {
   EXPECT_EQ(utf8_chars("a"), 1u);

@@ -4,6 +4,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <fstream>
+#include <iterator>
 #include <random>
 
 #include "common/error.h"
@@ -160,6 +162,30 @@ TEST(Tokenizer, DecodeRejectsUnknownIds) {
   const std::string msg = error_of([&] { tok.decode(std::vector<int32_t>{5, 600}); });
   EXPECT_NE(msg.find("600"), std::string::npos) << msg;
   EXPECT_NE(error_of([&] { tok.decode(std::vector<int32_t>{-3}); }).find("-3"), std::string::npos);
+}
+
+TEST(Tokenizer, FromJsonTextEqualsFromFilesAndNamesItsSources) {
+  const auto read = [](const std::filesystem::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  };
+  const std::string tokenizer = read(test::stories_dir() / "tokenizer.json");
+  const std::string config = read(test::stories_dir() / "tokenizer_config.json");
+  const Tokenizer tok = Tokenizer::from_json_text(tokenizer, config);
+  for (const json& c : golden_cases()) {
+    const std::string text = c.at("text").get<std::string>();
+    EXPECT_EQ(tok.encode(text), stories().encode(text)) << text;
+  }
+  EXPECT_EQ(tok.bos_token_id(), 1);
+  EXPECT_EQ(tok.eos_token_id(), 2);
+  // Without a config: no EOS; errors name the sources given.
+  EXPECT_EQ(Tokenizer::from_json_text(tokenizer, std::nullopt).eos_token_id(), std::nullopt);
+  EXPECT_NE(error_of([&] { Tokenizer::from_json_text("{", std::nullopt, "mem/tokenizer.json"); })
+                .find("mem/tokenizer.json: malformed JSON"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { Tokenizer::from_json_text(tokenizer, "[]", "t", "mem/config.json"); })
+                .find("mem/config.json: top level is not a JSON object"),
+            std::string::npos);
 }
 
 TEST(Tokenizer, InvalidUtf8IsAnErrorWithItsOffset) {

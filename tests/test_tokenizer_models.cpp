@@ -4,6 +4,7 @@
 // and without special tokens, decode (lossy decoding of broken byte runs included),
 // round trips where the tokenizer is lossless, the streaming detokenizer against
 // one-shot decode, and the tokenizer_config.json fields.
+#include <chrono>
 #include <random>
 
 #include "common/error.h"
@@ -180,6 +181,33 @@ TEST(TokenizerModels, StreamingNeverShowsSplitCharacters) {
       streamed += chunk;
     }
     EXPECT_EQ(streamed, text) << name;
+  }
+}
+
+TEST(TokenizerModels, StreamingInvalidBytesTakesLinearTime) {
+  // Byte-level tokens of lone continuation bytes (0x80 is "\u0122" in GPT-2's byte
+  // map) decode to U+FFFD each, forever, and an unfinished lead byte (0xE2, "\u00e2") at
+  // the end. The stream holds text while it ends in U+FFFD, but must not re-decode the
+  // whole held run at every push: 30000 such ids took minutes when it did.
+  for (const char* name : {"llama-3.1", "qwen3"}) {
+    const Tokenizer& tok = model(name).tok;
+    const int32_t cont = tok.token_to_id("\u0122").value();
+    const int32_t lead = tok.token_to_id("\u00e2").value();
+    std::vector<int32_t> ids = tok.encode("Hello", false);
+    const std::size_t split = ids.size();
+    for (int k = 0; k < 30000; ++k) ids.push_back(cont);
+    ids.push_back(lead);
+    const auto start = std::chrono::steady_clock::now();
+    std::string text;
+    for (const std::string& chunk : stream_chunks(tok, std::vector<int32_t>(ids.begin(), ids.begin() + split),
+                                                  std::vector<int32_t>(ids.begin() + split, ids.end()), true)) {
+      EXPECT_TRUE(valid_utf8(chunk)) << name;
+      text += chunk;
+    }
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_EQ(text, tok.decode(ids).substr(tok.decode(std::vector<int32_t>(ids.begin(), ids.begin() + split)).size()))
+        << name;
+    EXPECT_LT(seconds, 3.0) << name << ": streaming 30000 invalid bytes";
   }
 }
 

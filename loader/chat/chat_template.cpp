@@ -2,8 +2,6 @@
 // variables transformers' apply_chat_template passes to a template.
 #include "loader/chat/chat_template.h"
 
-#include <map>
-
 #include "common/error.h"
 #include "loader/chat/jinja.h"
 #include "loader/tokenizer/tokenizer.h"
@@ -36,36 +34,6 @@ std::string ChatTemplate::render(const nlohmann::ordered_json& variables) const 
   return text;
 }
 
-namespace {
-
-// An ordered_json object built key by key as operator[] would (a key set again keeps its
-// place), in O(log n) per key: ordered_json's operator[] searches the member list, which
-// made a request with many keys (chat_template_kwargs, a message) O(keys^2).
-class ObjectBuilder {
- public:
-  void set(const std::string& key, const nlohmann::ordered_json& value) {
-    auto& list = static_cast<nlohmann::ordered_json::object_t::Container&>(
-        object_.get_ref<nlohmann::ordered_json::object_t&>());
-    const auto it = index_.find(key);
-    if (it != index_.end()) {
-      list[it->second].second = value;
-    } else {
-      index_.emplace(key, list.size());
-      list.emplace_back(key, value);
-    }
-  }
-  bool contains(const std::string& key) const { return index_.count(key) > 0; }
-  const nlohmann::ordered_json& at(const std::string& key) const { return object_.at(key); }
-  const nlohmann::ordered_json& value() const { return object_; }
-  nlohmann::ordered_json take() { return std::move(object_); }
-
- private:
-  nlohmann::ordered_json object_ = nlohmann::ordered_json::object();
-  std::map<std::string, size_t> index_;
-};
-
-}  // namespace
-
 nlohmann::ordered_json chat_variables(const nlohmann::ordered_json& request, const ChatSpecialTokens& tokens,
                                       const std::string& where) {
   if (!request.is_object()) throw Error("a chat request must be a JSON object", where);
@@ -76,43 +44,77 @@ nlohmann::ordered_json chat_variables(const nlohmann::ordered_json& request, con
   if (messages->empty()) {
     throw Error("cannot apply the chat template to an empty conversation; give at least one message", where);
   }
+  // Members are appended to the objects' vectors directly: ordered_json's operator[]
+  // searches an object's keys before inserting, O(n^2) for a message or request of n
+  // keys. The keys of a JSON object are unique, and the few that can meet one another
+  // (the aliases below, the variables set before the request's own) are found by hand.
+  using Members = nlohmann::ordered_json::object_t::Container;
+  const auto members = [](nlohmann::ordered_json& obj) -> Members& {
+    return static_cast<Members&>(obj.get_ref<nlohmann::ordered_json::object_t&>());
+  };
+  // Sets `key` in `obj`, searching only its first `search` members for it.
+  const auto set = [&](nlohmann::ordered_json& obj, const std::string& key, nlohmann::ordered_json value,
+                       std::size_t search) {
+    Members& m = members(obj);
+    for (std::size_t k = 0; k < search && k < m.size(); ++k) {
+      if (m[k].first == key) {
+        m[k].second = std::move(value);
+        return;
+      }
+    }
+    m.emplace_back(key, std::move(value));
+  };
   // As transformers' apply_chat_template: keys whose value is null are dropped (APIs
   // send content=None, tool_calls=None), then reasoning given as "thinking" or
   // "reasoning" is also passed as "reasoning_content" (and "thinking", first).
   nlohmann::ordered_json normalized = nlohmann::ordered_json::array();
   for (const auto& m : *messages) {
     if (!m.is_object()) throw Error("each of \"messages\" must be a JSON object", where, "object", m.type_name());
-    ObjectBuilder msg;
+    nlohmann::ordered_json msg = nlohmann::ordered_json::object();
     for (const auto& [key, value] : m.items()) {
-      if (!value.is_null()) msg.set(key, value);
+      if (!value.is_null()) members(msg).emplace_back(key, value);
     }
     for (const char* field : {"reasoning_content", "thinking", "reasoning"}) {
-      if (!msg.contains(field)) continue;
-      const nlohmann::ordered_json reasoning = msg.at(field);
-      ObjectBuilder aliased;
-      aliased.set("thinking", reasoning);
-      for (const auto& [key, value] : msg.value().items()) aliased.set(key, value);
-      aliased.set("reasoning_content", reasoning);
+      const auto found = msg.find(field);
+      if (found == msg.end()) continue;
+      const nlohmann::ordered_json reasoning = *found;
+      nlohmann::ordered_json aliased = nlohmann::ordered_json::object();
+      members(aliased).emplace_back("thinking", reasoning);
+      std::size_t reasoning_at = 0;  // where "reasoning_content" is, 0: not there
+      for (const auto& [key, value] : msg.items()) {
+        if (key == "thinking") {
+          members(aliased)[0].second = value;
+          continue;
+        }
+        if (key == "reasoning_content") reasoning_at = members(aliased).size();
+        members(aliased).emplace_back(key, value);
+      }
+      if (reasoning_at != 0) {
+        members(aliased)[reasoning_at].second = reasoning;
+      } else {
+        members(aliased).emplace_back("reasoning_content", reasoning);
+      }
       msg = std::move(aliased);
       break;
     }
-    normalized.push_back(msg.take());
+    normalized.push_back(std::move(msg));
   }
-  ObjectBuilder vars;
+  nlohmann::ordered_json vars = nlohmann::ordered_json::object();
   // Order as in transformers: special tokens first, then the request's own keys override.
-  if (tokens.bos_token) vars.set("bos_token", *tokens.bos_token);
-  if (tokens.eos_token) vars.set("eos_token", *tokens.eos_token);
-  vars.set("messages", normalized);
-  vars.set("tools", nullptr);
-  vars.set("documents", nullptr);
-  vars.set("add_generation_prompt", false);
+  if (tokens.bos_token) set(vars, "bos_token", *tokens.bos_token, 0);
+  if (tokens.eos_token) set(vars, "eos_token", *tokens.eos_token, 0);
+  set(vars, "messages", std::move(normalized), 0);
+  set(vars, "tools", nullptr, 0);
+  set(vars, "documents", nullptr, 0);
+  set(vars, "add_generation_prompt", false, 0);
+  const std::size_t preset = vars.size();
   for (const auto& [key, value] : request.items()) {
     if (key == "add_generation_prompt" && !value.is_boolean()) {
       throw Error("\"add_generation_prompt\" must be true or false", where, "boolean", value.type_name());
     }
-    if (key != "messages") vars.set(key, value);  // messages: the normalized list above
+    if (key != "messages") set(vars, key, value, preset);  // messages: the normalized list above
   }
-  return vars.take();
+  return vars;
 }
 
 ModelChatTemplate load_chat_template(const Tokenizer& tok, const std::filesystem::path& model_dir) {

@@ -12,7 +12,10 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <stdexcept>
 #include <string>
+#include <string_view>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -45,6 +48,10 @@ inline constexpr std::size_t kMaxListItems = std::size_t{1} << 20;
 inline constexpr int kMaxEvalDepth = 4 * kMaxNestingDepth;
 /// Items of one range().
 inline constexpr int64_t kMaxRangeItems = 100'000;
+/// Nesting of the values a render builds that str(), tojson and == walk (a loop can nest
+/// a list 100000 levels deep; walking it would overflow the stack). Python's walks stop at
+/// its recursion limit too (RecursionError).
+inline constexpr int kMaxValueDepth = 2 * kMaxNestingDepth;
 /// Bytes one render may copy: every string an expression yields (a variable's value is a
 /// copy too), the items a loop or filter iterates, list `+` and `*`. With kMaxSteps this
 /// bounds time and memory where each step is cheap but its data is large (a loop over
@@ -64,6 +71,17 @@ using Function = std::function<Value(Evaluator&, Args&, Kwargs&, int line)>;
 /// reference, as Python objects are.
 struct Value {
   enum class Type { kUndefined, kNone, kBool, kInt, kFloat, kString, kList, kDict, kNamespace, kFunction };
+  Value() = default;
+  Value(const Value&) = default;
+  Value(Value&&) noexcept = default;
+  Value& operator=(const Value&) = default;
+  Value& operator=(Value&&) noexcept = default;
+  /// Frees what this value alone holds with a bounded native stack: below a few dozen
+  /// nested destructors, the rest is handed to the outermost one, which frees it in a
+  /// loop (a list nested 100000 deep, or a chain of dicts held by bound methods, would
+  /// otherwise recurse once per level).
+  ~Value();
+
   Type type = Type::kUndefined;
   bool b = false;
   int64_t i = 0;
@@ -97,19 +115,37 @@ struct Value {
   const char* type_name() const;
 };
 
+/// What the value walkers (str / repr, tojson, ==) throw for a value nested deeper than
+/// kMaxValueDepth, or whose text would pass kMaxOutputBytes; render() reports it as an
+/// Error naming the template and the line being evaluated.
+struct ValueLimit : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 /// Python's str(v) (Undefined gives "").
+/// @throws ValueLimit as described there.
 std::string to_str(const Value& v);
 /// Python's repr(v).
+/// @throws ValueLimit as described there.
 std::string to_repr(const Value& v);
 /// Python's repr(float).
 std::string float_repr(double d);
 /// json.dumps(v, ensure_ascii, indent, separators, sort_keys); indent < 0: none.
 /// Returns false for values JSON cannot hold, and when `out` would pass kMaxOutputBytes
 /// (then `*too_long` is set, where given; the caller reports it with its line).
+/// @throws ValueLimit for a value nested deeper than kMaxValueDepth.
 bool to_json(const Value& v, bool ensure_ascii, int indent, const std::string& item_sep, const std::string& key_sep,
              bool sort_keys, std::string& out, bool* too_long = nullptr);
-/// Python ==.
-bool equal(const Value& a, const Value& b);
+/// Python ==, with Python's identity rule for containers (the same list or dict is
+/// equal to itself without comparing items). `ev` (when given) counts every item
+/// compared as an evaluation step at `line`.
+/// @throws ValueLimit when the values nest deeper than kMaxValueDepth; Error from
+///   Evaluator::step.
+bool equal(const Value& a, const Value& b, Evaluator* ev = nullptr, int line = 0);
+
+/// The first occurrence of `needle` in `haystack` at or after `from`, or npos; linear
+/// time in the lengths (std::string::find compares the needle at every position).
+std::size_t find_text(std::string_view haystack, std::string_view needle, std::size_t from = 0);
 
 // --- tokens ---------------------------------------------------------------------------
 
@@ -194,6 +230,14 @@ class Evaluator {
   /// @throws Error "... longer than kMaxOutputBytes" naming the line.
   void check_size(std::size_t bytes, int line, const char* what) const;
 
+  /// The line of the expression or statement evaluated last (for errors raised below it).
+  int line() const { return line_; }
+  /// Keeps `ns` (a namespace this render made) until the end of the render, then empties
+  /// it: a namespace can hold itself (`{% set ns.me = ns %}`), a cycle that reference
+  /// counting alone never frees.
+  void track_namespace(const Value& ns);
+  ~Evaluator();
+
   /// Throws Error(what, "<template> line N").
   [[noreturn]] void fail(int line, const std::string& what) const;
   /// Throws Error "integer overflow in '<op>'" naming the line (Python's ints are
@@ -216,11 +260,15 @@ class Evaluator {
   Value slice(const Value& obj, const Value& start, const Value& stop, const Value& step, int line);
 
   const std::string& name_;
-  std::vector<Dict> frames_;
+  std::vector<Dict> frames_;  // [0]: builtins and the template's variables; then loop and macro scopes
+  std::unordered_map<std::string, std::size_t> global_index_;  // name -> position in frames_[0]
+  std::size_t scope_base_ = 1;  // the first frame of the innermost macro call (1: none)
   int64_t steps_ = 0;     // counted against kMaxSteps
   std::size_t copied_ = 0;  // bytes, counted against kMaxCopyBytes
   int call_depth_ = 0;    // macro calls in progress, against kMaxNestingDepth
   int eval_depth_ = 0;    // exec / eval / call_macro frames in progress, against kMaxEvalDepth
+  int line_ = 1;          // of the innermost frame entered last
+  std::vector<std::shared_ptr<Dict>> namespaces_;  // emptied at the end (track_namespace)
   friend class EvalNest;
 };
 

@@ -36,6 +36,15 @@ std::string py_strip(const std::string& s, const Value* chars, bool left, bool r
 // Python's str.split(sep=None, maxsplit=-1).
 List py_split(Evaluator& ev, const std::string& s, const Value* sep, int64_t maxsplit, int line) {
   List out;
+  // Each item is a step; a string of 16 MiB could otherwise split into 16 million
+  // empty strings (gigabytes of Values).
+  const auto add = [&](std::string item) {
+    if (out.size() >= kMaxListItems) {
+      ev.fail(line, "the result of split() would have more than " + std::to_string(kMaxListItems) + " items");
+    }
+    ev.step(line);
+    out.push_back(Value::string(std::move(item)));
+  };
   if (!sep || sep->is_none()) {
     const std::u32string u = to_u32(s);
     std::size_t k = 0;
@@ -45,12 +54,12 @@ List py_split(Evaluator& ev, const std::string& s, const Value* sep, int64_t max
       if (maxsplit >= 0 && static_cast<int64_t>(out.size()) == maxsplit) {
         std::size_t e = u.size();
         while (e > k && is_py_space(u[e - 1])) --e;
-        out.push_back(Value::string(from_u32(u.substr(k, e - k))));
+        add(from_u32(u.substr(k, e - k)));
         break;
       }
       std::size_t e = k;
       while (e < u.size() && !is_py_space(u[e])) ++e;
-      out.push_back(Value::string(from_u32(u.substr(k, e - k))));
+      add(from_u32(u.substr(k, e - k)));
       k = e;
     }
     return out;
@@ -59,12 +68,12 @@ List py_split(Evaluator& ev, const std::string& s, const Value* sep, int64_t max
   if (sep->s.empty()) ev.fail(line, "split(): empty separator");
   std::size_t at = 0;
   for (;;) {
-    const std::size_t hit = s.find(sep->s, at);
+    const std::size_t hit = find_text(s, sep->s, at);
     if (hit == std::string::npos || (maxsplit >= 0 && static_cast<int64_t>(out.size()) == maxsplit)) {
       out.push_back(Value::string(s.substr(at)));
       return out;
     }
-    out.push_back(Value::string(s.substr(at, hit - at)));
+    add(s.substr(at, hit - at));
     at = hit + sep->s.size();
   }
 }
@@ -83,7 +92,7 @@ std::string py_replace(Evaluator& ev, const std::string& s, const std::string& o
   std::size_t at = 0;
   int64_t done = 0;
   if (old.empty()) return s;
-  for (std::size_t hit; (count < 0 || done < count) && (hit = s.find(old, at)) != std::string::npos; ++done) {
+  for (std::size_t hit; (count < 0 || done < count) && (hit = find_text(s, old, at)) != std::string::npos; ++done) {
     ev.check_size(out.size() + (hit - at) + with.size(), line, "the result of replace()");
     out.append(s, at, hit - at);
     out += with;
@@ -118,6 +127,7 @@ Value str_method(Evaluator& ev, const std::string& s, const std::string& name, A
   if (name == "startswith" || name == "endswith") {
     const Value* p = arg(args, kwargs, 0, "prefix");
     if (!p) ev.fail(line, what + " needs an argument");
+    if (p->type == Value::Type::kList) ev.step(line, static_cast<int64_t>(p->list->size()));
     List options = p->type == Value::Type::kList ? *p->list : List{*p};
     for (const Value& o : options) {
       const std::string& x = need_string(ev, o, what, line).s;
@@ -146,7 +156,7 @@ Value str_method(Evaluator& ev, const std::string& s, const std::string& name, A
   if (name == "find") {
     const Value* x = arg(args, kwargs, 0, "sub");
     if (!x) ev.fail(line, what + " needs an argument");
-    const std::size_t hit = s.find(need_string(ev, *x, what, line).s);
+    const std::size_t hit = find_text(s, need_string(ev, *x, what, line).s);
     return Value::integer(hit == std::string::npos ? -1 : static_cast<int64_t>(to_u32(s.substr(0, hit)).size()));
   }
   if (name == "join") {
@@ -302,9 +312,10 @@ bool contains(Evaluator& ev, const Value& container, const Value& item, int line
     case Value::Type::kUndefined: return false;
     case Value::Type::kString:
       if (!item.is_string()) ev.fail(line, std::string("'in <string>' requires string as left operand, not ") + item.type_name());
-      return container.s.find(item.s) != std::string::npos;
+      return find_text(container.s, item.s) != std::string::npos;
     case Value::Type::kList:
-      return std::any_of(container.list->begin(), container.list->end(), [&](const Value& e) { return equal(e, item); });
+      return std::any_of(container.list->begin(), container.list->end(),
+                         [&](const Value& e) { return equal(e, item, &ev, line); });
     case Value::Type::kDict:
     case Value::Type::kNamespace: return item.is_string() && container.find(item.s) != nullptr;
     default: ev.fail(line, std::string("argument of type '") + container.type_name() + "' is not iterable");
@@ -356,8 +367,8 @@ bool apply_test(Evaluator& ev, const std::string& t, const Value& v, Args& args,
   if (t == "iterable") return v.type == T::kUndefined || v.is_string() || v.type == T::kList || v.type == T::kDict;
   if (t == "sequence") return v.type == T::kUndefined || v.is_string() || v.type == T::kList || v.type == T::kDict;
   if (t == "callable") return v.type == T::kFunction;
-  if (t == "equalto" || t == "eq" || t == "==") return equal(v, need_arg());
-  if (t == "ne" || t == "!=") return !equal(v, need_arg());
+  if (t == "equalto" || t == "eq" || t == "==") return equal(v, need_arg(), &ev, line);
+  if (t == "ne" || t == "!=") return !equal(v, need_arg(), &ev, line);
   if (t == "in") return contains(ev, need_arg(), v, line);
   if (t == "lt" || t == "<" || t == "le" || t == "<=" || t == "gt" || t == ">" || t == "ge" || t == ">=") {
     const Value& o = need_arg();
@@ -394,7 +405,7 @@ bool apply_test(Evaluator& ev, const std::string& t, const Value& v, Args& args,
     if (v.type == T::kBool) return v.b == o.b;
     if (v.type == T::kList) return v.list == o.list;
     if (v.type == T::kDict || v.type == T::kNamespace) return v.dict == o.dict;
-    return equal(v, o);
+    return equal(v, o, &ev, line);
   }
   ev.fail(line, "unsupported test '" + t + "'");
 }

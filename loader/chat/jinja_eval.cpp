@@ -29,6 +29,7 @@ class EvalNest {
                          " levels (macros calling macros?)");
     }
     ++ev_.eval_depth_;
+    ev_.line_ = line;
   }
   ~EvalNest() { --ev_.eval_depth_; }
   EvalNest(const EvalNest&) = delete;
@@ -40,9 +41,18 @@ class EvalNest {
 
 Evaluator::Evaluator(const std::string& name, const Value& globals) : name_(name) {
   frames_.emplace_back(builtin_globals());
+  for (std::size_t k = 0; k < frames_[0].size(); ++k) global_index_.emplace(frames_[0][k].first, k);
   if (globals.dict) {
     for (const auto& [k, v] : *globals.dict) assign(k, v);
   }
+}
+
+Evaluator::~Evaluator() {
+  for (const auto& ns : namespaces_) ns->clear();
+}
+
+void Evaluator::track_namespace(const Value& ns) {
+  if (ns.dict) namespaces_.push_back(ns.dict);
 }
 
 void Evaluator::step(int line, int64_t n) {
@@ -80,16 +90,30 @@ void Evaluator::fail_undefined(int line, const Value& v) const {
   fail(line, "undefined value: " + (v.s.empty() ? std::string("a value is undefined") : v.s));
 }
 
+// The frames a name is looked up in: the innermost ones down to scope_base_ (a macro
+// call starts a new scope), then the global frame, through its index (a request can
+// bring a million variables; scanning them for every name would be quadratic).
 Value Evaluator::lookup(const std::string& name) const {
-  for (auto f = frames_.rbegin(); f != frames_.rend(); ++f) {
-    for (const auto& [k, v] : *f) {
+  for (std::size_t f = frames_.size(); f-- > std::max<std::size_t>(scope_base_, 1);) {
+    for (const auto& [k, v] : frames_[f]) {
       if (k == name) return v;
     }
   }
+  const auto it = global_index_.find(name);
+  if (it != global_index_.end()) return frames_[0][it->second].second;
   return Value::undefined("'" + name + "' is undefined");
 }
 
 void Evaluator::assign(const std::string& name, Value v) {
+  if (frames_.size() == 1) {
+    const auto [it, added] = global_index_.emplace(name, frames_[0].size());
+    if (added) {
+      frames_[0].emplace_back(name, std::move(v));
+    } else {
+      frames_[0][it->second].second = std::move(v);
+    }
+    return;
+  }
   for (auto& [k, old] : frames_.back()) {
     if (k == name) {
       old = std::move(v);
@@ -251,13 +275,23 @@ Value Evaluator::call_macro(const Node& macro, Args& args, Kwargs& kwargs, int l
     int& depth;
     ~Leave() { --depth; }
   } leave{call_depth_};
-  // A macro sees the template's top-level variables, not its caller's locals.
-  std::vector<Dict> saved;
-  saved.swap(frames_);
-  frames_.push_back(saved.front());
+  // A macro sees the template's top-level variables, not its caller's locals: its
+  // frames start a scope above the caller's (the global frame is shared, not copied: a
+  // copy per call cost O(variables) and copied every global string).
+  const std::size_t saved_base = scope_base_;
+  const std::size_t saved_size = frames_.size();
+  scope_base_ = frames_.size();
   frames_.emplace_back();
+  struct Restore {
+    Evaluator& ev;
+    std::size_t base, size;
+    ~Restore() {
+      ev.frames_.resize(size);
+      ev.scope_base_ = base;
+    }
+  } restore{*this, saved_base, saved_size};
   std::string out;
-  try {
+  {
     for (std::size_t k = 0; k < macro.params.size(); ++k) {
       const auto& [param, def] = macro.params[k];
       Value v = Value::undefined("'" + param + "' is undefined");
@@ -277,12 +311,7 @@ Value Evaluator::call_macro(const Node& macro, Args& args, Kwargs& kwargs, int l
       if (!known) fail(line, "macro '" + macro.targets[0] + "' has no parameter '" + key + "'");
     }
     exec(macro.body, out);
-  } catch (...) {
-    frames_.swap(saved);
-    throw;
   }
-  saved.front() = frames_.front();
-  frames_.swap(saved);
   return Value::string(std::move(out));
 }
 
@@ -514,8 +543,8 @@ Value Evaluator::binary(const std::string& op, const Value& a, const Value& b, i
 }
 
 bool Evaluator::compare(const std::string& op, const Value& a, const Value& b, int line) {
-  if (op == "==") return equal(a, b);
-  if (op == "!=") return !equal(a, b);
+  if (op == "==") return equal(a, b, this, line);
+  if (op == "!=") return !equal(a, b, this, line);
   if (op == "in") return contains(*this, b, a, line);
   if (op == "not in") return !contains(*this, b, a, line);
   int c = 0;
@@ -609,6 +638,12 @@ Value Evaluator::slice(const Value& obj, const Value& start_v, const Value& stop
   const int64_t stop = adjust(stop_v, step < 0 ? -1 : n);
   std::u32string out_s;
   List out_l;
+  // The items taken count as steps (and list items as bytes copied), as iteration does.
+  const uint64_t stride = step > 0 ? static_cast<uint64_t>(step) : static_cast<uint64_t>(-(step + 1)) + 1;
+  const int64_t span = step > 0 ? stop - start : start - stop;  // start, stop in [-1, n]
+  const auto count = span > 0 ? static_cast<int64_t>((static_cast<uint64_t>(span) - 1) / stride + 1) : int64_t{0};
+  this->step(line, count);
+  if (!is_str) copied(static_cast<std::size_t>(count) * sizeof(Value), line);
   for (int64_t k = start; step > 0 ? k < stop : k > stop;) {
     if (is_str) {
       out_s += s[static_cast<std::size_t>(k)];
@@ -623,7 +658,11 @@ Value Evaluator::slice(const Value& obj, const Value& start_v, const Value& stop
 std::string render(const std::vector<Node>& nodes, const Value& globals, const std::string& name) {
   Evaluator ev(name, globals);
   std::string out;
-  ev.exec(nodes, out);
+  try {
+    ev.exec(nodes, out);
+  } catch (const ValueLimit& e) {
+    ev.fail(ev.line(), e.what());
+  }
   return out;
 }
 

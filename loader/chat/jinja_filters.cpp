@@ -269,7 +269,10 @@ Dict builtin_globals() {
         }
         if (!replaced) d.emplace_back(k, v);
       }
-      return ns ? Value::make_namespace(std::move(d)) : Value::make_dict(std::move(d));
+      if (!ns) return Value::make_dict(std::move(d));
+      Value v = Value::make_namespace(std::move(d));
+      ev.track_namespace(v);
+      return v;
     });
   };
   g.emplace_back("namespace", make_mapping(true));

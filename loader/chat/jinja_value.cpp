@@ -4,10 +4,49 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 
 #include "loader/chat/jinja.h"
 
 namespace linnet::jinja {
+
+namespace {
+
+// Value destructors in progress on this thread, and what the ones nested deepest left to
+// the outermost one (see ~Value).
+constexpr int kMaxNestedDestructors = 32;
+thread_local int t_destroying = 0;
+thread_local std::vector<Value>* t_deferred = nullptr;
+
+}  // namespace
+
+Value::~Value() {
+  if (!list && !dict && !fn) return;
+  if (t_destroying >= kMaxNestedDestructors) {
+    // Deep inside a nested value: hand what this one holds to the outermost destructor.
+    Value rest;
+    rest.list = std::move(list);
+    rest.dict = std::move(dict);
+    rest.fn = std::move(fn);
+    t_deferred->push_back(std::move(rest));
+    return;
+  }
+  const bool outermost = t_destroying == 0;
+  std::vector<Value> deferred;
+  if (outermost) t_deferred = &deferred;
+  ++t_destroying;
+  list.reset();
+  dict.reset();
+  fn.reset();
+  if (outermost) {
+    while (!deferred.empty()) {
+      Value v = std::move(deferred.back());
+      deferred.pop_back();
+    }  // v's destructor runs here, one level deep, and may defer more
+    t_deferred = nullptr;
+  }
+  --t_destroying;
+}
 
 Value Value::undefined(std::string name) {
   Value v;
@@ -158,7 +197,10 @@ std::string float_repr(double d) {
     return sign + out;
   }
   std::string out = digits.substr(0, 1);
-  if (digits.size() > 1) out += "." + digits.substr(1);
+  if (digits.size() > 1) {
+    out += '.';
+    out.append(digits, 1, std::string::npos);
+  }
   char e[16];
   std::snprintf(e, sizeof e, "e%c%02d", exp < 0 ? '-' : '+', exp < 0 ? -exp : exp);
   return sign + out + e;
@@ -252,41 +294,59 @@ namespace {
 // repr() with Python's guard for containers that hold themselves (Py_ReprEnter): a list
 // or dict already being shown prints as [...] / {...}. Only a namespace can close such
 // a cycle (`{% set ns.me = ns %}`); without the guard it would recurse until the stack
-// overflows.
-std::string repr_guarded(const Value& v, std::vector<const void*>& active) {
+// overflows. `active` is the path of containers being shown, so its length is the
+// depth; the text goes into `out`, which may not pass kMaxOutputBytes (a list of a
+// million references to one big list has a repr of terabytes).
+void repr_into(const Value& v, std::vector<const void*>& active, std::string& out) {
+  if (out.size() > kMaxOutputBytes) {
+    throw ValueLimit("the text of a value would be longer than " + std::to_string(kMaxOutputBytes) + " bytes");
+  }
   const auto enter = [&](const void* p) {
     if (std::find(active.begin(), active.end(), p) != active.end()) return false;
+    if (active.size() >= static_cast<std::size_t>(kMaxValueDepth)) {
+      throw ValueLimit("the value shown nests deeper than " + std::to_string(kMaxValueDepth) + " levels");
+    }
     active.push_back(p);
     return true;
   };
   switch (v.type) {
-    case Value::Type::kString: return repr_string(v.s);
+    case Value::Type::kString: out += repr_string(v.s); return;
     case Value::Type::kList: {
-      if (!enter(v.list.get())) return v.tuple ? "(...)" : "[...]";
-      std::string out = v.tuple ? "(" : "[";
+      if (!enter(v.list.get())) {
+        out += v.tuple ? "(...)" : "[...]";
+        return;
+      }
+      out += v.tuple ? "(" : "[";
       for (std::size_t k = 0; k < v.list->size(); ++k) {
         if (k > 0) out += ", ";
-        out += repr_guarded((*v.list)[k], active);
+        repr_into((*v.list)[k], active, out);
       }
       if (v.tuple && v.list->size() == 1) out += ",";
       active.pop_back();
-      return out + (v.tuple ? ")" : "]");
+      out += v.tuple ? ")" : "]";
+      return;
     }
     case Value::Type::kDict:
     case Value::Type::kNamespace: {
       const bool ns = v.type == Value::Type::kNamespace;
-      if (!enter(v.dict.get())) return ns ? "<Namespace {...}>" : "{...}";
-      std::string out = ns ? "<Namespace {" : "{";
+      if (!enter(v.dict.get())) {
+        out += ns ? "<Namespace {...}>" : "{...}";
+        return;
+      }
+      out += ns ? "<Namespace {" : "{";
       bool first = true;
       for (const auto& [k, e] : *v.dict) {
         if (!first) out += ", ";
         first = false;
-        out += repr_string(k) + ": " + repr_guarded(e, active);
+        out += repr_string(k);
+        out += ": ";
+        repr_into(e, active, out);
       }
       active.pop_back();
-      return out + (ns ? "}>" : "}");
+      out += ns ? "}>" : "}";
+      return;
     }
-    default: return to_str(v);
+    default: out += to_str(v); return;
   }
 }
 
@@ -294,7 +354,12 @@ std::string repr_guarded(const Value& v, std::vector<const void*>& active) {
 
 std::string to_repr(const Value& v) {
   std::vector<const void*> active;
-  return repr_guarded(v, active);
+  std::string out;
+  repr_into(v, active, out);
+  if (out.size() > kMaxOutputBytes) {
+    throw ValueLimit("the text of a value would be longer than " + std::to_string(kMaxOutputBytes) + " bytes");
+  }
+  return out;
 }
 
 std::string to_str(const Value& v) {
@@ -336,6 +401,9 @@ struct JsonWriter {
     if (too_long || out.size() > kMaxOutputBytes) {
       too_long = true;
       return false;
+    }
+    if (level >= kMaxValueDepth && (x.type == Value::Type::kList || x.type == Value::Type::kDict)) {
+      throw ValueLimit("the value given to tojson nests deeper than " + std::to_string(kMaxValueDepth) + " levels");
     }
     switch (x.type) {
       case Value::Type::kNone: out += "null"; return true;
@@ -398,8 +466,11 @@ bool to_json(const Value& v, bool ensure_ascii, int indent, const std::string& i
   return ok && !w.too_long;
 }
 
-bool equal(const Value& a, const Value& b) {
+namespace {
+
+bool equal_at(const Value& a, const Value& b, Evaluator* ev, int line, int depth) {
   using T = Value::Type;
+  if (ev) ev->step(line);
   if (a.is_number() && b.is_number()) {
     if (a.type == T::kFloat || b.type == T::kFloat) {
       const double x = a.type == T::kFloat ? a.f : static_cast<double>(a.type == T::kBool ? a.b : a.i);
@@ -409,6 +480,10 @@ bool equal(const Value& a, const Value& b) {
     return (a.type == T::kBool ? a.b : a.i) == (b.type == T::kBool ? b.b : b.i);
   }
   if (a.type != b.type) return false;
+  if ((a.type == T::kList && a.list == b.list) || (a.type == T::kDict && a.dict == b.dict)) return true;
+  if ((a.type == T::kList || a.type == T::kDict) && depth >= kMaxValueDepth) {
+    throw ValueLimit("the values compared nest deeper than " + std::to_string(kMaxValueDepth) + " levels");
+  }
   switch (a.type) {
     case T::kUndefined:
     case T::kNone: return true;
@@ -416,18 +491,30 @@ bool equal(const Value& a, const Value& b) {
     case T::kList:
       if (a.list->size() != b.list->size()) return false;
       for (std::size_t k = 0; k < a.list->size(); ++k) {
-        if (!equal((*a.list)[k], (*b.list)[k])) return false;
+        if (!equal_at((*a.list)[k], (*b.list)[k], ev, line, depth + 1)) return false;
       }
       return true;
     case T::kDict:
       if (a.dict->size() != b.dict->size()) return false;
       for (const auto& [k, e] : *a.dict) {
         const Value* o = b.find(k);
-        if (!o || !equal(e, *o)) return false;
+        if (!o || !equal_at(e, *o, ev, line, depth + 1)) return false;
       }
       return true;
     default: return a.dict == b.dict && a.fn == b.fn;
   }
+}
+
+}  // namespace
+
+bool equal(const Value& a, const Value& b, Evaluator* ev, int line) { return equal_at(a, b, ev, line, 0); }
+
+std::size_t find_text(std::string_view haystack, std::string_view needle, std::size_t from) {
+  if (from > haystack.size()) return std::string_view::npos;
+  if (needle.empty()) return from;
+  // glibc's memmem is the two-way algorithm: linear time for any needle.
+  const void* hit = ::memmem(haystack.data() + from, haystack.size() - from, needle.data(), needle.size());
+  return hit ? static_cast<std::size_t>(static_cast<const char*>(hit) - haystack.data()) : std::string_view::npos;
 }
 
 }  // namespace linnet::jinja

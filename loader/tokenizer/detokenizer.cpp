@@ -17,6 +17,8 @@ namespace linnet {
 namespace {
 
 constexpr std::size_t kInitialWindow = 5;  // prompt ids re-decoded at the start, as vLLM
+constexpr std::size_t kSettleEvery = 8;    // held ids between two emit_settled searches
+constexpr std::size_t kSettleTries = 4;    // splits emit_settled tries, from the end
 constexpr std::string_view kReplacement = "\xEF\xBF\xBD";  // U+FFFD
 
 bool ends_with(std::string_view s, std::string_view suffix) {
@@ -69,9 +71,8 @@ std::string StreamingDetokenizer::flush() { return emit(true); }
 std::string StreamingDetokenizer::emit(bool force) {
   if (read_offset_ == ids_.size()) return {};
   std::string new_text = decode_range(prefix_offset_, ids_.size());
-  if (!force && (new_text.size() <= prefix_text_.size() || ends_with(new_text, kReplacement))) {
-    return {};
-  }
+  if (!force && ends_with(new_text, kReplacement)) return emit_settled(new_text);
+  if (!force && new_text.size() <= prefix_text_.size()) return {};
   std::string out;
   if (new_text.compare(0, prefix_text_.size(), prefix_text_) == 0) {
     out = new_text.substr(prefix_text_.size());
@@ -100,6 +101,37 @@ std::string StreamingDetokenizer::emit(bool force) {
     prefix_text_ = std::move(new_text);
   }
   return out;
+}
+
+std::string StreamingDetokenizer::emit_settled(const std::string& new_text) {
+  // Held while the text ends in U+FFFD: an unfinished character may still complete. But
+  // a U+FFFD that no later id can change (a lone continuation byte, an invalid byte run
+  // followed by more text) must not keep the window growing, or every push re-decodes
+  // all the held ids (quadratic in a run of invalid bytes). So every kSettleEvery held
+  // ids, look for a split s among the last few ids where the window decodes in two
+  // independent halves: decode(window[..s)) + decode([s..)) == decode(window), with
+  // [s..) non-empty. Then only the tail [s..) can still change: the head's text is
+  // emitted and the window restarts at s. (A byte-level decoder's unfinished character
+  // is at most 3 bytes, so one of the last 4 splits works unless ids decode to nothing.)
+  const std::size_t held = ids_.size() - read_offset_;
+  if (held < kSettleEvery || held % kSettleEvery != 0) return {};
+  const std::size_t end = ids_.size();
+  for (std::size_t s = end - 1; s > read_offset_ && s + kSettleTries >= end; --s) {
+    if (!is_window_start(s)) continue;
+    std::string head = decode_range(prefix_offset_, s);
+    if (head.size() < prefix_text_.size() || head.compare(0, prefix_text_.size(), prefix_text_) != 0) continue;
+    const std::string tail = decode_range(s, end);
+    if (tail.empty() || head.size() + tail.size() != new_text.size() ||
+        new_text.compare(0, head.size(), head) != 0 || new_text.compare(head.size(), tail.size(), tail) != 0) {
+      continue;
+    }
+    std::string out = head.substr(prefix_text_.size());
+    prefix_offset_ = s;
+    read_offset_ = s;
+    prefix_text_.clear();
+    return out;
+  }
+  return {};
 }
 
 }  // namespace linnet

@@ -92,18 +92,17 @@ namespace {
 
 using tok::Json;
 
-/// Parses `path`, refusing nesting deeper than kMaxJsonDepth before any component is
-/// built from it (Sequences are built recursively).
-Json read_json_object(const std::filesystem::path& path, const char* what) {
-  const std::string text = read_text_file(path, what);
+/// Parses `text` (the file `where`), refusing nesting deeper than kMaxJsonDepth before
+/// any component is built from it (Sequences are built recursively).
+Json parse_json_object(std::string_view text, const std::string& where) {
   Json j;
   try {
     j = Json::parse(text);
   } catch (const Json::exception& e) {
-    throw Error(std::string("malformed JSON: ") + e.what(), path.string());
+    throw Error(std::string("malformed JSON: ") + e.what(), where);
   }
-  check_json_depth(j, tok::kMaxJsonDepth, path.string());
-  if (!j.is_object()) throw Error("top level is not a JSON object", path.string(), "object", j.type_name());
+  check_json_depth(j, tok::kMaxJsonDepth, where);
+  if (!j.is_object()) throw Error("top level is not a JSON object", where, "object", j.type_name());
   return j;
 }
 
@@ -192,10 +191,11 @@ void apply_config(Tokenizer::Impl& impl, const Json& c, const std::string& where
   }
 }
 
-std::shared_ptr<Tokenizer::Impl> load(const std::filesystem::path& tokenizer_json,
-                                      const std::filesystem::path& config_json) {
-  const std::string where = tokenizer_json.string();
-  const Json j = read_json_object(tokenizer_json, "tokenizer file");
+/// Builds the tokenizer from the texts of tokenizer.json (named `where` in errors) and,
+/// when given, tokenizer_config.json (named `cwhere`).
+std::shared_ptr<Tokenizer::Impl> load(std::string_view tokenizer_json, const std::string& where,
+                                      std::optional<std::string_view> config_json, const std::string& cwhere) {
+  const Json j = parse_json_object(tokenizer_json, where);
   std::shared_ptr<Tokenizer::Impl> impl;
   try {
     if (!j.contains("model") || !j.at("model").is_object()) {
@@ -255,9 +255,8 @@ std::shared_ptr<Tokenizer::Impl> load(const std::filesystem::path& tokenizer_jso
   }
 
   t.bos_id = t.post_processor.leading_special();
-  if (!config_json.empty() && std::filesystem::exists(config_json)) {
-    const std::string cwhere = config_json.string();
-    const Json c = read_json_object(config_json, "tokenizer config");
+  if (config_json) {
+    const Json c = parse_json_object(*config_json, cwhere);
     try {
       apply_config(t, c, cwhere);
     } catch (const Json::exception& e) {
@@ -265,6 +264,19 @@ std::shared_ptr<Tokenizer::Impl> load(const std::filesystem::path& tokenizer_jso
     }
   }
   return impl;
+}
+
+/// Reads the files and builds the tokenizer; `config_json` may be empty or name a file
+/// that does not exist (then: no config).
+std::shared_ptr<Tokenizer::Impl> load_files(const std::filesystem::path& tokenizer_json,
+                                            const std::filesystem::path& config_json) {
+  const std::string text = read_text_file(tokenizer_json, "tokenizer file");
+  std::optional<std::string> config;
+  if (!config_json.empty() && std::filesystem::exists(config_json)) {
+    config = read_text_file(config_json, "tokenizer config");
+  }
+  return load(text, tokenizer_json.string(), config ? std::optional<std::string_view>(*config) : std::nullopt,
+              config_json.string());
 }
 
 }  // namespace
@@ -341,11 +353,17 @@ Tokenizer::Tokenizer(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) 
 
 Tokenizer Tokenizer::from_files(const std::filesystem::path& tokenizer_json,
                                 const std::filesystem::path& tokenizer_config_json) {
-  return Tokenizer(load(tokenizer_json, tokenizer_config_json));
+  return Tokenizer(load_files(tokenizer_json, tokenizer_config_json));
+}
+
+Tokenizer Tokenizer::from_json_text(std::string_view tokenizer_json,
+                                    std::optional<std::string_view> tokenizer_config_json,
+                                    const std::string& tokenizer_where, const std::string& config_where) {
+  return Tokenizer(load(tokenizer_json, tokenizer_where, tokenizer_config_json, config_where));
 }
 
 Tokenizer Tokenizer::from_dir(const std::filesystem::path& model_dir) {
-  auto impl = load(model_dir / "tokenizer.json", model_dir / "tokenizer_config.json");
+  auto impl = load_files(model_dir / "tokenizer.json", model_dir / "tokenizer_config.json");
   const auto jinja = model_dir / "chat_template.jinja";
   if (impl->chat_template.empty() && std::filesystem::exists(jinja)) {
     impl->chat_template = read_text_file(jinja, "chat template");

@@ -49,6 +49,15 @@ class Tokenizer {
   static Tokenizer from_files(const std::filesystem::path& tokenizer_json,
                               const std::filesystem::path& tokenizer_config_json);
 
+  /// The same from the files' texts, held in memory: `tokenizer_json` is a tokenizer.json,
+  /// `tokenizer_config_json` a tokenizer_config.json or nullopt (no config).
+  /// `tokenizer_where` / `config_where` name them in errors (from_files passes the paths).
+  /// @throws Error as from_files, naming `tokenizer_where` or `config_where`.
+  static Tokenizer from_json_text(std::string_view tokenizer_json,
+                                  std::optional<std::string_view> tokenizer_config_json,
+                                  const std::string& tokenizer_where = "tokenizer.json",
+                                  const std::string& config_where = "tokenizer_config.json");
+
   /// Token ids of `text` (UTF-8). Added tokens (e.g. "<s>") written in the text are
   /// matched as tokens whether or not add_special_tokens is set; add_special_tokens adds
   /// the post-processor's tokens (BOS for Llama). Semantics of tokenizers'
@@ -114,7 +123,9 @@ class Tokenizer {
 /// detokenizer_utils.py): each step decodes only the window from prefix_offset,
 /// and emits what it adds over the window's already-emitted part. The window start is
 /// kept where decoding is local (not inside a byte run, and with non-empty text before
-/// read_offset so decoders that strip a leading space treat both decodes alike).
+/// read_offset so decoders that strip a leading space treat both decodes alike). Text
+/// held because it ends in U+FFFD restarts the window where the held ids decode in two
+/// independent halves, so a run of invalid bytes costs linear time, not quadratic.
 class StreamingDetokenizer {
  public:
   /// @param prompt_ids  ids already shown to the user (their text is not emitted).
@@ -133,6 +144,7 @@ class StreamingDetokenizer {
 
  private:
   std::string emit(bool force);
+  std::string emit_settled(const std::string& new_text);
   bool is_window_start(std::size_t i) const;
   std::string decode_range(std::size_t begin, std::size_t end) const;
 
