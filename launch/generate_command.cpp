@@ -389,6 +389,13 @@ int run_generate(const GenerateOptions& o, Job& job) {
     // before the tokenizer sees it (the tokenizer's time and memory grow with the text).
     const int64_t prompt_byte_limit = max_seq_len * prompt_bytes_per_token(*tokenizer);
     std::unique_ptr<ModelChatTemplate> chat;
+    // The flags' own values fail the run, before any line (a line's keys fail that line).
+    for (const int64_t id : defaults.stop_token_ids) {
+      if (id >= files->config.vocab_size) {
+        throw Error("invalid value", "--stop-token-ids", "ids < vocab_size = " + std::to_string(files->config.vocab_size),
+                    std::to_string(id));
+      }
+    }
     for (const auto& [n, text] : lines) {
       Request r;
       r.index = n - 1;
@@ -401,15 +408,27 @@ int run_generate(const GenerateOptions& o, Job& job) {
         requests.push_back(std::move(r));
         continue;
       }
-      ordered_json line;
-      if (o.prompt) {
-        line["prompt"] = text;
-      } else {
-        line = parse_jsonl_line(text, r.where);
-      }
-      bool is_chat = false;
-      read_request_line(line, defaults, files->config.vocab_size, o.chat, *tokenizer, model_dir, chat, r, is_chat);
       const bool done = std::binary_search(skip.begin(), skip.end(), r.index);
+      bool is_chat = false;
+      try {
+        ordered_json line;
+        if (o.prompt) {
+          line["prompt"] = text;
+        } else {
+          line = parse_jsonl_line(text, r.where);
+        }
+        read_request_line(line, defaults, files->config.vocab_size, o.chat, *tokenizer, model_dir, chat, r, is_chat);
+      } catch (const Error& e) {
+        if (o.prompt) throw;
+        // In a batch a bad line (JSON, a key, its chat template) fails alone: its output
+        // line says why (finish_reason "error"), the others run, the exit code is 3.
+        r.settings = defaults;
+        r.text.clear();
+        r.error = e.what();
+        if (!done) todo.push_back(requests.size());
+        requests.push_back(std::move(r));
+        continue;
+      }
       if (!done && static_cast<int64_t>(r.text.size()) > prompt_byte_limit) {
         const std::string why = "the prompt has " + std::to_string(r.text.size()) +
                                 " bytes, more than --max-seq-len = " + std::to_string(max_seq_len) +
@@ -426,7 +445,9 @@ int run_generate(const GenerateOptions& o, Job& job) {
           // A rendered chat text already holds the template's BOS, so no second one is added.
           r.ids = tokenizer->encode(r.text, /*add_special_tokens=*/!is_chat);
         } catch (const Error& e) {
-          throw e.at(r.where);
+          if (o.prompt) throw e.at(r.where);
+          r.error = e.at(r.where).what();  // fails alone, as a bad line
+          r.ids.clear();
         }
         if (o.prompt && r.ids.empty()) throw Error("the prompt has no tokens (and the tokenizer adds no BOS)", r.where);
         // One prompt is refused now; in a batch it fails alone (its line says why).

@@ -504,9 +504,31 @@ TEST_F(Cli, BadPerLineValuesNameTheLineAndKey) {
            {R"({"prompt": "hi", "stop_token_ids": [100000]})", "stop_token_ids"},
            {R"({"prompt": "hi", "min_p": "x"})", "min_p"}}) {
     std::ofstream(in) << R"({"prompt": "fine"})" << "\n\n" << line << "\n";
-    expect_clean_failure("--model " + quote(test::stories_dir().string()) + " --input " + quote(in.string()),
-                         in.string() + ":3: key \"" + key + "\"");
+    // The bad line fails alone (exit 3), its output line says why; the good one runs.
+    const Result r = run(2, "--model " + quote(test::stories_dir().string()) + " --input " + quote(in.string()) +
+                                " --max-new-tokens 4 --output " + quote((tmp_ / "out.jsonl").string()));
+    EXPECT_EQ(r.code, 3) << r.err;
+    std::ifstream out(tmp_ / "out.jsonl");
+    std::string first, second;
+    std::getline(out, first);
+    std::getline(out, second);
+    EXPECT_EQ(nlohmann::json::parse(first)["finish_reason"], "length") << first;
+    const nlohmann::json bad = nlohmann::json::parse(second);
+    EXPECT_EQ(bad["finish_reason"], "error") << second;
+    EXPECT_EQ(bad["error"].get<std::string>().rfind(in.string() + ":3: key \"" + key + "\"", 0), 0u) << second;
   }
+  // A bad line of JSON, and a chat line its template refuses, fail alone too.
+  std::ofstream(in) << R"({"prompt": "fine"})" << "\n" << R"({"prompt": )" << "\n"
+                    << R"({"messages": [{"role": "user", "content": "hi"}]})" << "\n";
+  const Result r = run(2, "--model " + quote(test::stories_dir().string()) + " --input " + quote(in.string()) +
+                              " --max-new-tokens 4 --output " + quote((tmp_ / "out.jsonl").string()));
+  EXPECT_EQ(r.code, 3) << r.err;
+  EXPECT_NE(r.err.find("requests: 3 (2 failed)"), std::string::npos) << r.err;
+  // The flag's own value fails the run, naming the flag.
+  fs::remove(tmp_ / "out.jsonl");
+  expect_clean_failure("--model " + quote(test::stories_dir().string()) + " --input " + quote(in.string()) +
+                           " --stop-token-ids 100000",
+                       "--stop-token-ids");
 }
 
 TEST_F(Cli, ResumeRunsOnlyTheMissingLines) {
