@@ -24,6 +24,16 @@ constexpr auto kSyncEvery = std::chrono::seconds(2);
 
 std::string errno_text() { return std::strerror(errno); }
 
+// A journal is a plain file beside --output: a FIFO would block its open(2) forever, a
+// device or a folder cannot be one, and a symlink would send this run's lines into
+// another run's journal. Nothing there: fine.
+void check_plain_file(const std::string& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) return;
+  if (S_ISLNK(st.st_mode)) throw Error("the journal is a symbolic link; a journal is a plain file of this run", path);
+  if (!S_ISREG(st.st_mode)) throw Error("the journal is not a regular file (a FIFO, a folder or a device?)", path);
+}
+
 // Takes the writer's lock on an open journal, or throws naming it.
 void lock_writer(int fd, const std::string& path) {
   if (::flock(fd, LOCK_EX | LOCK_NB) == 0) return;
@@ -33,7 +43,8 @@ void lock_writer(int fd, const std::string& path) {
 }  // namespace
 
 void wait_for_journal_writer(const std::string& path, double seconds) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  check_plain_file(path);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW);
   if (fd < 0) return;  // no journal: nobody writes it
   const auto start = std::chrono::steady_clock::now();
   bool told = false;
@@ -65,6 +76,7 @@ std::string journal_path(const std::string& output) {
 JournalContents read_journal(const std::string& path, const std::string& command) {
   JournalContents c;
   std::error_code ec;
+  check_plain_file(path);
   if (!std::filesystem::exists(path, ec)) return c;
   c.exists = true;
   std::ifstream in(path, std::ios::binary);

@@ -50,7 +50,8 @@ JournalContents read_journal(const std::string& path, const std::string& command
 /// whose mpirun was killed: its ranks go on for a few seconds, appending), at most
 /// `seconds`; returns at once when there is no journal or nobody holds it. Call before
 /// read_journal, so what is read is what the old run left.
-/// @throws Error naming `path` when the lock is still held after `seconds`.
+/// @throws Error naming `path` when the lock is still held after `seconds`, or when it
+///   is not a plain file (a FIFO would block, a symlink lead into another run's journal).
 void wait_for_journal_writer(const std::string& path, double seconds = 30);
 
 /// Checks that a run resuming from `journal` has the settings of the run that wrote it:

@@ -3,6 +3,7 @@
 // command, continued after its last whole line, and moved to the temp folder when its
 // folder vanishes mid-run.
 #include <sys/mount.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -176,6 +177,25 @@ TEST_F(JournalTest, OneWriterAtATimeAndAResumeWaitsForIt) {
   ends.join();
   EXPECT_EQ(read_journal(path_, "generate").lines.size(), 2u) << "the line written while it waited is read";
   wait_for_journal_writer((dir_ / "none.journal").string(), 0);  // no journal: nothing to wait for
+}
+
+// A FIFO in the journal's place would block open(2) forever; a symlink would append
+// this run's lines to another run's journal: both refused by name.
+TEST_F(JournalTest, AJournalMustBeAPlainFile) {
+  ASSERT_EQ(::mkfifo(path_.c_str(), 0644), 0);
+  EXPECT_THROW(wait_for_journal_writer(path_, 1), Error);
+  try {
+    read_journal(path_, "generate");
+    ADD_FAILURE() << "a FIFO was read";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not a regular file"), std::string::npos) << e.what();
+  }
+  fs::remove(path_);
+  const std::string other = (dir_ / "other.journal").string();
+  std::ofstream(other) << header("generate").dump() << "\n";
+  fs::create_symlink(other, path_);
+  EXPECT_THROW(read_journal(path_, "generate"), Error);
+  EXPECT_THROW(wait_for_journal_writer(path_, 1), Error);
 }
 
 TEST_F(JournalTest, RemoveDeletesIt) {
