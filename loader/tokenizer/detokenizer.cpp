@@ -19,6 +19,7 @@ namespace {
 constexpr std::size_t kInitialWindow = 5;  // prompt ids re-decoded at the start, as vLLM
 constexpr std::size_t kSettleEvery = 8;    // held ids between two emit_settled searches
 constexpr std::size_t kSettleTries = 4;    // splits emit_settled tries, from the end
+constexpr std::size_t kRestartTries = 4;   // window starts emit tries, from read_offset back
 constexpr std::string_view kReplacement = "\xEF\xBF\xBD";  // U+FFFD
 
 bool ends_with(std::string_view s, std::string_view suffix) {
@@ -124,17 +125,21 @@ std::string StreamingDetokenizer::emit(bool force) {
     out = new_text.substr(common);
   }
 
-  // Advance the window to [read_offset, end) when that is a valid window start with text;
-  // otherwise keep the start and let the window grow.
+  // Advance the window to [w, end) for the latest valid window start w <= read_offset
+  // whose text up to the new read_offset is not empty, trying a few ids back (a "▁"
+  // alone decodes to nothing at the start of a window, so a run of them never had a
+  // start at read_offset); otherwise keep the start and let the window grow.
   const std::size_t old_read = read_offset_;
   read_offset_ = ids_.size();
-  std::string next_prefix;
-  if (is_window_start(old_read) && !(next_prefix = decode_range(old_read, read_offset_)).empty()) {
-    prefix_offset_ = old_read;
+  for (std::size_t w = old_read, tries = 0; w > prefix_offset_ && tries < kRestartTries; --w, ++tries) {
+    if (!is_window_start(w)) continue;
+    std::string next_prefix = decode_range(w, read_offset_);
+    if (next_prefix.empty()) continue;
+    prefix_offset_ = w;
     prefix_text_ = std::move(next_prefix);
-  } else {
-    prefix_text_ = std::move(new_text);
+    return out;
   }
+  prefix_text_ = std::move(new_text);
   return out;
 }
 
