@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <fstream>
 #include <iterator>
 #include <random>
@@ -215,6 +216,27 @@ TEST(Tokenizer, StreamingEqualsOneShotDecodeOnGoldenCases) {
     const Streamed s = stream(tok, {1}, std::vector<int32_t>(ids.begin() + 1, ids.end()));
     EXPECT_EQ(s.text, c.at("decoded").get<std::string>());
     for (const auto& chunk : s.chunks) EXPECT_EQ(chunk.find("\uFFFD"), std::string::npos);
+  }
+}
+
+// A run of "▁" tokens: one alone at the start of a decode is stripped to nothing, so the
+// window could never restart at the last id and grew with the run; every push re-decoded
+// it (40000 ids: minutes). It restarts a few ids back now, where the text is not empty.
+TEST(Tokenizer, StreamingARunOfSpaceTokensTakesLinearTime) {
+  const Tokenizer& tok = stories();
+  const int32_t space = tok.token_to_id("\u2581").value();
+  const int32_t once = tok.token_to_id("\u2581Once").value();
+  for (const std::vector<int32_t>& prompt : {std::vector<int32_t>{}, std::vector<int32_t>{1},
+                                             std::vector<int32_t>{1, once}, std::vector<int32_t>{1, space}}) {
+    std::vector<int32_t> ids = prompt;
+    for (int k = 0; k < 40000; ++k) ids.push_back(k % 20000 == 19999 ? once : space);
+    const auto start = std::chrono::steady_clock::now();
+    StreamingDetokenizer detok(tok, prompt);
+    std::string text;
+    for (std::size_t k = prompt.size(); k < ids.size(); ++k) text += detok.push(ids[k]);
+    text += detok.flush();
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 3.0);
+    EXPECT_EQ(text, tok.decode(ids).substr(tok.decode(prompt).size()));
   }
 }
 

@@ -5,6 +5,9 @@
 // (PCRE2 with Oniguruma's \s); and malformed pre-tokenizer sections.
 #include <unistd.h>
 
+#include <chrono>
+#include <fstream>
+
 #include "common/error.h"
 #include "loader/tokenizer/tokenizer.h"
 #include "loader/tokenizer/tokenizer_regex.h"
@@ -68,6 +71,37 @@ std::vector<std::pair<std::size_t, std::size_t>> matches(const std::string& patt
   std::vector<std::pair<std::size_t, std::size_t>> out;
   tok::Regex(pattern, "test").find_all(text, out);
   return out;
+}
+
+// A byte-level token whose bytes end inside a character that the next token finishes
+// ("\u013e\u00ac\u00e8" is 9C AC E8: two continuation bytes and a lead byte): repeated,
+// no token boundary is a character boundary, so no decode window could restart and every
+// push re-decoded all of them (40000 ids: about 30 s). The byte-level stream is linear.
+TEST(TokenizerComponents, StreamingCharactersSplitAtEveryTokenTakesLinearTime) {
+  const json doc = test::read_json(test::test_data_dir() / "tokenizers" / "synthetic.json");
+  for (const json& t : doc.at("tokenizers")) {
+    if (t.at("name") != "bytelevel_added_tokens") continue;
+    const Tokenizer tok = load_json(t.at("tokenizer"));
+    const int32_t split = tok.token_to_id("\u013e\u00ac\u00e8").value();
+    for (const int prompt_len : {0, 1, 2}) {
+      SCOPED_TRACE(prompt_len);
+      std::vector<int32_t> ids(40000, split);
+      const std::vector<int32_t> prompt(ids.begin(), ids.begin() + prompt_len);
+      const auto start = std::chrono::steady_clock::now();
+      StreamingDetokenizer detok(tok, prompt, false);
+      std::string streamed;
+      for (std::size_t k = prompt.size(); k < ids.size(); ++k) streamed += detok.push(ids[k]);
+      streamed += detok.flush();
+      EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 3.0);
+      const std::string all = tok.decode(ids, false);
+      const std::string head = tok.decode(prompt, false);
+      // The prompt's last lead byte shows as U+FFFD alone and becomes a character after.
+      const std::size_t common = all.compare(0, head.size(), head) == 0 ? head.size() : head.size() - 3;
+      EXPECT_EQ(streamed, all.substr(common));
+    }
+    return;
+  }
+  FAIL() << "no bytelevel_added_tokens in synthetic.json";
 }
 
 TEST(TokenizerComponents, RegexSpaceIsUnicodeWhiteSpaceAsInOniguruma) {

@@ -19,6 +19,7 @@ namespace {
 constexpr std::size_t kInitialWindow = 5;  // prompt ids re-decoded at the start, as vLLM
 constexpr std::size_t kSettleEvery = 8;    // held ids between two emit_settled searches
 constexpr std::size_t kSettleTries = 4;    // splits emit_settled tries, from the end
+constexpr std::size_t kRestartTries = 4;   // window starts emit tries, from read_offset back
 constexpr std::string_view kReplacement = "\xEF\xBF\xBD";  // U+FFFD
 
 bool ends_with(std::string_view s, std::string_view suffix) {
@@ -31,6 +32,20 @@ StreamingDetokenizer::StreamingDetokenizer(const Tokenizer& tok, std::vector<int
                                            bool skip_special_tokens)
     : tok_(tok), skip_special_(skip_special_tokens) {
   const Tokenizer::Impl& impl = *tok_.impl_;
+  bytes_ = impl.decoder.byte_level_only();
+  if (bytes_) {
+    // The prompt's text is not emitted; an unfinished character at its end is kept.
+    std::string bytes;
+    for (const int32_t id : prompt_ids) {
+      const std::string& token = impl.token_of(id);  // throws naming an out-of-range id
+      if (!(skip_special_ && impl.special[id])) tok::append_token_bytes(token, bytes);
+    }
+    std::string discard;
+    pending_ = bytes.substr(tok::append_utf8_lossy_prefix(bytes, /*final=*/false, discard));
+    prompt_pending_ = !pending_.empty();
+    read_offset_ = prefix_offset_ = 0;
+    return;
+  }
   ids_.reserve(prompt_ids.size() + 256);
   for (const int32_t id : prompt_ids) {
     impl.token_of(id);  // throws naming an out-of-range id
@@ -59,14 +74,35 @@ std::string StreamingDetokenizer::decode_range(std::size_t begin, std::size_t en
 
 std::string StreamingDetokenizer::push(int32_t id) {
   const Tokenizer::Impl& impl = *tok_.impl_;
-  impl.token_of(id);  // throws naming an out-of-range id
+  const std::string& token = impl.token_of(id);  // throws naming an out-of-range id
   if (skip_special_ && impl.special[id]) return {};
+  if (bytes_) {
+    tok::append_token_bytes(token, pending_);
+    return take_bytes(false);
+  }
   ids_.push_back(id);
   if (impl.byte_value[id] >= 0) return {};  // inside a byte run: wait for its end
   return emit(false);
 }
 
-std::string StreamingDetokenizer::flush() { return emit(true); }
+std::string StreamingDetokenizer::flush() {
+  if (bytes_) return take_bytes(true);
+  return emit(true);
+}
+
+std::string StreamingDetokenizer::take_bytes(bool final) {
+  std::string out;
+  const std::size_t used = tok::append_utf8_lossy_prefix(pending_, final, out);
+  pending_.erase(0, used);
+  if (prompt_pending_ && used > 0) {
+    // The prompt ended inside a character. decode(prompt) showed it as U+FFFD: when
+    // the new bytes break it, that U+FFFD is already shown; when they complete it, the
+    // character is new text.
+    prompt_pending_ = false;
+    if (out.compare(0, kReplacement.size(), kReplacement) == 0) out.erase(0, kReplacement.size());
+  }
+  return out;
+}
 
 std::string StreamingDetokenizer::emit(bool force) {
   if (read_offset_ == ids_.size()) return {};
@@ -89,17 +125,21 @@ std::string StreamingDetokenizer::emit(bool force) {
     out = new_text.substr(common);
   }
 
-  // Advance the window to [read_offset, end) when that is a valid window start with text;
-  // otherwise keep the start and let the window grow.
+  // Advance the window to [w, end) for the latest valid window start w <= read_offset
+  // whose text up to the new read_offset is not empty, trying a few ids back (a "▁"
+  // alone decodes to nothing at the start of a window, so a run of them never had a
+  // start at read_offset); otherwise keep the start and let the window grow.
   const std::size_t old_read = read_offset_;
   read_offset_ = ids_.size();
-  std::string next_prefix;
-  if (is_window_start(old_read) && !(next_prefix = decode_range(old_read, read_offset_)).empty()) {
-    prefix_offset_ = old_read;
+  for (std::size_t w = old_read, tries = 0; w > prefix_offset_ && tries < kRestartTries; --w, ++tries) {
+    if (!is_window_start(w)) continue;
+    std::string next_prefix = decode_range(w, read_offset_);
+    if (next_prefix.empty()) continue;
+    prefix_offset_ = w;
     prefix_text_ = std::move(next_prefix);
-  } else {
-    prefix_text_ = std::move(new_text);
+    return out;
   }
+  prefix_text_ = std::move(new_text);
   return out;
 }
 

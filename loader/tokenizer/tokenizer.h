@@ -126,6 +126,10 @@ class Tokenizer {
 /// read_offset so decoders that strip a leading space treat both decodes alike). Text
 /// held because it ends in U+FFFD restarts the window where the held ids decode in two
 /// independent halves, so a run of invalid bytes costs linear time, not quadratic.
+/// A decoder that is ByteLevel alone (Llama-3, Qwen) decodes the bytes of all tokens as
+/// one lossy UTF-8 string, so it is streamed byte by byte: each push emits every
+/// character (or U+FFFD) its bytes complete and holds only an unfinished one, at most 3
+/// bytes, in constant time per byte however the tokens split the characters.
 class StreamingDetokenizer {
  public:
   /// @param prompt_ids  ids already shown to the user (their text is not emitted).
@@ -145,6 +149,7 @@ class StreamingDetokenizer {
  private:
   std::string emit(bool force);
   std::string emit_settled(const std::string& new_text);
+  std::string take_bytes(bool final);
   bool is_window_start(std::size_t i) const;
   std::string decode_range(std::size_t begin, std::size_t end) const;
 
@@ -154,6 +159,9 @@ class StreamingDetokenizer {
   std::size_t prefix_offset_;  // start of the decode window
   std::size_t read_offset_;    // ids_[0, read_offset_) have been emitted
   std::string prefix_text_;    // decode(ids_[prefix_offset_, read_offset_))
+  bool bytes_ = false;         // the decoder is ByteLevel alone: stream bytes instead
+  std::string pending_;        // bytes mode: the bytes of an unfinished character
+  bool prompt_pending_ = false;  // bytes mode: pending_ starts with the prompt's last bytes
 };
 
 }  // namespace linnet

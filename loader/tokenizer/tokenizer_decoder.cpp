@@ -78,9 +78,36 @@ std::string strip(const std::string& token, char32_t content, std::size_t start,
   return token.substr(bounds[first], bounds[last] - bounds[first]);
 }
 
-/// Appends `bytes` to `out` as String::from_utf8_lossy does: each maximal invalid
-/// subsequence (the longest prefix of a valid sequence, or one byte) becomes one U+FFFD.
-void append_utf8_lossy(std::string_view bytes, std::string& out) {
+/// Byte-level tokens -> one string (decoders/byte_level.rs): each token whose characters
+/// are all byte-level characters gives those bytes, any other token its own UTF-8; the
+/// bytes of all tokens are then read as UTF-8, lossily.
+std::string byte_level_decode(const std::vector<std::string>& tokens) {
+  std::string bytes;
+  for (const std::string& token : tokens) append_token_bytes(token, bytes);
+  std::string out;
+  out.reserve(bytes.size());
+  append_utf8_lossy_prefix(bytes, /*final=*/true, out);
+  return out;
+}
+
+}  // namespace
+
+void append_token_bytes(const std::string& token, std::string& bytes) {
+  const std::size_t mark = bytes.size();
+  for (std::size_t i = 0; i < token.size();) {
+    const std::size_t len = std::max<std::size_t>(1, utf8_length_at(token, i));
+    const int b = byte_level_byte(utf8_decode_at(token, i));
+    if (b < 0) {
+      bytes.resize(mark);
+      bytes += token;
+      return;
+    }
+    bytes.push_back(static_cast<char>(b));
+    i += len;
+  }
+}
+
+std::size_t append_utf8_lossy_prefix(std::string_view bytes, bool final, std::string& out) {
   for (std::size_t i = 0; i < bytes.size();) {
     const std::size_t len = utf8_length_at(bytes, i);
     if (len > 0) {
@@ -96,46 +123,22 @@ void append_utf8_lossy(std::string_view bytes, std::string& out) {
     else if (b0 >= 0xE0 && b0 <= 0xEF) need = 2, lo = b0 == 0xE0 ? 0xA0 : 0x80, hi = b0 == 0xED ? 0x9F : 0xBF;
     else if (b0 >= 0xF0 && b0 <= 0xF4) need = 3, lo = b0 == 0xF0 ? 0x90 : 0x80, hi = b0 == 0xF4 ? 0x8F : 0xBF;
     std::size_t taken = 1;
-    for (std::size_t k = 0; k < need && i + taken < bytes.size(); ++k) {
+    bool broken = need == 0;  // a byte that starts no sequence
+    for (std::size_t k = 0; k < need; ++k) {
+      if (i + taken >= bytes.size()) break;  // the bytes end inside the sequence
       const auto b = static_cast<unsigned char>(bytes[i + taken]);
-      if (k == 0 ? (b < lo || b > hi) : (b & 0xC0) != 0x80) break;
+      if (k == 0 ? (b < lo || b > hi) : (b & 0xC0) != 0x80) {
+        broken = true;
+        break;
+      }
       ++taken;
     }
+    if (!broken && !final) return i;  // unfinished: later bytes decide
     out += "\xEF\xBF\xBD";
     i += taken;
   }
+  return bytes.size();
 }
-
-/// Byte-level tokens -> one string (decoders/byte_level.rs): each token whose characters
-/// are all byte-level characters gives those bytes, any other token its own UTF-8; the
-/// bytes of all tokens are then read as UTF-8, lossily.
-std::string byte_level_decode(const std::vector<std::string>& tokens) {
-  std::string bytes;
-  for (const std::string& token : tokens) {
-    const std::size_t mark = bytes.size();
-    bool all = true;
-    for (std::size_t i = 0; i < token.size();) {
-      const std::size_t len = std::max<std::size_t>(1, utf8_length_at(token, i));
-      const int b = byte_level_byte(utf8_decode_at(token, i));
-      if (b < 0) {
-        all = false;
-        break;
-      }
-      bytes.push_back(static_cast<char>(b));
-      i += len;
-    }
-    if (!all) {
-      bytes.resize(mark);
-      bytes += token;
-    }
-  }
-  std::string out;
-  out.reserve(bytes.size());
-  append_utf8_lossy(bytes, out);
-  return out;
-}
-
-}  // namespace
 
 Decoder Decoder::from_json(const Json& j, const std::string& where) {
   Decoder d;
@@ -203,6 +206,10 @@ void Decoder::add(const Json& j, const std::string& where) {
   } else {
     throw Error("unsupported decoder type '" + type + "'", where);
   }
+}
+
+bool Decoder::byte_level_only() const {
+  return present_ && steps_.size() == 1 && std::holds_alternative<ByteLevel>(steps_[0]);
 }
 
 bool Decoder::has_byte_fallback() const {

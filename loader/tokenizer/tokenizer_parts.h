@@ -243,6 +243,10 @@ class Decoder {
   std::string decode(std::vector<std::string> tokens) const;
   /// True when the chain holds ByteFallback (runs of <0xXX> tokens decode together).
   bool has_byte_fallback() const;
+  /// True when the chain is ByteLevel alone (GPT-2, Llama-3, Qwen): decode is then the
+  /// lossy UTF-8 reading of the tokens' bytes (append_token_bytes) one after another,
+  /// which the streaming detokenizer follows byte by byte.
+  bool byte_level_only() const;
 
  private:
   struct Replace {
@@ -266,6 +270,15 @@ class Decoder {
   bool present_ = false;
   std::vector<Step> steps_;
 };
+
+/// Appends the bytes ByteLevel decoding gives `token`: the bytes its characters stand for
+/// when they all are byte-level characters, else its own UTF-8 (decoders/byte_level.rs).
+void append_token_bytes(const std::string& token, std::string& bytes);
+
+/// Reads `bytes` as String::from_utf8_lossy does (each maximal invalid subsequence is one
+/// U+FFFD) onto `out`, except, unless `final`, a valid but unfinished sequence at the end,
+/// which later bytes may complete. Returns the bytes read (the rest is that sequence).
+std::size_t append_utf8_lossy_prefix(std::string_view bytes, bool final, std::string& out);
 
 // ---- added tokens (tokenizer.cpp) ----
 

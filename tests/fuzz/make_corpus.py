@@ -99,6 +99,10 @@ def tokenizer_seeds(shared):
         ids = b"".join(struct.pack("<I", v)[:3] for v in [1, 300, 3, 4, 5, 260, 261, 262, 263, 2, 10, 11])
         put("tokenizer_codec", bytes([sel, 4 | 8]) + ids)
         put("tokenizer_codec", bytes([sel, 4 | 2 | 16 | 0xE0]) + ids[:12])
+    # Inputs the target found (each a quadratic stream, fixed): a byte-level token ending
+    # inside the character the next one finishes, repeated; a run of Metaspace "▁".
+    put("tokenizer_codec", bytes.fromhex("5defea003b09"))
+    put("tokenizer_codec", bytes.fromhex("01e401e4000000"))
 
 
 def chat_seeds():
