@@ -2,6 +2,7 @@
 // streaming detokenizer must agree with what tokenizer.h promises.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <span>
@@ -51,16 +52,12 @@ inline std::string checked_decode(const Tokenizer& tok, std::span<const int32_t>
 /// whenever decode(prompt) is a prefix of decode(all); text comes out only at UTF-8
 /// character boundaries. Also times the stream against one decode of everything: a
 /// stream much slower than that is the quadratic re-decoding the window exists to avoid.
-inline void check_stream(const Tokenizer& tok, const std::vector<int32_t>& ids, std::size_t k, bool skip_special) {
-  if (k > ids.size()) k = ids.size();
-  bool ok_all = false, ok_prompt = false;
-  const auto t0 = std::chrono::steady_clock::now();
-  const std::string all = checked_decode(tok, ids, skip_special, ok_all);
-  const auto t1 = std::chrono::steady_clock::now();
-  const std::string prompt = checked_decode(tok, std::span<const int32_t>(ids).first(k), skip_special, ok_prompt);
-  if (!ok_all || !ok_prompt) return;  // an id without a token: the stream refuses it too
+/// The text of streaming ids[k..] after the prompt ids[0..k), checked to be whole
+/// UTF-8 characters piece by piece; `seconds` gets the time it took.
+inline std::string stream_text(const Tokenizer& tok, const std::vector<int32_t>& ids, std::size_t k,
+                               bool skip_special, double& seconds) {
   std::string streamed;
-  const auto t2 = std::chrono::steady_clock::now();
+  const auto start = std::chrono::steady_clock::now();
   try {
     StreamingDetokenizer stream(tok, std::vector<int32_t>(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k)),
                                 skip_special);
@@ -74,16 +71,43 @@ inline void check_stream(const Tokenizer& tok, const std::vector<int32_t>& ids, 
     refused(e);
     fail(std::string("the stream refused ids that decode accepted: ") + e.what());
   }
-  const auto t3 = std::chrono::steady_clock::now();
+  seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return streamed;
+}
+
+/// Streams ids[k..] after the prompt ids[0..k) through StreamingDetokenizer and checks
+/// tokenizer.h's guarantee: the pieces add up to decode(all) minus decode(prompt)
+/// whenever decode(prompt) is a prefix of decode(all); text comes out only at UTF-8
+/// character boundaries. Also times the stream of a long input against one decode of
+/// everything: a stream much slower than that is the quadratic re-decoding the window
+/// exists to avoid (a slow run is timed twice more, so a stall of the machine is not
+/// taken for one).
+inline void check_stream(const Tokenizer& tok, const std::vector<int32_t>& ids, std::size_t k, bool skip_special) {
+  if (k > ids.size()) k = ids.size();
+  bool ok_all = false, ok_prompt = false;
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string all = checked_decode(tok, ids, skip_special, ok_all);
+  const double decode_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const std::string prompt = checked_decode(tok, std::span<const int32_t>(ids).first(k), skip_special, ok_prompt);
+  if (!ok_all || !ok_prompt) return;  // an id without a token: the stream refuses it too
+  double stream_s = 0;
+  const std::string streamed = stream_text(tok, ids, k, skip_special, stream_s);
   if (all.compare(0, prompt.size(), prompt) == 0 && streamed != all.substr(prompt.size())) {
     fail("streamed text differs from decode(all) - decode(prompt): got \"" + streamed + "\", expected \"" +
          all.substr(prompt.size()) + "\"");
   }
-  const double decode_s = std::chrono::duration<double>(t1 - t0).count();
-  const double stream_s = std::chrono::duration<double>(t3 - t2).count();
-  if (stream_s > 0.5 && stream_s > 200 * decode_s + 0.05 * static_cast<double>(ids.size() - k) / 1000) {
-    fail("streaming " + std::to_string(ids.size() - k) + " ids took " + std::to_string(stream_s) +
-         " s, decoding them all at once " + std::to_string(decode_s) + " s");
+  const std::size_t n = ids.size() - k;
+  const auto slow = [&](double s) { return s > 0.5 && s > 200 * decode_s + 0.05 * static_cast<double>(n) / 1000; };
+  if (n >= 256 && slow(stream_s)) {
+    for (int again = 0; again < 2 && slow(stream_s); ++again) {
+      double s = 0;
+      stream_text(tok, ids, k, skip_special, s);
+      stream_s = std::min(stream_s, s);
+    }
+    if (slow(stream_s)) {
+      fail("streaming " + std::to_string(n) + " ids took " + std::to_string(stream_s) + " s, decoding them all at once " +
+           std::to_string(decode_s) + " s");
+    }
   }
 }
 
