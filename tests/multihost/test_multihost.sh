@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Two hosts on one machine: two Linux network namespaces joined by veth pairs to a
-# bridge in the root namespace (where mpirun runs), each with its own UTS hostname, and
+# bridge in the root namespace, each with its own UTS hostname, mpirun in a third one, and
 # Open MPI launching its daemons into them through a plm_rsh_agent script (agent.sh,
 # written below) from a hostfile of 2 slots each. Ranks on different "hosts" talk over
 # TCP (btl tcp,self; no shared memory between them).
@@ -26,11 +26,14 @@ NET=10.$(( 100 + ID % 50 )).$ID
 BR=lnbr$ID
 NS1=lnh${ID}a
 NS2=lnh${ID}b
+NS0=lnh${ID}m  # where mpirun runs: the "login node", a third host on the bridge
 WORK=$(mktemp -d /tmp/linnet-multihost.XXXXXX)
 
 cleanup() {
   ip netns pids "$NS1" 2>/dev/null | xargs -r kill -9 2>/dev/null
   ip netns pids "$NS2" 2>/dev/null | xargs -r kill -9 2>/dev/null
+  ip netns pids "$NS0" 2>/dev/null | xargs -r kill -9 2>/dev/null
+  ip netns del "$NS0" 2>/dev/null
   ip netns del "$NS1" 2>/dev/null
   ip netns del "$NS2" 2>/dev/null
   ip link del "$BR" 2>/dev/null
@@ -44,17 +47,22 @@ if ! ip netns add "$NS1" 2>"$WORK/err"; then
 fi
 set -e
 ip netns add "$NS2"
+ip netns add "$NS0"
 ip link add "$BR" type bridge
 ip addr add "$NET.254/24" dev "$BR"
 ip link set "$BR" up
 i=0
-for ns in "$NS1" "$NS2"; do
+for ns in "$NS1" "$NS2" "$NS0"; do
   i=$((i + 1))
   ip link add "lnv${ID}$i" type veth peer name eth0 netns "$ns"
   ip link set "lnv${ID}$i" master "$BR" up
   ip -n "$ns" addr add "$NET.$i/24" dev eth0
   ip -n "$ns" link set eth0 up
   ip -n "$ns" link set lo up
+  # A connection with unacknowledged data to a cut-off host (mpirun's kill order to the
+  # lost daemon, the daemon's reports back) is ended by TCP retransmission, not keepalive:
+  # 15 retries (~15 min) by default; 4 (~6 s) here, in these namespaces only.
+  ip netns exec "$ns" sysctl -qw net.ipv4.tcp_retries2=4
 done
 set +e
 
@@ -74,7 +82,7 @@ chmod +x "$WORK/agent.sh"
 printf "%s slots=2\n%s slots=2\n" "$NET.1" "$NET.2" >"$WORK/hosts"
 
 MPI_COMMON=(--allow-run-as-root --bind-to none)
-MULTI=(mpirun "${MPI_COMMON[@]}" --hostfile "$WORK/hosts" -np 4 --map-by slot
+MULTI=(ip netns exec "$NS0" mpirun "${MPI_COMMON[@]}" --hostfile "$WORK/hosts" -np 4 --map-by slot
        --mca plm_rsh_agent "$WORK/agent.sh" --mca oob_tcp_if_include "$NET.0/24"
        --mca btl_tcp_if_include "$NET.0/24" --mca btl tcp,self)
 SINGLE=(mpirun "${MPI_COMMON[@]}" --oversubscribe -np 4)
@@ -123,7 +131,9 @@ check test "$(wc -l <"$WORK/genM.jsonl")" -eq 12 -a "$(wc -l <"$WORK/lossM.jsonl
 # gone within T + 10 s (the watchdog), and mpirun must say something.
 if "$BIN" generate --help 2>&1 | grep -q -- "--comm-timeout"; then
   T=5
-  for i in $(seq 0 199); do echo "{\"prompt\": \"Lily went to the $i\", \"max_new_tokens\": 200}"; done >"$WORK/long.jsonl"
+  # Long enough (2000 x 200 tokens: ~30 s on a fast machine) that the cut always comes
+  # mid-run: a fixed 4 s sleep before it let a fast CI machine finish 200 prompts first.
+  for i in $(seq 0 1999); do echo "{\"prompt\": \"Lily went to the $i\", \"max_new_tokens\": 200}"; done >"$WORK/long.jsonl"
   start=$(date +%s)
   # linnet-tp's watchdog ends its ranks within T s (the ones cut off too); mpirun itself
   # notices a lost daemon only by TCP keepalive (default 300 s idle + 9 x 20 s), and
@@ -132,7 +142,13 @@ if "$BIN" generate --help 2>&1 | grep -q -- "--comm-timeout"; then
   timeout 120 "${MULTI[@]}" "${KEEPALIVE[@]}" "$BIN" generate --model "$MODEL" --tp 2 --backend cpu --threads 1 \
     --input "$WORK/long.jsonl" --output "$WORK/cut.jsonl" --comm-timeout $T >"$WORK/cut.log" 2>&1 &
   pid=$!
-  sleep 4
+  # Cut once the run is generating: its journal holds a finished request (60 s at most).
+  for _ in $(seq 1 600); do
+    [ -s "$WORK/cut.jsonl.journal" ] && grep -q '"index"' "$WORK/cut.jsonl.journal" 2>/dev/null && break
+    kill -0 $pid 2>/dev/null || break
+    sleep 0.1
+  done
+  sleep 0.5
   cut_at=$(date +%s)
   ip link set "lnv${ID}2" down
   wait $pid
@@ -144,8 +160,14 @@ if "$BIN" generate --help 2>&1 | grep -q -- "--comm-timeout"; then
   check test $((end - cut_at)) -le $((T + 10))
   CHECK="cut link: a message says why"
   check grep -qiE "comm-timeout|no progress|did not arrive|connection|lost" "$WORK/cut.log"
-  left=$( (ip netns pids "$NS1"; ip netns pids "$NS2") 2>/dev/null | wc -l)
-  CHECK="cut link: no process left in either host ($left)"
+  # The cut-off host's orted learns of mpirun's end only when its own connection fails
+  # (the retransmission limit above): give it 20 s after mpirun's exit.
+  for waited in $(seq 0 20); do
+    left=$( (ip netns pids "$NS1"; ip netns pids "$NS2"; ip netns pids "$NS0") 2>/dev/null | wc -l)
+    [ "$left" -eq 0 ] && break
+    sleep 1
+  done
+  CHECK="cut link: no process left in any host 20 s after mpirun's exit ($left left, after $waited s)"
   check test "$left" -eq 0
   [ $fail -eq 0 ] || tail -15 "$WORK/cut.log"
 else
