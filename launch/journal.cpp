@@ -302,6 +302,14 @@ void check_journal_settings(const JournalContents& journal, const nlohmann::orde
                   path + ":1", value.dump(), had.is_object() && had.contains(key) ? had[key].dump() : "none");
     }
   }
+  // A setting this run does not have (another version's journal, or an edited one).
+  for (const auto& [key, value] : had.items()) {
+    if (!settings.contains(key)) {
+      throw Error("the journal is of a run with other settings (" + key + " is not a setting of this run); remove "
+                      "the journal to start over",
+                  path + ":1", "none", value.dump());
+    }
+  }
 }
 
 std::string journal_note(Journal* journal) {

@@ -58,7 +58,8 @@ void wait_for_journal_writer(const std::string& path, double seconds = 30);
 /// `settings` (an object: model folder, dtypes, the defaults each request samples with,
 /// ...) must equal the header's "settings" key by key, else the resumed file would mix
 /// lines of two different runs. A header without "settings" (an older journal) passes.
-/// @throws Error naming "path:1", the first key that differs, and both values.
+/// @throws Error naming "path:1", the first key that differs or that only one side has,
+///   and both values ("none" for the missing side).
 void check_journal_settings(const JournalContents& journal, const nlohmann::ordered_json& settings,
                             const std::string& path);
 

@@ -88,6 +88,44 @@ TEST_F(JournalTest, LinesComeBackInOrderAfterTheHeader) {
   EXPECT_EQ(c.whole_bytes, slurp(path_).size());
 }
 
+// A resume must have the settings of the run that wrote the journal: every key equal,
+// none on one side only (an edited journal, or one of another version).
+TEST_F(JournalTest, SettingsMustMatchKeyForKey) {
+  JournalContents c;
+  c.exists = true;
+  c.header = header("generate");
+  ordered_json had;
+  had["model"] = "/m";
+  had["max_new_tokens"] = 16;
+  c.header["settings"] = had;
+  EXPECT_NO_THROW(check_journal_settings(c, had, path_));
+
+  ordered_json other = had;
+  other["max_new_tokens"] = 17;
+  try {
+    check_journal_settings(c, other, path_);
+    ADD_FAILURE() << "a changed setting passed";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(path_ + ":1: the journal is of a run with other settings (max_new_tokens)"),
+              std::string::npos)
+        << e.what();
+  }
+  ordered_json fewer;
+  fewer["model"] = "/m";
+  try {
+    check_journal_settings(c, fewer, path_);
+    ADD_FAILURE() << "a setting only the journal has passed";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("(max_new_tokens is not a setting of this run)"), std::string::npos)
+        << e.what();
+  }
+  ordered_json more = had;
+  more["chat"] = true;
+  EXPECT_THROW(check_journal_settings(c, more, path_), Error);
+  c.header.erase("settings");  // an older journal: no check
+  EXPECT_NO_THROW(check_journal_settings(c, more, path_));
+}
+
 // kill -9 while a line was written leaves it without its newline; a crash of the
 // machine can leave garbage ending in one. Either way only the last line goes.
 TEST_F(JournalTest, ATornLastLineIsDroppedNotFatal) {
