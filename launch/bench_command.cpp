@@ -230,7 +230,7 @@ int run_bench(const BenchOptions& o, Job& job) {
       std::printf("decode ms/step: %.3f\n", step_ms);
       std::printf("weight bytes per decode step: %lld per rank (%s)\n", static_cast<long long>(step_bytes),
                   format_bytes(step_bytes).c_str());
-      std::printf("achieved GB/s: %.1f per rank\n", step_ms > 0 ? static_cast<double>(step_bytes) / step_ms / 1e6 : 0.0);
+      std::printf("achieved GB/s: %.3f per rank\n", step_ms > 0 ? static_cast<double>(step_bytes) / step_ms / 1e6 : 0.0);
       std::printf("peak RSS: %s (rank 0)\n", format_bytes(peak_resident_bytes()).c_str());
       if (engine.cuda_graphs()) {
         std::printf("cuda graphs recorded: %lld, replays: %lld\n",
