@@ -136,15 +136,16 @@ if "$BIN" generate --help 2>&1 | grep -q -- "--comm-timeout"; then
   for i in $(seq 0 1999); do echo "{\"prompt\": \"Lily went to the $i\", \"max_new_tokens\": 200}"; done >"$WORK/long.jsonl"
   start=$(date +%s)
   # linnet-tp's watchdog ends its ranks within T s (the ones cut off too); mpirun itself
-  # notices a lost daemon only by TCP keepalive (default 300 s idle + 9 x 20 s), and
-  # waits for it until then, so the run sets it short (README.md, "Across hosts").
+  # notices a lost daemon by TCP keepalive on an idle connection (default 300 s idle +
+  # 9 x 20 s; set short here) or by the retransmission limit on one with data in flight
+  # (tcp_retries2, set above); README.md, "Across hosts".
   KEEPALIVE=(--mca oob_tcp_keepalive_time 4 --mca oob_tcp_keepalive_intvl 1 --mca oob_tcp_keepalive_probes 3)
   timeout 120 "${MULTI[@]}" "${KEEPALIVE[@]}" "$BIN" generate --model "$MODEL" --tp 2 --backend cpu --threads 1 \
     --input "$WORK/long.jsonl" --output "$WORK/cut.jsonl" --comm-timeout $T >"$WORK/cut.log" 2>&1 &
   pid=$!
   # Cut once the run is generating: its journal holds a finished request (60 s at most).
   for _ in $(seq 1 600); do
-    [ -s "$WORK/cut.jsonl.journal" ] && grep -q '"index"' "$WORK/cut.jsonl.journal" 2>/dev/null && break
+    grep -q '"index"' "$WORK/cut.jsonl.journal" 2>/dev/null && break
     kill -0 $pid 2>/dev/null || break
     sleep 0.1
   done
