@@ -3,21 +3,30 @@
 // running sum l, output rescaled by exp(m_old - m_new) when the max grows), so the
 // memory is one block of scores and one head_dim accumulator per pair, whatever the
 // sequence length: O(tile), not O(S). Keys are visited page by page, so the inner loops
-// run over contiguous cache rows. Per block of keys: the scores four keys at a time
-// (four independent dot products), then the value sum with each 16-wide chunk of the
-// accumulator held in registers over the block's keys (it was loaded and stored per key,
-// a store-forwarding chain: ~45% of prefill attention's time in perf). The work items spread over the rank's OpenMP threads
-// are (row, head, split): a pair with more than kSplitKeys (1024) keys is cut into splits
-// of that many keys (flash-decoding), each split's softmax state (m, l, acc) is kept,
-// and the states are combined in split order after all items are done, so decode of one
-// long row uses more than n_heads-way parallelism.
+// run over contiguous cache rows.
 //
-// Fixed order: a pair's result depends only on its query, its key range and the cache:
-// the splits are cut at multiples of kSplitKeys and the blocks at multiples of kKeyBlock,
-// both counted from key_begin; each dot product of head_dim is eight lane sums combined
-// as in gemm.h; each split is computed by one thread start to end and the splits are
-// combined in order. So a row alone equals the same row in any batch, and neither the
-// thread count nor the ISA path changes a bit.
+// Query tiles: the pairs that read the same keys are computed together, so each key and
+// value row is loaded once for all of them: the heads of one KV group (GQA) and up to
+// kTileRows consecutive rows of one sequence (same key_begin, same pages), at most
+// kMaxTileQ pairs a work item. Per block: the scores as a small GEMM (kQkTile query
+// vectors x 4 keys in registers, two keys' eight lanes per 16-float vector), the lane
+// sums reduced 16 keys at a time by shuffles, then the value sum with kPvTile query
+// vectors' accumulators in registers over the block's keys. The work items spread over
+// the rank's OpenMP threads, largest first, are (tile, KV head, split): a pair with more
+// than kSplitKeys (1024) keys is cut into splits of that many keys (flash-decoding), each
+// split's softmax state (m, l, acc) is kept, and the states are combined in split order
+// after all items are done, so decode of one long row uses more than n_heads-way
+// parallelism.
+//
+// Fixed order: a pair's result depends only on its query, its key range and the cache,
+// never on the pairs tiled with it: the splits are cut at multiples of kSplitKeys and the
+// blocks at multiples of kKeyBlock, both counted from key_begin; each dot product of
+// head_dim is eight lane sums over d = l (mod 8) in ascending d, combined as
+// ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)) (as in gemm.h), then the head_dim
+// tail; the block's sum l and each output element's value sum run over the keys in
+// ascending order; each split is computed by one thread start to end and the splits are
+// combined in order. So a row alone equals the same row in any batch or tile, and
+// neither the thread count nor the ISA path (only the tile sizes differ) changes a bit.
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/ops.h"
 
