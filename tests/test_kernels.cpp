@@ -273,6 +273,91 @@ TEST(Kernels, StoreRowsScattersByPosition) {
   EXPECT_EQ(cache, (std::vector<float>{0, 0, 3, 4, 0, 0, 1, 2}));
 }
 
+// Query tiles: consecutive rows of one sequence (same key_begin, same pages) and a KV
+// group's heads are computed together; each row must still equal itself computed
+// alone, bit for bit, on every ISA path and thread count: head dims with and without an
+// 8-float tail, groups of 1, 3, 4 and 20 heads (more than one tile's 16 pairs), key
+// ranges across blocks, pages and splits, causal and packed (a second segment with its
+// own key_begin), and the double reference.
+TEST(Kernels, AttentionTiledRowsEqualRowsAlone) {
+  struct Case {
+    int64_t hd, heads, kv_heads, len, page;
+  };
+  for (const Case& cs : {Case{64, 9, 3, 300, 16}, Case{96, 8, 2, 150, 64}, Case{12, 4, 4, 90, 7},
+                         Case{128, 20, 1, 70, 32}, Case{64, 8, 2, 1300, 64}}) {
+    const int64_t hd = cs.hd, heads = cs.heads, kv_heads = cs.kv_heads, len = cs.len, page = cs.page;
+    const int64_t kvw = kv_heads * hd, pages = (len + page - 1) / page;
+    // Rows: a causal run at the end of segment one [0, len - 20), then segment two [len - 20, len).
+    std::vector<int32_t> begin, end;
+    const int64_t seg = len - 20;
+    for (int64_t p = seg - 23; p < seg; ++p) {
+      begin.push_back(0);
+      end.push_back(static_cast<int32_t>(p + 1));
+    }
+    for (int64_t p = seg; p < len; ++p) {
+      begin.push_back(static_cast<int32_t>(seg));
+      end.push_back(static_cast<int32_t>(p + 1));
+    }
+    const int64_t rows = static_cast<int64_t>(begin.size());
+    auto q = randn(rows * heads * hd, 51), k = randn(len * kvw, 52), v = randn(len * kvw, 53);
+    for (auto& x : q) x *= 2.0f;
+    std::vector<int32_t> table(pages);
+    for (int64_t i = 0; i < pages; ++i) table[i] = static_cast<int32_t>((i * 5 + 3) % pages);  // a permutation
+    std::vector<float> kp(pages * page * kvw, 0.0f), vp(kp.size(), 0.0f);
+    for (int64_t p = 0; p < len; ++p) {
+      const int64_t row = table[p / page] * page + p % page;
+      std::copy(k.begin() + p * kvw, k.begin() + (p + 1) * kvw, kp.begin() + row * kvw);
+      std::copy(v.begin() + p * kvw, v.begin() + (p + 1) * kvw, vp.begin() + row * kvw);
+    }
+    std::vector<int32_t> tables;
+    for (int64_t r = 0; r < rows; ++r) tables.insert(tables.end(), table.begin(), table.end());
+    auto run = [&](int64_t first, int64_t n) {
+      std::vector<float> out(n * heads * hd);
+      attention(q.data() + first * heads * hd, heads * hd, kp.data(), vp.data(), out.data(), n, heads, kv_heads, hd,
+                tables.data() + first * pages, pages, page, begin.data() + first, end.data() + first);
+      return out;
+    };
+    const std::string what = "head_dim " + std::to_string(hd) + ", heads " + std::to_string(heads) + "/" +
+                             std::to_string(kv_heads) + ", len " + std::to_string(len);
+    set_num_threads(2);
+    const auto all = run(0, rows);
+    set_num_threads(1);
+    EXPECT_EQ(run(0, rows), all) << what;
+    const Isa active = active_isa();
+    for (Isa isa : {Isa::kGeneric, Isa::kAvx2, Isa::kAvx512}) {
+      if (!isa_supported(isa)) continue;
+      set_isa(isa);
+      for (int64_t r : {int64_t{0}, int64_t{5}, rows - 21, rows - 20, rows - 1}) {
+        const auto alone = run(r, 1);
+        EXPECT_TRUE(std::equal(alone.begin(), alone.end(), all.begin() + r * heads * hd))
+            << isa_name(isa) << ", row " << r << ", " << what;
+      }
+      const auto three = run(rows - 22, 3);  // a tile that straddles the two segments
+      EXPECT_TRUE(std::equal(three.begin(), three.end(), all.begin() + (rows - 22) * heads * hd))
+          << isa_name(isa) << ", " << what;
+    }
+    set_isa(active);
+    std::vector<double> ref(all.size());
+    const int64_t group = heads / kv_heads;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t h = 0; h < heads; ++h) {
+        std::vector<double> s;
+        double mx = -1e300, sum = 0;
+        for (int64_t t = begin[r]; t < end[r]; ++t) {
+          double d = 0;
+          for (int64_t i = 0; i < hd; ++i) d += double(q[(r * heads + h) * hd + i]) * k[t * kvw + h / group * hd + i];
+          s.push_back(d / std::sqrt(double(hd)));
+          mx = std::max(mx, s.back());
+        }
+        for (auto& e : s) sum += (e = std::exp(e - mx));
+        for (int64_t t = begin[r]; t < end[r]; ++t)
+          for (int64_t i = 0; i < hd; ++i)
+            ref[(r * heads + h) * hd + i] += s[t - begin[r]] / sum * v[t * kvw + h / group * hd + i];
+      }
+    expect_close(all, ref, 2e-5, 2e-5);
+  }
+}
+
 // A bf16 cache rounds each K/V element to nearest even as it is stored (torch's
 // .to(torch.bfloat16): ties go to the even mantissa, NaN stays NaN).
 TEST(Kernels, StoreRowsIntoBf16CacheRoundsToNearestEven) {
