@@ -87,15 +87,20 @@ constexpr int64_t kTileRows = 4;   // rows of one tile at most
 
 typedef int vi16 __attribute__((vector_size(64)));
 
-// Two keys' eight lanes in one 16-float vector: lanes 0-7 from p0, 8-15 from p1.
+// Two keys' eight lanes in one 16-float vector: lanes 0-7 from p0, 8-15 from p1 (one
+// register insert: through memory, the two halves' stores would not forward to the
+// wide load).
 inline void load_pair(const float* p0, const float* p1, vf16* v) {
-  __builtin_memcpy(v, p0, 32);
-  __builtin_memcpy(reinterpret_cast<char*>(v) + 32, p1, 32);
+  vf8 a, b;
+  __builtin_memcpy(&a, p0, 32);
+  __builtin_memcpy(&b, p1, 32);
+  *v = __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
 }
 inline void load_pair(const uint16_t* p0, const uint16_t* p1, vf16* v) {
-  vh16 h;
-  __builtin_memcpy(&h, p0, 16);
-  __builtin_memcpy(reinterpret_cast<char*>(&h) + 16, p1, 16);
+  vh8 a, b;
+  __builtin_memcpy(&a, p0, 16);
+  __builtin_memcpy(&b, p1, 16);
+  const vh16 h = __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const vu16 u = __builtin_convertvector(h, vu16) << 16;
   __builtin_memcpy(v, &u, 64);
 }
@@ -338,19 +343,32 @@ inline void attend_tile(const float* q, int64_t q_stride, const KV* k_cache, con
         }
       }
       const int64_t kt = nk[a];
-      for (int64_t j = 0; j < kt; ++j) sc[j] *= scale;
-      float bm = -__builtin_inff();
-      for (int64_t j = 0; j < kt; ++j) bm = fmax(bm, sc[j]);
+      for (int64_t j = 0; j < padded; ++j) sc[j] = j < kt ? sc[j] * scale : -__builtin_inff();
+      // The block's max 16 lanes at a time (a max is exact in any order).
+      vf16 mv;
+      load16(sc, &mv);
+      for (int64_t u = 16; u < padded; u += 16) {
+        vf16 x;
+        load16(sc + u, &x);
+        mv = mv < x ? x : mv;
+      }
+      float bm = mv[0];
+      for (int i = 1; i < 16; ++i) bm = fmax(bm, mv[i]);
       const float m_new = fmax(m[t], bm);
-      const float corr = __builtin_expf(m[t] - m_new);  // 0 on the first block (m = -inf)
-      exp_block(sc, m_new, padded);
-      float lt = l[t] * corr;
-      for (int64_t j = 0; j < kt; ++j) lt += sc[j];
-      l[t] = lt;
+      corr_act[a] = __builtin_expf(m[t] - m_new);  // 0 on the first block (m = -inf)
+      exp_block(sc, m_new, padded);                // 0 past the pair's keys
       m[t] = m_new;
       e_act[a] = sc;
       acc_act[a] = ws.acc + t * head_dim;
-      corr_act[a] = corr;
+    }
+    // l = l * corr + e_j in ascending j, the pairs' sums side by side (independent chains).
+    float lsum[kMaxTileQ];
+    for (int64_t a = 0; a < na; ++a) lsum[a] = l[act[a]] * corr_act[a];
+    for (int64_t j = 0; j < n_common; ++j)
+      for (int64_t a = 0; a < na; ++a) lsum[a] += e_act[a][j];
+    for (int64_t a = 0; a < na; ++a) {
+      for (int64_t j = n_common; j < nk[a]; ++j) lsum[a] += e_act[a][j];
+      l[act[a]] = lsum[a];
     }
     // Values: the keys every active pair has, kPvTile pairs sharing each value row; then
     // each pair's own last keys (acc * 1 is acc: the rescale happened once, above).
