@@ -20,9 +20,10 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 // Sums kStreams far-apart parts of [a, a + n) in one loop, 64 bytes of each per step: a
 // GEMV reads many weight rows at once, and one sequential stream per core leaves
 // bandwidth unused on cores whose prefetchers track several streams (a Xeon here read
-// 12.5 GB/s with one stream against the 15-16 a decode step streams).
-constexpr size_t kStreams = 8;
-
+// 12.5 GB/s with one stream against the 15-16 a decode step streams). Other cores do the
+// opposite (an AMD EPYC here: 28.6 GB/s on one core with one stream, 10.6 with eight,
+// while its decode streamed 44-47 GB/s on two), so the probe takes the best of both.
+template <size_t kStreams>
 __attribute__((target("avx2"))) float sum_avx2(const float* a, size_t n) {
   const size_t part = n / kStreams / 16 * 16;
   __m256 s[kStreams];
@@ -93,14 +94,16 @@ double dram_read_gbps(int threads) {
   const bool avx2 = isa_supported(Isa::kAvx2);
   double best = 0;
   volatile float sink = 0;
-  for (int rep = 0; rep < 5; ++rep) {
+  for (int rep = 0; rep < 8; ++rep) {  // even reps: 8 streams a thread, odd: 1 (AVX2)
     const auto t0 = std::chrono::steady_clock::now();
     float total = 0;
 #pragma omp parallel num_threads(threads) reduction(+ : total)
     {
       const size_t t = static_cast<size_t>(omp_get_thread_num()), T = static_cast<size_t>(omp_get_num_threads());
       const size_t b = n * t / T, e = n * (t + 1) / T;
-      total += avx2 ? sum_avx2(a.data() + b, e - b) : sum_generic(a.data() + b, e - b);
+      total += !avx2       ? sum_generic(a.data() + b, e - b)
+               : rep % 2 ? sum_avx2<1>(a.data() + b, e - b)
+                         : sum_avx2<8>(a.data() + b, e - b);
     }
     sink = sink + total;
     best = std::max(best, static_cast<double>(n * sizeof(float)) / seconds_since(t0) / 1e9);

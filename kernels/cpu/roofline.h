@@ -7,7 +7,9 @@
 namespace linnet::cpu {
 
 /// Read bandwidth in GB/s (1e9 bytes/s) of `threads` threads summing disjoint parts of
-/// a 1 GiB f32 array (vector loads, 4 accumulators), best of 5 passes. Each thread is
+/// a 1 GiB f32 array (vector loads), best of 8 passes: half of them read 8 far-apart
+/// streams a thread, half one (which pattern a core's prefetchers serve best differs
+/// between CPUs; roofline.cpp). Each thread is
 /// an OpenMP thread of the rank's team (pinned where threads.h pinned them).
 double dram_read_gbps(int threads);
 
