@@ -3,7 +3,7 @@
 // attention_avx512.cpp, each compiled with its own target flags, so the compiler
 // vectorizes the head_dim loops (dot products as eight lane sums, the value update) on
 // that ISA. Multiply and add stay separate (-ffp-contract=off), so every path gives the
-// same bits (kernels/CMakeLists.txt builds these files with -ffp-contract=off).
+// same bits (kernels/CMakeLists.txt builds all three files with -ffp-contract=off).
 // The cache is f32 or bf16 (--kv-cache-dtype): a bf16 element is widened exactly
 // (its bits are the float's upper half) where it is read, so a bf16 cache gives the
 // same bits as an f32 cache holding the same bf16-rounded values.
@@ -206,7 +206,7 @@ inline void qk_rows(int cnt, const float* const* qd, int64_t nch, const KV* cons
 
 // acc_t[d0, d0 + 16 V) = acc_t * corr_t, then += e_t[j] * v_j[off + d0, ...) for j in
 // [0, n) in order, for T query vectors sharing each load of v_j (the same operations per
-// element as accumulate16 for one query vector).
+// element as accumulate1, one query vector and one element at a time).
 template <int T, int V, typename KV>
 inline void pv_tile(float* const* acc, const float* corr, const float* const* e, const KV* v_cache,
                     const int64_t* rows_of, int64_t n, int64_t kv_stride, int64_t off, int64_t d0) {
@@ -256,7 +256,7 @@ struct TileScratch {
 
 // One work item: query vectors (row r_t, head h_t) for t < nq, all of one tile (rows of
 // one sequence with the same key_begin kb and page table), over split c's keys. Each
-// pair's result is what attend_keys would give it alone: its own key range
+// pair's result is what it would be computed alone: its own key range
 // [kb + c kSplitKeys, min(key_end, kb + (c + 1) kSplitKeys)), blocks of kKeyBlock keys from
 // kb, the same lane sums, softmax updates and value sums in the same order; the other
 // pairs of the tile only share the loads of each key and value row.
