@@ -23,10 +23,11 @@ namespace linnet::cpu::LINNET_ATTENTION_NS {
 
 constexpr int64_t kKeyBlock = 64;
 constexpr int64_t kSplitKeys = 1024;  // keys per split of one (row, head) pair: 16 key blocks
-constexpr int64_t kMaxHeadDim = 1024;  // accumulators up to this live on the stack, larger on the heap
 
 inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
 inline float fmax(float a, float b) { return a < b ? b : a; }
+// Splits of kSplitKeys keys a pair of n keys is cut into (0 for no keys).
+inline int64_t key_splits(int64_t n) { return n > 0 ? (n + kSplitKeys - 1) / kSplitKeys : 0; }
 
 // A cache element as f32: itself, or a bf16 widened exactly.
 inline float kv_load(const float* p, int64_t i) { return p[i]; }
@@ -39,17 +40,9 @@ inline float kv_load(const uint16_t* p, int64_t i) {
 // wide vector crosses a call on the narrower ISA paths).
 typedef float vf8 __attribute__((vector_size(32)));
 typedef float vf16 __attribute__((vector_size(64)));
-typedef unsigned int vu8 __attribute__((vector_size(32)));
 typedef unsigned int vu16 __attribute__((vector_size(64)));
 typedef unsigned short vh8 __attribute__((vector_size(16)));
 typedef unsigned short vh16 __attribute__((vector_size(32)));
-inline void load8(const float* p, vf8* v) { __builtin_memcpy(v, p, 32); }
-inline void load8(const uint16_t* p, vf8* v) {
-  vh8 h;
-  __builtin_memcpy(&h, p, 16);
-  const vu8 u = __builtin_convertvector(h, vu8) << 16;
-  __builtin_memcpy(v, &u, 32);
-}
 inline void load16(const float* p, vf16* v) { __builtin_memcpy(v, p, 64); }
 inline void load16(const uint16_t* p, vf16* v) {
   vh16 h;
@@ -57,7 +50,8 @@ inline void load16(const uint16_t* p, vf16* v) {
   const vu16 u = __builtin_convertvector(h, vu16) << 16;
   __builtin_memcpy(v, &u, 64);
 }
-// The same over one element (head_dim tails).
+// acc = acc * corr, then += e[j] * v_j[off] for j in [0, n) in order, v_j being cache
+// row rows_of[j]: one element of a value sum (head_dim tails).
 template <typename KV>
 inline void accumulate1(float* acc, float corr, const float* e, const KV* v_cache, const int64_t* rows_of, int64_t n,
                         int64_t kv_stride, int64_t off) {
@@ -105,8 +99,8 @@ inline void load_pair(const uint16_t* p0, const uint16_t* p1, vf16* v) {
   __builtin_memcpy(v, &u, 64);
 }
 
-// lane_sum()'s tree ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)), done for 16 keys
-// at once by shuffles (data movement only, so the same bits as one key at a time).
+// The eight lane sums' tree ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)), done for
+// 16 keys at once by shuffles (data movement only, so the same bits as one key at a time).
 // Step 1: a = [key pair A | key pair B] -> per key (l0 + l4, l1 + l5, l2 + l6, l3 + l7).
 inline void tree_step1(const vf16& a, const vf16& b, vf16* out) {
   const vi16 lo = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
@@ -162,9 +156,9 @@ inline void exp_block(float* s, float m, int64_t n) {
   }
 }
 
-// T query vectors against the 4 keys kp[0..3] (each at its kv head's first element): each pair's eight lane sums over
-// d = l (mod 8) for d < 8 nch (qd[t] holds q's chunk c twice at qd[t] + 16 c), then tree
-// step 1, stored at s1[t].
+// T query vectors against the 4 keys kp[0..3] (each at its KV head's first element):
+// each pair's eight lane sums over d = l (mod 8) for d < 8 nch (qd[t] holds q's chunk c
+// twice at qd[t] + 16 c), then tree step 1, stored at s1[t].
 template <int T, typename KV>
 inline void qk_quad(const float* const* qd, int64_t nch, const KV* const* kp, float* const* s1) {
   vf16 a[T][2];
@@ -334,7 +328,7 @@ inline void attend_tile(const float* q, int64_t q_stride, const KV* k_cache, con
         tree_step3(u01, u23, &s);
         __builtin_memcpy(sc + 16 * u, &s, 64);
       }
-      if (nv < head_dim) {  // head_dim tails, after the tree as in dot()
+      if (nv < head_dim) {  // head_dim tails, added after the tree
         const float* qh = q + rows[t] * q_stride + heads[t] * head_dim;
         for (int64_t j = 0; j < nk[a]; ++j) {
           float s = sc[j];
@@ -407,11 +401,12 @@ void attention_body(const float* q, int64_t q_stride, const KV* k_cache, const K
   // pages over the keys they read (rows of one sequence); rows of no keys get none.
   int64_t* tile_first = static_cast<int64_t*>(std::malloc(static_cast<size_t>(rows + 1) * 8));
   int64_t* tile_items = static_cast<int64_t*>(std::malloc(static_cast<size_t>(rows + 1) * 8));
+  int64_t* tile_splits = static_cast<int64_t*>(std::malloc(static_cast<size_t>(rows + 1) * 8));
   int64_t* part_at = static_cast<int64_t*>(std::malloc(static_cast<size_t>(rows + 1) * 8));
   int64_t tiles = 0, items = 0, parts = 0, keys = 0;
   for (int64_t r = 0; r < rows;) {
     int64_t nr = 1, max_end = key_end[r];
-    while (nr < tile_rows && r + nr < rows && key_begin[r + nr] == key_begin[r] &&
+    while (key_end[r] > key_begin[r] && nr < tile_rows && r + nr < rows && key_begin[r + nr] == key_begin[r] &&
            key_end[r + nr] > key_begin[r + nr]) {
       const int64_t end = key_end[r + nr] > max_end ? key_end[r + nr] : max_end;
       bool same = true;
@@ -422,11 +417,10 @@ void attention_body(const float* q, int64_t q_stride, const KV* k_cache, const K
       max_end = end;
       ++nr;
     }
-    if (key_end[r] <= key_begin[r]) nr = 1;
     int64_t splits = 0;
     for (int64_t i = r; i < r + nr; ++i) {
       const int64_t n = key_end[i] - key_begin[i];
-      const int64_t s = n > 0 ? (n + kSplitKeys - 1) / kSplitKeys : 0;
+      const int64_t s = key_splits(n);
       splits = s > splits ? s : splits;
       keys += n > 0 ? n : 0;
       part_at[i] = parts;
@@ -434,6 +428,7 @@ void attention_body(const float* q, int64_t q_stride, const KV* k_cache, const K
     }
     tile_first[tiles] = r;
     tile_items[tiles] = items;
+    tile_splits[tiles] = splits;
     items += n_kv_heads * chunks * splits;
     ++tiles;
     r += nr;
@@ -465,12 +460,7 @@ void attention_body(const float* q, int64_t q_stride, const KV* k_cache, const K
     for (int64_t idx = 0; idx < items; ++idx) {
       const int64_t it = items - 1 - idx;
       const int64_t tile = item_tile[it];
-      const int64_t r0 = tile_first[tile], nr = tile_first[tile + 1] - r0;
-      int64_t splits = 0;
-      for (int64_t i = r0; i < r0 + nr; ++i) {
-        const int64_t s = (key_end[i] - key_begin[i] + kSplitKeys - 1) / kSplitKeys;
-        splits = s > splits ? s : splits;
-      }
+      const int64_t r0 = tile_first[tile], nr = tile_first[tile + 1] - r0, splits = tile_splits[tile];
       const int64_t local = it - tile_items[tile];
       const int64_t c = local % splits, hc = (local / splits) % chunks, kvh = local / splits / chunks;
       const int64_t kb = key_begin[r0], k0 = kb + c * kSplitKeys;
@@ -490,7 +480,7 @@ void attention_body(const float* q, int64_t q_stride, const KV* k_cache, const K
                   scale, q_rows, q_heads, q_k1, nq, k0, ws, q_m, q_l);
       for (int64_t t = 0; t < nq; ++t) {
         const int64_t r = q_rows[t], h = q_heads[t];
-        const int64_t rs = (key_end[r] - key_begin[r] + kSplitKeys - 1) / kSplitKeys;
+        const int64_t rs = key_splits(key_end[r] - key_begin[r]);
         const float* acc = ws.acc + t * head_dim;
         if (rs > 1) {
           float* dst = partial + part_at[r] + (h * rs + c) * (head_dim + 2);
@@ -510,7 +500,7 @@ void attention_body(const float* q, int64_t q_stride, const KV* k_cache, const K
 #pragma omp for schedule(static)
     for (int64_t pr = 0; pr < rows * n_heads; ++pr) {
       const int64_t r = pr / n_heads, h = pr % n_heads;
-      const int64_t splits = (key_end[r] - key_begin[r] + kSplitKeys - 1) / kSplitKeys;
+      const int64_t splits = key_splits(key_end[r] - key_begin[r]);
       if (splits <= 1) continue;
       const float* st = partial + part_at[r] + h * splits * (head_dim + 2);
       float mx = -__builtin_inff();
@@ -533,6 +523,7 @@ void attention_body(const float* q, int64_t q_stride, const KV* k_cache, const K
   std::free(partial);
   std::free(item_tile);
   std::free(part_at);
+  std::free(tile_splits);
   std::free(tile_items);
   std::free(tile_first);
 }
