@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cmath>
 #include <random>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -28,6 +29,35 @@ void expect_close(const std::vector<float>& got, const std::vector<double>& ref,
   for (size_t i = 0; i < got.size(); ++i) {
     ASSERT_NEAR(got[i], ref[i], atol + std::fabs(ref[i]) * rtol) << "at " << i;
   }
+}
+
+// softmax(q k^T / sqrt(head_dim)) v in double for each (row, head) pair: q is
+// [rows][heads][head_dim]; row r sees positions [begin[r], end[r]); position t's K and V
+// values for KV head g start at cache_at(t) + g * head_dim in k and v.
+template <typename CacheAt>
+std::vector<double> reference_attention(const std::vector<float>& q, const std::vector<float>& k,
+                                        const std::vector<float>& v, int64_t rows, int64_t heads, int64_t kv_heads,
+                                        int64_t hd, const std::vector<int32_t>& begin, const std::vector<int32_t>& end,
+                                        CacheAt cache_at) {
+  std::vector<double> ref(rows * heads * hd, 0.0);
+  const int64_t group = heads / kv_heads;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t h = 0; h < heads; ++h) {
+      const int64_t g = h / group;
+      std::vector<double> s;
+      double mx = -1e300, sum = 0;
+      for (int64_t t = begin[r]; t < end[r]; ++t) {
+        double d = 0;
+        for (int64_t i = 0; i < hd; ++i) d += double(q[(r * heads + h) * hd + i]) * k[cache_at(t) + g * hd + i];
+        s.push_back(d / std::sqrt(double(hd)));
+        mx = std::max(mx, s.back());
+      }
+      for (auto& e : s) sum += (e = std::exp(e - mx));
+      for (int64_t t = begin[r]; t < end[r]; ++t)
+        for (int64_t i = 0; i < hd; ++i)
+          ref[(r * heads + h) * hd + i] += s[t - begin[r]] / sum * v[cache_at(t) + g * hd + i];
+    }
+  return ref;
 }
 
 TEST(Kernels, MatmulNtGemmAndGemv) {
@@ -212,23 +242,8 @@ TEST(Kernels, AttentionOverManyKeyBlocksIsExactAndInvariant) {
     set_isa(active);
     const auto alone = run(2, 1, 3);
     EXPECT_TRUE(std::equal(alone.begin(), alone.end(), one.begin() + 3 * heads * hd)) << "head_dim " << hd;
-    std::vector<double> ref(one.size());
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t h = 0; h < heads; ++h) {
-        const int64_t g = h / (heads / kv_heads);
-        std::vector<double> s;
-        double mx = -1e300, sum = 0;
-        for (int64_t t = begin[r]; t < end[r]; ++t) {
-          double d = 0;
-          for (int64_t i = 0; i < hd; ++i) d += double(q[(r * heads + h) * hd + i]) * k[t * kvw + g * hd + i];
-          s.push_back(d / std::sqrt(double(hd)));
-          mx = std::max(mx, s.back());
-        }
-        for (auto& e : s) sum += (e = std::exp(e - mx));
-        for (int64_t t = begin[r]; t < end[r]; ++t)
-          for (int64_t i = 0; i < hd; ++i) ref[(r * heads + h) * hd + i] += s[t - begin[r]] / sum * v[t * kvw + g * hd + i];
-      }
-    expect_close(one, ref, 2e-5, 2e-5);
+    expect_close(one, reference_attention(q, k, v, rows, heads, kv_heads, hd, begin, end, [&](int64_t t) { return t * kvw; }),
+                 2e-5, 2e-5);
   }
 }
 
@@ -337,24 +352,9 @@ TEST(Kernels, AttentionTiledRowsEqualRowsAlone) {
           << isa_name(isa) << ", " << what;
     }
     set_isa(active);
-    std::vector<double> ref(all.size());
-    const int64_t group = heads / kv_heads;
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t h = 0; h < heads; ++h) {
-        std::vector<double> s;
-        double mx = -1e300, sum = 0;
-        for (int64_t t = begin[r]; t < end[r]; ++t) {
-          double d = 0;
-          for (int64_t i = 0; i < hd; ++i) d += double(q[(r * heads + h) * hd + i]) * k[t * kvw + h / group * hd + i];
-          s.push_back(d / std::sqrt(double(hd)));
-          mx = std::max(mx, s.back());
-        }
-        for (auto& e : s) sum += (e = std::exp(e - mx));
-        for (int64_t t = begin[r]; t < end[r]; ++t)
-          for (int64_t i = 0; i < hd; ++i)
-            ref[(r * heads + h) * hd + i] += s[t - begin[r]] / sum * v[t * kvw + h / group * hd + i];
-      }
-    expect_close(all, ref, 2e-5, 2e-5);
+    SCOPED_TRACE(what);
+    expect_close(all, reference_attention(q, k, v, rows, heads, kv_heads, hd, begin, end, [&](int64_t t) { return t * kvw; }),
+                 2e-5, 2e-5);
   }
 }
 
@@ -399,26 +399,11 @@ TEST(Kernels, AttentionRandomShapesMatchReferenceAndRowsAlone) {
     for (int r = 0; r < rows; ++r) {
       const auto alone = run(r, 1);
       ASSERT_TRUE(std::equal(alone.begin(), alone.end(), all.begin() + r * heads * hd)) << "case " << it << " row " << r;
-      for (int h = 0; h < heads; ++h) {
-        const int g = h / grp;
-        std::vector<double> s;
-        double mx = -1e300, sum = 0;
-        auto cache_row = [&](int t) { return (int64_t{perm[t / page]} * page + t % page) * kvw + g * hd; };
-        for (int t = begin[r]; t < end[r]; ++t) {
-          double d = 0;
-          for (int x = 0; x < hd; ++x) d += double(q[(r * heads + h) * hd + x]) * k[cache_row(t) + x];
-          s.push_back(d / std::sqrt(double(hd)));
-          mx = std::max(mx, s.back());
-        }
-        for (auto& z : s) sum += (z = std::exp(z - mx));
-        for (int x = 0; x < hd; ++x) {
-          double want = 0;
-          for (int t = begin[r]; t < end[r]; ++t) want += s[t - begin[r]] / sum * v[cache_row(t) + x];
-          ASSERT_NEAR(all[(r * heads + h) * hd + x], want, 3e-5 + 3e-5 * std::fabs(want))
-              << "case " << it << " row " << r << " head " << h << " head_dim " << hd;
-        }
-      }
     }
+    SCOPED_TRACE("case " + std::to_string(it) + ", head_dim " + std::to_string(hd));
+    const auto cache_at = [&](int64_t t) { return (int64_t{perm[t / page]} * page + t % page) * kvw; };
+    expect_close(all, reference_attention(q, k, v, rows, heads, kvh, hd, begin, end, cache_at), 3e-5, 3e-5);
+    if (HasFatalFailure()) return;
   }
   set_num_threads(1);
 }
