@@ -30,7 +30,7 @@ struct BenchOptions {
   int64_t max_seq_len = 0;    // --max-seq-len: KV cache length per row (0: prompt-len + new-tokens)
   int tp = 0;                 // --tp: ranks per tensor-parallel group (0: all ranks)
   double comm_timeout = 600;  // --comm-timeout: seconds without progress of a collective (0: none)
-  int threads = 0;            // --threads: BLAS threads per rank (CPU backend)
+  int threads = 0;            // --threads: kernel (OpenMP) threads per rank (CPU backend)
   uint64_t seed = 1;          // --seed: random weights and prompt tokens
   bool cuda_graphs = false;   // --cuda-graphs: decode steps replay CUDA graphs (Engine::cuda_graphs)
   bool limits = false;        // --limits: also measure DRAM read bandwidth and fma peak (CPU)

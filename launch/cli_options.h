@@ -45,7 +45,7 @@ struct GenerateOptions {
   int tp = 0;                        // --tp: ranks per tensor-parallel group (0: all ranks)
   double comm_timeout = 600;         // --comm-timeout: seconds without progress of a wait (0: none)
   int64_t max_seq_len = 0;           // 0: min(max_position_embeddings, 8192)
-  int threads = 0;                   // BLAS threads per rank; 0: cores / ranks on the node
+  int threads = 0;                   // Kernel (OpenMP) threads per rank; 0: cores / ranks on the node
   int64_t max_batch = 16;            // --max-batch: prompts of --input decoded together
   std::optional<int64_t> kv_cache_tokens;          // --kv-cache-tokens: positions of the paged KV pool
   std::optional<double> kv_cache_memory_fraction;  // --kv-cache-memory-fraction: of the memory left after weights

@@ -44,7 +44,7 @@ void read_in_range(const cxxopts::ParseResult& r, const char* name, int64_t min,
   out = static_cast<T>(v);
 }
 
-/// Most BLAS threads per rank --threads accepts (more would only spawn idle threads; a
+/// Most kernel (OpenMP) threads per rank --threads accepts (more would only spawn idle threads; a
 /// huge value would exhaust the process's thread limit).
 inline constexpr int64_t kMaxThreads = 4096;
 

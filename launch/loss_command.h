@@ -25,7 +25,7 @@ struct LossOptions {
   int64_t max_seq_len = 0;  // --max-seq-len: tokens per packed sequence (0: min(max_position_embeddings, 8192))
   int tp = 0;               // --tp: ranks per tensor-parallel group (0: all ranks); dp = world / tp
   double comm_timeout = 600;  // --comm-timeout: seconds without progress of a wait (0: none)
-  int threads = 0;          // --threads: BLAS threads per rank (0: cores / ranks on the node)
+  int threads = 0;          // --threads: kernel (OpenMP) threads per rank (0: cores / ranks on the node)
   std::string backend;      // --backend cpu|cuda; empty: cuda when a device is visible, else cpu
   std::string weight_dtype = "auto";  // --weight-dtype auto|f32|bf16|f16 (held_weight_dtype)
   std::string kv_cache_dtype = "f32";  // --kv-cache-dtype f32|bf16 (held_kv_cache_dtype)

@@ -50,7 +50,7 @@ void build_generation_engine(const GenerateOptions& o, const ModelFiles& files, 
                               o.kv_cache_memory_fraction, available_host_memory(), w.local_size, held, kv_dtype);
   const RankMemory need = rank_memory(files.config, plan, kv_tokens, 1, held, kv_dtype);
   check_memory(need, available_host_memory(), w.local_size);
-  const int threads = blas_threads_per_rank(o.threads, w.local_size);
+  const int threads = kernel_threads_per_rank(o.threads, w.local_size);
   backend = make_backend(o.backend, threads, w.local_rank, w.local_size, held, kv_dtype);
   engine = make_engine(files, plan, *backend, tp_communicator(*backend, *groups.tp, w.local_size), max_seq_len,
                        batch_rows, kKvPageSize,

@@ -127,9 +127,9 @@ class Backend {
   }
 };
 
-/// BLAS threads per rank: `requested` when > 0, else the node's cores shared by its
+/// Kernel (OpenMP) threads per rank: `requested` when > 0, else the node's cores shared by its
 /// `ranks_on_node` ranks (at least 1).
-int blas_threads_per_rank(int requested, int ranks_on_node);
+int kernel_threads_per_rank(int requested, int ranks_on_node);
 
 /// Host backend: kernels/cpu with `num_threads` threads, weight matrices held in
 /// `weight_dtype` (kF32, kBF16 or kF16), the KV cache in `kv_cache_dtype` (kF32 or

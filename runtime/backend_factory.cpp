@@ -15,7 +15,7 @@ std::unique_ptr<Backend> make_backend(const std::string& kind_in, int threads, i
                                       ScalarType weight_dtype, ScalarType kv_cache_dtype) {
   const std::string kind = kind_in.empty() ? default_backend_kind() : kind_in;
   if (kind == "cpu") {
-    const int n = blas_threads_per_rank(threads, local_size);
+    const int n = kernel_threads_per_rank(threads, local_size);
     auto backend = make_cpu_backend(n, weight_dtype, kv_cache_dtype);
     const cpu::Placement placement = cpu::pin_threads(local_rank, local_size);
     info("cpu backend: " + std::to_string(n) + " threads, " + placement.where + ", " +

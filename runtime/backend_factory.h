@@ -18,7 +18,7 @@ std::string default_backend_kind();
 /// The backend `kind` ("cpu", "cuda", or "" for default_backend_kind()) for the rank
 /// `local_rank` of the `local_size` ranks on this node: cpu with `threads` threads pinned
 /// to the rank's share of the cores (kernels/cpu/threads.h; LINNET_PIN=0 leaves them)
-/// (blas_threads_per_rank(threads, local_size)); cuda on device local_rank %
+/// (kernel_threads_per_rank(threads, local_size)); cuda on device local_rank %
 /// cuda_device_count() (ranks share GPUs round-robin when there are fewer GPUs).
 /// `weight_dtype`: the CPU backend's weight matrices (held_weight_dtype); the CUDA
 /// backend always holds bf16 and ignores it. `kv_cache_dtype`: the CPU backend's KV

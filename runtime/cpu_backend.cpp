@@ -135,7 +135,7 @@ class CpuBackend final : public Backend {
 
 }  // namespace
 
-int blas_threads_per_rank(int requested, int ranks_on_node) {
+int kernel_threads_per_rank(int requested, int ranks_on_node) {
   if (requested > 0) return requested;
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   return std::max(1, cores / std::max(1, ranks_on_node));

@@ -6,7 +6,6 @@ set -euo pipefail
 PACKAGES=(
   build-essential cmake pkg-config
   libopenmpi-dev openmpi-bin
-  libopenblas-dev
   libcxxopts-dev nlohmann-json3-dev
   libcpp-httplib-dev
   libgtest-dev

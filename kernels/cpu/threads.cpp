@@ -7,7 +7,6 @@
 #include <cstdlib>
 #include <cstring>
 
-#include <cblas.h>
 #include <omp.h>
 
 namespace linnet::cpu {
@@ -25,8 +24,6 @@ bool pin_to(int core) {
 void set_num_threads(int n) {
   g_threads = std::max(1, n);
   omp_set_num_threads(g_threads);
-  // The GEMMs do not use OpenBLAS; one thread keeps its pool from spinning beside ours.
-  openblas_set_num_threads(1);
 }
 
 int num_threads() { return g_threads; }

@@ -18,7 +18,7 @@
 
 namespace linnet::cpu {
 
-/// Sets the rank's kernel thread count (OpenMP; OpenBLAS kept at 1). n < 1 means 1.
+/// Sets the rank's kernel thread count (OpenMP). n < 1 means 1.
 void set_num_threads(int n);
 /// The rank's kernel thread count.
 int num_threads();
