@@ -4,6 +4,7 @@
 #include <mpi.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 
 #include "launch/bench_command.h"
@@ -19,7 +20,23 @@
 #define LINNET_VERSION "unknown"
 #endif
 
+namespace {
+// Started without a launcher (a singleton: `linnet-tp --prompt ...` typed directly), Open
+// MPI 4's MPI_Init forks a local daemon whose process launcher looks for ssh / rsh and
+// aborts the start when neither exists, as in many containers. A singleton never starts
+// processes on other hosts, so the "isolated" launcher (local processes only) is all it
+// needs. Only when no launcher started us (Open MPI's, PMIx's or PMI's rank variables
+// unset) and the user chose no launcher component (OMPI_MCA_plm unset).
+void prefer_isolated_singleton_start() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "OMPI_MCA_plm"}) {
+    if (std::getenv(v) != nullptr) return;
+  }
+  ::setenv("OMPI_MCA_plm", "isolated", 0);
+}
+}  // namespace
+
 int main(int argc, char** argv) {
+  prefer_isolated_singleton_start();
   // serve's HTTP threads never call MPI: only the main thread does (FUNNELED).
   // A stop signal during start-up is recorded, not fatal (launch/job.h).
   linnet::install_stop_handlers();

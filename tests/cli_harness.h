@@ -54,9 +54,10 @@ inline std::string slurp(const fs::path& p) {
 
 /// Runs the linnet-tp executable (LINNET_BIN) directly, without mpirun (an MPI
 /// singleton), with `args` already quoted: stdout captured, stderr written to `err_file`
-/// and read back.
-inline Result run_direct(const std::string& args, const fs::path& err_file) {
-  const std::string cmd = quote(env_path("LINNET_BIN").string()) + " " + args + " 2>" + quote(err_file.string());
+/// and read back. `env`: VAR=value words put before the command (already quoted).
+inline Result run_direct(const std::string& args, const fs::path& err_file, const std::string& env = "") {
+  const std::string cmd = (env.empty() ? "" : "env " + env + " ") + quote(env_path("LINNET_BIN").string()) + " " +
+                          args + " 2>" + quote(err_file.string());
   Result r;
   const auto t0 = std::chrono::steady_clock::now();
   FILE* pipe = ::popen(cmd.c_str(), "r");

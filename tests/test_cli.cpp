@@ -47,6 +47,14 @@ TEST_F(Cli, VersionAndHelp) {
   EXPECT_NE(h.out.find("--max-new-tokens"), std::string::npos);
 }
 
+// Started without mpirun on a machine with no ssh / rsh (many containers; simulated by
+// pointing Open MPI's rsh agent at nothing): MPI_Init of a singleton still succeeds.
+TEST_F(Cli, SingletonStartsWithoutSshOrRsh) {
+  const Result r = test::run_direct("--version", tmp_ / "err.txt", "OMPI_MCA_plm_rsh_agent=does-not-exist");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("linnet-tp ", 0), 0u) << r.out;
+}
+
 TEST_F(Cli, GreedyStoryIsTheSameAtTp124) {
   const auto golden = test::read_json(test::test_data_dir() / "stories260k" / "greedy.json");
   const auto expected_ids = golden["cases"][0]["output_ids"].get<std::vector<int>>();
