@@ -247,6 +247,10 @@ std::string CompletionStream::finish() {
 std::string CompletionStream::release(bool final) {
   size_t upto = final ? text_.size() : (text_.size() > hold_ ? text_.size() - hold_ : 0);
   if (stopped()) upto = std::min(upto, cut_);
+  // The held-back tail is counted in bytes: never end a piece inside a character (text_
+  // holds whole characters, so the boundary is at most 3 continuation bytes back). A stop
+  // string, being valid UTF-8, always starts on one.
+  while (upto > shown_ && upto < text_.size() && (static_cast<unsigned char>(text_[upto]) & 0xC0) == 0x80) --upto;
   if (upto <= shown_) return {};
   std::string out = text_.substr(shown_, upto - shown_);
   shown_ = upto;

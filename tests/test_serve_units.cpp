@@ -6,6 +6,7 @@
 #include <chrono>
 #include <thread>
 
+#include "common/utf8.h"
 #include "launch/generate_requests.h"
 #include "launch/http_framing.h"
 #include "launch/jsonl_input.h"
@@ -416,6 +417,36 @@ TEST_F(ServeUnits, CompletionStreamHoldsBackStopStrings) {
   EXPECT_TRUE(stopped);
   EXPECT_TRUE(stream.stopped());
   EXPECT_NE(shown.find("little"), std::string::npos) << shown;
+}
+
+// With a stop string, the text held back was cut by bytes: a streamed piece ended inside
+// a character of several bytes and the client saw U+FFFD for each half (SmolLM2, Chinese
+// text, any stop string). Every piece is whole characters, and the pieces still add up to
+// completion_text, for stop strings of 2 to 9 bytes and one that does stop the text.
+TEST_F(ServeUnits, StreamedTextWithAStopStringNeverCutsACharacter) {
+  Request r;
+  r.ids = tok_->encode("Once", true);
+  // stories260k has no CJK or emoji pieces: each such character is 3 or 4 byte tokens.
+  const std::vector<int32_t> ids =
+      tok_->encode("\xe4\xb8\xad\xe6\x96\x87\xef\xbc\x9a\xe5\x8c\x97\xe4\xba\xac is big \xf0\x9f\x98\x80 ok "
+                   "\xc3\xa9t\xc3\xa9 \xe4\xb8\x8a\xe6\xb5\xb7",
+                   false);
+  for (const std::string stop : {"ab", "zzzz", "zzzzzzzzz", "\xf0\x9f\x98\x80 ok"}) {
+    r.settings.stop = {stop};
+    CompletionStream stream(*tok_, r);
+    std::string shown;
+    for (int32_t id : ids) {
+      const std::string piece = stream.push(id);
+      EXPECT_NO_THROW(check_utf8(piece, "piece")) << "stop " << stop << ": a piece cut a character";
+      shown += piece;
+    }
+    const std::string last = stream.finish();
+    EXPECT_NO_THROW(check_utf8(last, "last piece"));
+    shown += last;
+    bool stopped = false;
+    EXPECT_EQ(shown, completion_text(*tok_, r, ids, stopped)) << "stop " << stop;
+    EXPECT_EQ(stopped, stop == "\xf0\x9f\x98\x80 ok") << stop;
+  }
 }
 
 // A long stop string that the text keeps almost matching: each new token searched the
