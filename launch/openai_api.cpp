@@ -1,9 +1,11 @@
 #include "launch/openai_api.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 
 #include "common/error.h"
+#include "common/utf8.h"
 #include "launch/jsonl_input.h"
 
 namespace linnet {
@@ -388,14 +390,67 @@ size_t utf8_chars(std::string_view text) {
   return n;
 }
 
+TextOffsets::TextOffsets(const Tokenizer& tok, const std::vector<int32_t>& prompt_ids, bool echo, size_t prompt_chars)
+    : tok_(tok), prompt_{StreamingDetokenizer(tok, {})}, completion_{StreamingDetokenizer(tok, prompt_ids)},
+      prompt_chars_(prompt_chars), base_(echo ? prompt_chars : 0) {}
+
+namespace {
+// Complete UTF-8 characters at the front of `bytes`.
+size_t complete_chars(std::string_view bytes) {
+  size_t n = 0;
+  for (size_t i = 0; i < bytes.size();) {
+    const size_t len = utf8_length_at(bytes, i);
+    if (len == 0) break;
+    ++n;
+    i += len;
+  }
+  return n;
+}
+
+// The byte of a byte-fallback token ("<0xE4>"), if it is one.
+std::optional<char> fallback_byte(const Tokenizer& tok, int32_t id) {
+  std::string t;
+  try {
+    t = tok.id_to_token(id);
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+  if (t.size() != 6 || t.compare(0, 3, "<0x") != 0 || t[5] != '>' || !std::isxdigit(static_cast<unsigned char>(t[3])) ||
+      !std::isxdigit(static_cast<unsigned char>(t[4]))) {
+    return std::nullopt;
+  }
+  return static_cast<char>(std::stoi(t.substr(3, 2), nullptr, 16));
+}
+}  // namespace
+
+size_t TextOffsets::Stream::next(const Tokenizer& tok, int32_t id) {
+  const size_t at = chars + complete_chars(held);
+  std::string out;
+  try {
+    out = detok.push(id);
+  } catch (const Error&) {
+    return at;  // an id the tokenizer cannot decode adds no text
+  }
+  if (!out.empty()) {
+    chars += utf8_chars(out);
+    held.clear();
+  } else if (const std::optional<char> b = fallback_byte(tok, id)) {
+    held += *b;
+  }
+  return at;
+}
+
+size_t TextOffsets::prompt(int32_t id) { return std::min({prompt_.next(tok_, id), prompt_chars_, cap_}); }
+
+size_t TextOffsets::completion(int32_t id) { return std::min(base_ + completion_.next(tok_, id), cap_); }
+
 ordered_json completion_logprobs(const Tokenizer& tok, const std::vector<int32_t>& prompt_ids,
                                  const std::vector<double>* prompt_logprobs, const std::vector<int32_t>& ids,
-                                 const std::vector<TokenLogprobs>& lps, int64_t top_n, size_t text_offset_start,
-                                 size_t* text_offset_end) {
+                                 const std::vector<TokenLogprobs>& lps, int64_t top_n, TextOffsets& text_offsets) {
   ordered_json tokens = ordered_json::array(), token_lps = ordered_json::array(), tops = ordered_json::array(),
                offsets = ordered_json::array();
-  size_t offset = text_offset_start;
-  auto add = [&](int32_t id, std::optional<double> lp, const std::vector<std::pair<int32_t, float>>* top) {
+  auto add = [&](int32_t id, std::optional<double> lp, const std::vector<std::pair<int32_t, float>>* top,
+                 bool in_prompt) {
     const std::string text = token_text(tok, id);
     tokens.push_back(text);
     token_lps.push_back(lp ? ordered_json(*lp) : ordered_json());
@@ -412,23 +467,21 @@ ordered_json completion_logprobs(const Tokenizer& tok, const std::vector<int32_t
       if (t.empty() || top_n > 0) t[text] = *lp;  // the chosen token is always listed
       tops.push_back(std::move(t));
     }
-    offsets.push_back(offset);
-    offset += utf8_chars(text);
+    offsets.push_back(in_prompt ? text_offsets.prompt(id) : text_offsets.completion(id));
   };
   if (prompt_logprobs) {
     for (size_t i = 0; i < prompt_ids.size(); ++i) {
       std::optional<double> lp;
       if (i > 0 && i - 1 < prompt_logprobs->size()) lp = (*prompt_logprobs)[i - 1];
-      add(prompt_ids[i], lp, nullptr);
+      add(prompt_ids[i], lp, nullptr, true);
     }
   }
-  for (size_t k = 0; k < ids.size() && k < lps.size(); ++k) add(ids[k], lps[k].logprob, &lps[k].top);
+  for (size_t k = 0; k < ids.size() && k < lps.size(); ++k) add(ids[k], lps[k].logprob, &lps[k].top, false);
   ordered_json j;
   j["tokens"] = std::move(tokens);
   j["token_logprobs"] = std::move(token_lps);
   j["top_logprobs"] = std::move(tops);
   j["text_offset"] = std::move(offsets);
-  if (text_offset_end) *text_offset_end = offset;
   return j;
 }
 

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstddef>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -94,15 +95,47 @@ struct ChoiceResult {
 /// Characters (code points) in UTF-8 `text`: its bytes that are not continuation bytes.
 size_t utf8_chars(std::string_view text);
 
+/// text_offset of completions logprobs: each token's position, in characters (code
+/// points, as OpenAI and vLLM count), in the text the response returns: the echoed prompt
+/// (its ids decoded from the start, special tokens counting nothing) and then the
+/// completion. A token is placed after the characters the tokens before it completed, so
+/// the tokens of one character of several bytes all get that character's position and
+/// no offset runs past the text; cap() bounds them by a text cut short (a stop string).
+class TextOffsets {
+ public:
+  /// `prompt_ids`: the request's prompt; with `echo`, the returned text starts with the
+  /// prompt text, `prompt_chars` characters long.
+  TextOffsets(const Tokenizer& tok, const std::vector<int32_t>& prompt_ids, bool echo, size_t prompt_chars);
+  /// The next prompt token's offset (echo), then moves past it.
+  size_t prompt(int32_t id);
+  /// The next completion token's offset, then moves past it.
+  size_t completion(int32_t id);
+  /// No offset exceeds `chars` from now on (the returned text's length).
+  void cap(size_t chars) { cap_ = chars; }
+
+ private:
+  // One text's detokenizer and the characters its tokens completed so far. The
+  // detokenizer holds a run of byte-fallback tokens (<0xE4>...) until it ends, so the
+  // complete characters inside a held run are counted from its bytes.
+  struct Stream {
+    StreamingDetokenizer detok;
+    size_t chars = 0;       // characters emitted
+    std::string held;       // bytes of the byte tokens pushed since the last emitted text
+    size_t next(const Tokenizer& tok, int32_t id);  // the offset of `id`, then past it
+  };
+  Tokenizer tok_;
+  Stream prompt_, completion_;
+  size_t prompt_chars_, base_;  // the echoed prompt's length; where the completion starts
+  size_t cap_ = SIZE_MAX;
+};
+
 /// The logprobs object of completions for `ids` (tokens, token_logprobs,
-/// top_logprobs, text_offset), `prompt_logprobs` first when given (its first token null).
-/// text_offset counts characters (code points, as OpenAI and vLLM do), not bytes, from
-/// `text_offset_start`; `text_offset_end`, when given, gets the offset after the last token.
+/// top_logprobs, text_offset), `prompt_logprobs` first when given (its first token null);
+/// `offsets` places each token (and moves on, so a stream's chunks continue it).
 nlohmann::ordered_json completion_logprobs(const Tokenizer& tok, const std::vector<int32_t>& prompt_ids,
                                            const std::vector<double>* prompt_logprobs,
                                            const std::vector<int32_t>& ids, const std::vector<TokenLogprobs>& lps,
-                                           int64_t top_n, size_t text_offset_start,
-                                           size_t* text_offset_end = nullptr);
+                                           int64_t top_n, TextOffsets& offsets);
 
 /// The logprobs object of chat for `ids`: {"content": [{token, logprob, bytes, top_logprobs}]}.
 nlohmann::ordered_json chat_logprobs(const Tokenizer& tok, const std::vector<int32_t>& ids,

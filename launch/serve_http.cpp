@@ -71,7 +71,7 @@ struct Generation {
     std::vector<TokenLogprobs> lps;
     std::vector<double> prompt_lps;
     bool has_prompt_lps = false;
-    size_t text_offset = 0;                  // streamed logprobs: the next token's text_offset
+    std::unique_ptr<TextOffsets> offsets;    // streamed logprobs: text_offset across the chunks
     std::string finish, error;
     bool done = false, started = false;
   };
@@ -97,6 +97,12 @@ struct Generation {
     j["created"] = created;
     j["model"] = model->api.served_name;
     return j;
+  }
+
+  // Characters of the echoed prompt text in the returned text (0 without echo).
+  size_t prompt_chars(const Choice& c) const { return req.echo ? utf8_chars(c.request->text) : 0; }
+  std::unique_ptr<TextOffsets> make_offsets(const Choice& c) const {
+    return std::make_unique<TextOffsets>(tok(), c.request->ids, req.echo, prompt_chars(c));
   }
 
   std::string finish_reason(const Choice& c) const {
@@ -191,8 +197,10 @@ struct Generation {
       } else if (!ids.empty() || (req.echo && c.has_prompt_lps)) {
         const bool with_prompt = req.echo && c.has_prompt_lps;
         // text_offset runs on over the whole text, not from 0 in each chunk.
+        if (!c.offsets) c.offsets = make_offsets(c);
+        if (c.text->stopped()) c.offsets->cap(prompt_chars(c) + utf8_chars(c.shown));
         lp = completion_logprobs(tok(), c.request->ids, with_prompt ? &c.prompt_lps : nullptr, ids, lps,
-                                 req.logprobs, c.text_offset, &c.text_offset);
+                                 req.logprobs, *c.offsets);
         c.has_prompt_lps = false;  // sent once
       }
     }
@@ -250,10 +258,14 @@ struct Generation {
         ch["logprobs"] = req.logprobs >= 0 ? chat_logprobs(tok(), c.ids, c.lps, req.logprobs) : ordered_json();
       } else {
         ch["text"] = (req.echo ? c.request->text : std::string()) + c.shown;
-        ch["logprobs"] = req.logprobs >= 0
-                             ? completion_logprobs(tok(), c.request->ids, req.echo ? &c.prompt_lps : nullptr, c.ids,
-                                                   c.lps, req.logprobs, 0)
-                             : ordered_json();
+        if (req.logprobs >= 0) {
+          std::unique_ptr<TextOffsets> offsets = make_offsets(c);
+          offsets->cap(prompt_chars(c) + utf8_chars(c.shown));
+          ch["logprobs"] = completion_logprobs(tok(), c.request->ids, req.echo ? &c.prompt_lps : nullptr, c.ids,
+                                               c.lps, req.logprobs, *offsets);
+        } else {
+          ch["logprobs"] = ordered_json();
+        }
       }
       ch["finish_reason"] = finish_reason(c);
       list.push_back(std::move(ch));

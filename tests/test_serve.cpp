@@ -588,6 +588,38 @@ TEST_F(Serve, EchoLogprobsEqualLoss) {
   // The ids of the prompt, then loss over each prefix.
   const json ids_r = post(s, "/v1/completions", {{"prompt", prompt}, {"max_tokens", 1}, {"echo", true},
                                                   {"logprobs", 0}});
+  // text_offset: each token's character position inside the returned text, also for a
+  // character made of several byte tokens and after the special <s> (the offsets of this
+  // text used to run 7 past its end: 3 for "<s>", 1 for each byte token after a lead byte).
+  for (const bool streamed : {false, true}) {
+    const json body = {{"prompt", "\xe4\xb8\xad\xe6\x96\x87 is a cat"}, {"echo", true}, {"max_tokens", 4},
+                       {"logprobs", 0}, {"temperature", 0}, {"stream", streamed}};
+    std::string text;
+    std::vector<size_t> offsets;
+    if (streamed) {
+      std::vector<json> chunks;
+      stream(s, "/v1/completions", body, &chunks);
+      for (const json& c : chunks) {
+        text += c["choices"][0]["text"].get<std::string>();
+        if (!c["choices"][0]["logprobs"].is_null()) {
+          for (const auto& o : c["choices"][0]["logprobs"]["text_offset"]) offsets.push_back(o.get<size_t>());
+        }
+      }
+    } else {
+      const json c = post(s, "/v1/completions", body);
+      text = c["choices"][0]["text"].get<std::string>();
+      offsets = c["choices"][0]["logprobs"]["text_offset"].get<std::vector<size_t>>();
+    }
+    size_t chars = 0;  // code points: the bytes that are not continuation bytes
+    for (const char ch : text) chars += (static_cast<unsigned char>(ch) & 0xC0) != 0x80;
+    ASSERT_EQ(text.rfind("\xe4\xb8\xad\xe6\x96\x87 is a cat", 0), 0u) << text;
+    ASSERT_GE(offsets.size(), 10u);
+    EXPECT_EQ(offsets[0], 0u) << "<s>";
+    for (size_t k = 0; k < offsets.size(); ++k) {
+      EXPECT_LT(offsets[k], chars) << "token " << k << " of " << text << (streamed ? " (streamed)" : "");
+      if (k > 0) EXPECT_GE(offsets[k], offsets[k - 1]) << "token " << k;
+    }
+  }
   EXPECT_EQ(stop(s), 0);
   const std::vector<json> gen = generate(1, {{{"prompt", prompt}, {"max_new_tokens", 0}}});
   const std::vector<int> ids = gen.at(0)["prompt_ids"].get<std::vector<int>>();

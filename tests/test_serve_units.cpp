@@ -474,25 +474,47 @@ TEST_F(ServeUnits, StopStringsAreScannedInLinearTime) {
   EXPECT_EQ(shown, std::string(20000, 'a'));
 }
 
-// text_offset counts characters (code points), as OpenAI and vLLM do, not UTF-8 bytes.
-TEST_F(ServeUnits, TextOffsetCountsCharacters) {
+// text_offset counts characters (code points), as OpenAI and vLLM do, not UTF-8 bytes,
+// and places each token in the returned text: the byte tokens of one character all get
+// its position (each used to count one character, so the offsets of Chinese text ran past
+// its end), a special token counts nothing. The text here: "Once" echoed, then the
+// completion "  caf\u00e9 \u4e2d ok" (stories260k's tokens: "\u2581", "\u2581c", "a", "f",
+// "\u00e9", "\u2581", <0xE4>, <0xB8>, <0xAD>, "\u2581o", "k"), 15 characters in all.
+TEST_F(ServeUnits, TextOffsetsAreCharacterPositionsInTheText) {
   EXPECT_EQ(utf8_chars("a"), 1u);
-  EXPECT_EQ(utf8_chars("\xc3\xa9t\xc3\xa9"), 3u);  // "été"
+  EXPECT_EQ(utf8_chars("\xc3\xa9t\xc3\xa9"), 3u);  // "\u00e9t\u00e9"
   EXPECT_EQ(utf8_chars("\xe6\x97\xa5\xe6\x9c\xac"), 2u);
-  const std::vector<int32_t> ids = tok_->encode("caf\xc3\xa9 au lait \xe6\x97\xa5", false);
-  std::vector<TokenLogprobs> lps(ids.size());
-  size_t end = 0;
-  const json j = json::parse(dump_json(completion_logprobs(*tok_, {}, nullptr, ids, lps, 0, 5, &end)));
-  ASSERT_EQ(j["text_offset"].size(), ids.size());
-  size_t chars = 5, bytes = 5;
-  for (size_t k = 0; k < ids.size(); ++k) {
-    EXPECT_EQ(j["text_offset"][k].get<size_t>(), chars) << k;
-    const std::string t = j["tokens"][k].get<std::string>();
-    chars += utf8_chars(t);
-    bytes += t.size();
+  const std::vector<int32_t> prompt = tok_->encode("Once", true);
+  const std::vector<int32_t> ids = tok_->encode(" caf\xc3\xa9 \xe4\xb8\xad ok", false);
+  ASSERT_EQ(prompt.size(), 2u);
+  ASSERT_EQ(ids.size(), 11u);
+  Request r;
+  r.ids = prompt;
+  bool stopped = false;
+  ASSERT_EQ(utf8_chars("Once" + completion_text(*tok_, r, ids, stopped)), 15u);
+  const std::vector<TokenLogprobs> lps(ids.size());
+  const std::vector<double> prompt_lps = {-1.0};
+  {
+    TextOffsets offsets(*tok_, prompt, /*echo=*/true, utf8_chars("Once"));
+    const json j = json::parse(dump_json(completion_logprobs(*tok_, prompt, &prompt_lps, ids, lps, 0, offsets)));
+    EXPECT_EQ(j["text_offset"].get<std::vector<size_t>>(),
+              (std::vector<size_t>{0, 0, 4, 5, 7, 8, 9, 10, 11, 11, 11, 12, 14}));
   }
-  EXPECT_EQ(end, chars);
-  EXPECT_LT(chars, bytes);  // the non-ASCII tokens count one per character
+  {  // without echo, from the completion's start; and in two chunks, as a stream sends it
+    TextOffsets offsets(*tok_, prompt, /*echo=*/false, 4);
+    const std::vector<int32_t> a(ids.begin(), ids.begin() + 7), b(ids.begin() + 7, ids.end());
+    const std::vector<TokenLogprobs> la(a.size()), lb(b.size());
+    const json ja = json::parse(dump_json(completion_logprobs(*tok_, prompt, nullptr, a, la, 0, offsets)));
+    const json jb = json::parse(dump_json(completion_logprobs(*tok_, prompt, nullptr, b, lb, 0, offsets)));
+    EXPECT_EQ(ja["text_offset"].get<std::vector<size_t>>(), (std::vector<size_t>{0, 1, 3, 4, 5, 6, 7}));
+    EXPECT_EQ(jb["text_offset"].get<std::vector<size_t>>(), (std::vector<size_t>{7, 7, 8, 10}));
+  }
+  {  // a text cut short (a stop string "\u4e2d"): no offset past the 7 characters shown
+    TextOffsets offsets(*tok_, prompt, /*echo=*/false, 4);
+    offsets.cap(7);
+    const json j = json::parse(dump_json(completion_logprobs(*tok_, prompt, nullptr, ids, lps, 0, offsets)));
+    EXPECT_EQ(j["text_offset"].get<std::vector<size_t>>(), (std::vector<size_t>{0, 1, 3, 4, 5, 6, 7, 7, 7, 7, 7}));
+  }
 }
 
 TEST(ServeEngine, QueueBoundsInFlightChoices) {
