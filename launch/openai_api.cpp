@@ -445,8 +445,10 @@ size_t TextOffsets::prompt(int32_t id) { return std::min({prompt_.next(tok_, id)
 size_t TextOffsets::completion(int32_t id) { return std::min(base_ + completion_.next(tok_, id), cap_); }
 
 ordered_json completion_logprobs(const Tokenizer& tok, const std::vector<int32_t>& prompt_ids,
-                                 const std::vector<double>* prompt_logprobs, const std::vector<int32_t>& ids,
-                                 const std::vector<TokenLogprobs>& lps, int64_t top_n, TextOffsets& text_offsets) {
+                                 const std::vector<double>* prompt_logprobs,
+                                 const std::vector<std::vector<std::pair<int32_t, float>>>* prompt_top,
+                                 const std::vector<int32_t>& ids, const std::vector<TokenLogprobs>& lps, int64_t top_n,
+                                 TextOffsets& text_offsets) {
   ordered_json tokens = ordered_json::array(), token_lps = ordered_json::array(), tops = ordered_json::array(),
                offsets = ordered_json::array();
   auto add = [&](int32_t id, std::optional<double> lp, const std::vector<std::pair<int32_t, float>>* top,
@@ -472,8 +474,10 @@ ordered_json completion_logprobs(const Tokenizer& tok, const std::vector<int32_t
   if (prompt_logprobs) {
     for (size_t i = 0; i < prompt_ids.size(); ++i) {
       std::optional<double> lp;
+      const std::vector<std::pair<int32_t, float>>* top = nullptr;
       if (i > 0 && i - 1 < prompt_logprobs->size()) lp = (*prompt_logprobs)[i - 1];
-      add(prompt_ids[i], lp, nullptr, true);
+      if (i > 0 && prompt_top && i - 1 < prompt_top->size()) top = &(*prompt_top)[i - 1];
+      add(prompt_ids[i], lp, top, true);
     }
   }
   for (size_t k = 0; k < ids.size() && k < lps.size(); ++k) add(ids[k], lps[k].logprob, &lps[k].top, false);

@@ -130,12 +130,14 @@ class TextOffsets {
 };
 
 /// The logprobs object of completions for `ids` (tokens, token_logprobs,
-/// top_logprobs, text_offset), `prompt_logprobs` first when given (its first token null);
+/// top_logprobs, text_offset), the prompt's first when `prompt_logprobs` is given (its
+/// first token null; `prompt_top`, when given, the alternatives of each scored prompt
+/// token, [P - 1], listed as the new tokens' are: up to `top_n`, and the token itself).
 /// `offsets` places each token (and moves on, so a stream's chunks continue it).
-nlohmann::ordered_json completion_logprobs(const Tokenizer& tok, const std::vector<int32_t>& prompt_ids,
-                                           const std::vector<double>* prompt_logprobs,
-                                           const std::vector<int32_t>& ids, const std::vector<TokenLogprobs>& lps,
-                                           int64_t top_n, TextOffsets& offsets);
+nlohmann::ordered_json completion_logprobs(
+    const Tokenizer& tok, const std::vector<int32_t>& prompt_ids, const std::vector<double>* prompt_logprobs,
+    const std::vector<std::vector<std::pair<int32_t, float>>>* prompt_top, const std::vector<int32_t>& ids,
+    const std::vector<TokenLogprobs>& lps, int64_t top_n, TextOffsets& offsets);
 
 /// The logprobs object of chat for `ids`: {"content": [{token, logprob, bytes, top_logprobs}]}.
 nlohmann::ordered_json chat_logprobs(const Tokenizer& tok, const std::vector<int32_t>& ids,

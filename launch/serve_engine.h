@@ -43,6 +43,7 @@ struct ServeEvent {
   int32_t token = 0;
   std::optional<TokenLogprobs> logprobs;  // with the token, when asked for
   std::vector<double> prompt_logprobs;    // kPromptLogprobs: log p(prompt[i + 1]), [P - 1]
+  std::vector<std::vector<std::pair<int32_t, float>>> prompt_top;  // and the top_logprobs alternatives of each
   std::string finish_reason;              // kDone: stop, length, error, cancelled
   std::string error;                      // kDone with error / cancelled: why
 };

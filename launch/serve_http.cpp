@@ -70,6 +70,7 @@ struct Generation {
     std::vector<int32_t> ids;
     std::vector<TokenLogprobs> lps;
     std::vector<double> prompt_lps;
+    std::vector<std::vector<std::pair<int32_t, float>>> prompt_top;
     bool has_prompt_lps = false;
     std::unique_ptr<TextOffsets> offsets;    // streamed logprobs: text_offset across the chunks
     std::string finish, error;
@@ -117,6 +118,7 @@ struct Generation {
       Choice& c = choices.at(static_cast<size_t>(e.choice));
       if (e.kind == ServeEvent::Kind::kPromptLogprobs) {
         c.prompt_lps = std::move(e.prompt_logprobs);
+        c.prompt_top = std::move(e.prompt_top);
         c.has_prompt_lps = true;
       } else if (e.kind == ServeEvent::Kind::kToken) {
         c.ids.push_back(e.token);
@@ -199,8 +201,8 @@ struct Generation {
         // text_offset runs on over the whole text, not from 0 in each chunk.
         if (!c.offsets) c.offsets = make_offsets(c);
         if (c.text->stopped()) c.offsets->cap(prompt_chars(c) + utf8_chars(c.shown));
-        lp = completion_logprobs(tok(), c.request->ids, with_prompt ? &c.prompt_lps : nullptr, ids, lps,
-                                 req.logprobs, *c.offsets);
+        lp = completion_logprobs(tok(), c.request->ids, with_prompt ? &c.prompt_lps : nullptr,
+                                 with_prompt ? &c.prompt_top : nullptr, ids, lps, req.logprobs, *c.offsets);
         c.has_prompt_lps = false;  // sent once
       }
     }
@@ -261,8 +263,9 @@ struct Generation {
         if (req.logprobs >= 0) {
           std::unique_ptr<TextOffsets> offsets = make_offsets(c);
           offsets->cap(prompt_chars(c) + utf8_chars(c.shown));
-          ch["logprobs"] = completion_logprobs(tok(), c.request->ids, req.echo ? &c.prompt_lps : nullptr, c.ids,
-                                               c.lps, req.logprobs, *offsets);
+          ch["logprobs"] = completion_logprobs(tok(), c.request->ids, req.echo ? &c.prompt_lps : nullptr,
+                                               req.echo ? &c.prompt_top : nullptr, c.ids, c.lps, req.logprobs,
+                                               *offsets);
         } else {
           ch["logprobs"] = ordered_json();
         }

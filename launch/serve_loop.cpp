@@ -226,12 +226,17 @@ void run_serve_loop(Engine& engine, const ServeLoopConfig& c) {
         b.labels.assign(p.size(), kIgnoreIndex);
         for (size_t i = 0; i < p.size(); ++i) b.positions[i] = static_cast<int32_t>(i);
         for (size_t i = 0; i + 1 < p.size(); ++i) b.labels[i] = p[i + 1];
-        std::vector<double> lp = log_probs_packed(engine, b);
-        lp.pop_back();
+        // The top_logprobs alternatives of each prompt token too (OpenAI's and vLLM's echo
+        // lists them; lm-evaluation-harness's is_greedy reads them).
+        PackedLogprobs lp = log_probs_packed(engine, b, std::max<int64_t>(0, a.request.top_logprobs),
+                                             a.request.sampling.vocab_limit);
+        lp.logprob.pop_back();
+        lp.top.pop_back();
         if (group_root) {
           ServeEvent e;
           e.kind = ServeEvent::Kind::kPromptLogprobs;
-          e.prompt_logprobs = std::move(lp);
+          e.prompt_logprobs = std::move(lp.logprob);
+          e.prompt_top = std::move(lp.top);
           emit(a.id, std::move(e));
         }
       }

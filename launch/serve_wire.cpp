@@ -148,6 +148,17 @@ std::vector<char> encode(const Report& rep) {
       w.vec(lps);
     }
     w.vec(e.prompt_logprobs);
+    w.pod<uint64_t>(e.prompt_top.size());
+    for (const auto& top : e.prompt_top) {
+      std::vector<int32_t> ids;
+      std::vector<float> lps;
+      for (const auto& [i, l] : top) {
+        ids.push_back(i);
+        lps.push_back(l);
+      }
+      w.vec(ids);
+      w.vec(lps);
+    }
     w.str(e.finish_reason);
     w.str(e.error);
   }
@@ -176,6 +187,13 @@ Report decode_report(const std::vector<char>& bytes) {
       e.logprobs = std::move(lp);
     }
     e.prompt_logprobs = r.vec<double>();
+    const uint64_t tops = r.pod<uint64_t>();
+    for (uint64_t p = 0; p < tops; ++p) {
+      const std::vector<int32_t> ids = r.vec<int32_t>();
+      const std::vector<float> lps = r.vec<float>();
+      auto& top = e.prompt_top.emplace_back();
+      for (size_t k = 0; k < ids.size() && k < lps.size(); ++k) top.emplace_back(ids[k], lps[k]);
+    }
     e.finish_reason = r.str();
     e.error = r.str();
     rep.events.push_back(std::move(we));

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "runtime/engine.h"
@@ -43,5 +44,23 @@ PackedLoss loss_packed(Engine& engine, const PackedBatch& batch);
 
 /// log_probs_packed: log p(labels[i]) per position (f64 [P]), NaN where ignored.
 std::vector<double> log_probs_packed(Engine& engine, const PackedBatch& batch);
+
+/// log p(labels[i]) per position, and at each labelled position the `top_k` most
+/// probable ids with their log probabilities (best first, ties: lower id), as OpenAI's
+/// and vLLM's prompt top_logprobs list them.
+struct PackedLogprobs {
+  std::vector<double> logprob;                             // [P], NaN where ignored
+  std::vector<std::vector<std::pair<int32_t, float>>> top;  // [P], empty where ignored
+};
+
+/// log_probs_packed with the top_k alternatives, over the vocab shards: each rank picks
+/// its shard's top_k logits of each labelled row, only those candidates are gathered
+/// (all_gather of top_k (logit, id) pairs a row), and each becomes logit - log-sum-exp of
+/// the whole row (the same all_reduce as loss_packed). Only ids < `vocab_limit` are
+/// candidates when it is > 0 (a tokenizer smaller than the padded embedding); the
+/// softmax is over the whole vocabulary, as loss_packed's. A NaN logit is never a
+/// candidate (its row's log probabilities are NaN).
+/// @throws Error as loss_packed, or when top_k < 0.
+PackedLogprobs log_probs_packed(Engine& engine, const PackedBatch& batch, int64_t top_k, int64_t vocab_limit = 0);
 
 }  // namespace linnet

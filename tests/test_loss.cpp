@@ -164,5 +164,67 @@ INSTANTIATE_TEST_SUITE_P(Models, LossTest,
                                          Case{"qwen3", "qwen3"}, Case{"phi3", "phi3"}, Case{"mistral", "mistral"}),
                          [](const testing::TestParamInfo<Case>& i) { return i.param.golden; });
 
+// Prompt top_logprobs (log_probs_packed with top_k) against transformers' logits of the
+// fixtures (golden.json "logits_f32", scripts/make_fixtures.py): at each position the k
+// largest log_softmax values and their ids, with the candidates picked on each rank's
+// vocab shard and gathered (tp = the mpirun job's size).
+class PromptTopLogprobs : public testing::TestWithParam<std::string> {};
+
+TEST_P(PromptTopLogprobs, MatchTransformersLogSoftmax) {
+  const auto dir = test::test_data_dir() / "fixtures" / GetParam();
+  const auto golden = test::read_json(dir / "golden.json");
+  const ModelFiles files = open_model(dir / "f32");
+  MpiCommunicator world(MPI_COMM_WORLD);
+  if (files.config.num_attention_heads % world.size() != 0) GTEST_SKIP() << "heads do not split over tp";
+  auto backend = make_cpu_backend(1);
+  auto engine = make_engine(files, ShardPlan::make(files.config, world.rank(), world.size()), *backend, world, 64);
+  const auto prompt = golden["prompt_ids"].get<std::vector<int32_t>>();
+  const int64_t V = files.config.vocab_size;
+  PackedBatch b;
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    b.tokens.push_back(prompt[i]);
+    b.positions.push_back(static_cast<int32_t>(i));
+    b.segments.push_back(0);
+    b.labels.push_back(i + 1 < prompt.size() ? prompt[i + 1] : kIgnoreIndex);
+  }
+  for (const int64_t k : {0, 1, 5, 20}) {
+    const PackedLogprobs out = log_probs_packed(*engine, b, k);
+    ASSERT_EQ(out.top.size(), prompt.size());
+    for (size_t i = 0; i + 1 < prompt.size(); ++i) {
+      const auto row = golden["logits_f32"][i].get<std::vector<double>>();
+      ASSERT_EQ(static_cast<int64_t>(row.size()), V);
+      double mx = -INFINITY, sum = 0;
+      for (double l : row) mx = std::max(mx, l);
+      for (double l : row) sum += std::exp(l - mx);
+      std::vector<std::pair<double, int32_t>> ref;
+      for (int32_t v = 0; v < V; ++v) ref.emplace_back(row[v] - mx - std::log(sum), v);
+      std::sort(ref.begin(), ref.end(),
+                [](auto& x, auto& y) { return x.first > y.first || (x.first == y.first && x.second < y.second); });
+      const double target = row[prompt[i + 1]] - mx - std::log(sum);
+      // 1e-4: the fixtures' bound on f32 logits against transformers (test_fixtures).
+      EXPECT_NEAR(out.logprob[i], target, 1e-4) << GetParam() << " position " << i;
+      ASSERT_EQ(static_cast<int64_t>(out.top[i].size()), k) << GetParam() << " position " << i;
+      for (size_t c = 0; c < out.top[i].size(); ++c) {
+        EXPECT_NEAR(out.top[i][c].second, ref[c].first, 1e-4) << GetParam() << " position " << i << " rank " << c;
+        // The id, unless transformers' own values there are a near tie (within 2 x 1e-4).
+        const bool tie = (c > 0 && ref[c - 1].first - ref[c].first < 2e-4) ||
+                         (c + 1 < ref.size() && ref[c].first - ref[c + 1].first < 2e-4);
+        if (!tie) EXPECT_EQ(out.top[i][c].first, ref[c].second) << GetParam() << " position " << i << " rank " << c;
+      }
+    }
+    EXPECT_TRUE(std::isnan(out.logprob.back()));
+    EXPECT_TRUE(out.top.back().empty());
+  }
+  // A tokenizer smaller than the embedding: only its ids are candidates.
+  const int64_t limit = V - 40;
+  const PackedLogprobs lim = log_probs_packed(*engine, b, 20, limit);
+  for (size_t i = 0; i + 1 < prompt.size(); ++i) {
+    ASSERT_EQ(lim.top[i].size(), 20u);
+    for (const auto& [id, lp] : lim.top[i]) EXPECT_LT(id, limit) << GetParam() << " position " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, PromptTopLogprobs, testing::Values("llama31", "qwen3", "phi3", "mistral"));
+
 }  // namespace
 }  // namespace linnet

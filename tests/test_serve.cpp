@@ -22,6 +22,7 @@
 
 #include <httplib.h>
 
+#include "loader/tokenizer/tokenizer.h"
 #include "tests/cli_harness.h"
 
 namespace linnet {
@@ -588,6 +589,57 @@ TEST_F(Serve, EchoLogprobsEqualLoss) {
   // The ids of the prompt, then loss over each prefix.
   const json ids_r = post(s, "/v1/completions", {{"prompt", prompt}, {"max_tokens", 1}, {"echo", true},
                                                   {"logprobs", 0}});
+  // Prompt top_logprobs: at each echoed position the k most probable tokens (and the
+  // prompt's own), as OpenAI and vLLM list them, against transformers' logits of the same
+  // ids (tests/data/stories260k/forward.json). They used to list the prompt token alone,
+  // so lm-evaluation-harness counted every continuation as greedy.
+  {
+    const json fwd = test::read_json(test::test_data_dir() / "stories260k" / "forward.json")["cases"][0];
+    const auto ids = fwd["input_ids"].get<std::vector<int32_t>>();
+    const Tokenizer tok = Tokenizer::from_dir(test::stories_dir());
+    for (const bool streamed : {false, true}) {
+      const json body = {{"prompt", ids}, {"echo", true}, {"max_tokens", 1}, {"logprobs", 3}, {"temperature", 0},
+                         {"stream", streamed}};
+      json tops = json::array(), lps = json::array();
+      if (streamed) {
+        std::vector<json> chunks;
+        stream(s, "/v1/completions", body, &chunks);
+        for (const json& c : chunks) {
+          const json& l = c["choices"][0]["logprobs"];
+          if (l.is_null()) continue;
+          for (const auto& t : l["top_logprobs"]) tops.push_back(t);
+          for (const auto& t : l["token_logprobs"]) lps.push_back(t);
+        }
+      } else {
+        const json c = post(s, "/v1/completions", body);
+        tops = c["choices"][0]["logprobs"]["top_logprobs"];
+        lps = c["choices"][0]["logprobs"]["token_logprobs"];
+      }
+      ASSERT_EQ(tops.size(), ids.size() + 1) << "the prompt's positions and the new token";
+      EXPECT_TRUE(tops[0].is_null());
+      for (size_t i = 1; i < ids.size(); ++i) {
+        const auto row = fwd["logits"][i - 1].get<std::vector<double>>();
+        double mx = -INFINITY, sum = 0;
+        for (double l : row) mx = std::max(mx, l);
+        for (double l : row) sum += std::exp(l - mx);
+        std::vector<std::pair<double, int32_t>> ref;
+        for (size_t v = 0; v < row.size(); ++v) ref.emplace_back(row[v] - mx - std::log(sum), static_cast<int32_t>(v));
+        std::sort(ref.begin(), ref.end(), [](auto& a, auto& b) { return a.first > b.first; });
+        const json& top = tops[i];
+        const bool own_in_top3 = ids[i] == ref[0].second || ids[i] == ref[1].second || ids[i] == ref[2].second;
+        EXPECT_EQ(top.size(), own_in_top3 ? 3u : 4u) << "position " << i << ": " << top.dump();
+        for (int c = 0; c < 3; ++c) {
+          const std::string text = tok.decode(std::vector<int32_t>{ref[c].second}, false);
+          ASSERT_TRUE(top.contains(text)) << "position " << i << " rank " << c << " '" << text << "': " << top.dump();
+          EXPECT_NEAR(top[text].get<double>(), ref[c].first, 1e-4) << "position " << i << " rank " << c;
+        }
+        // lm-evaluation-harness's is_greedy: the token's logprob equals the top's max.
+        double best = -INFINITY;
+        for (const auto& [k, v] : top.items()) best = std::max(best, v.get<double>());
+        EXPECT_EQ(lps[i].get<double>() == best, ids[i] == ref[0].second) << "position " << i;
+      }
+    }
+  }
   // text_offset: each token's character position inside the returned text, also for a
   // character made of several byte tokens and after the special <s> (the offsets of this
   // text used to run 7 past its end: 3 for "<s>", 1 for each byte token after a lead byte).

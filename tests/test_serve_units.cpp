@@ -496,7 +496,7 @@ TEST_F(ServeUnits, TextOffsetsAreCharacterPositionsInTheText) {
   const std::vector<double> prompt_lps = {-1.0};
   {
     TextOffsets offsets(*tok_, prompt, /*echo=*/true, utf8_chars("Once"));
-    const json j = json::parse(dump_json(completion_logprobs(*tok_, prompt, &prompt_lps, ids, lps, 0, offsets)));
+    const json j = json::parse(dump_json(completion_logprobs(*tok_, prompt, &prompt_lps, nullptr, ids, lps, 0, offsets)));
     EXPECT_EQ(j["text_offset"].get<std::vector<size_t>>(),
               (std::vector<size_t>{0, 0, 4, 5, 7, 8, 9, 10, 11, 11, 11, 12, 14}));
   }
@@ -504,15 +504,15 @@ TEST_F(ServeUnits, TextOffsetsAreCharacterPositionsInTheText) {
     TextOffsets offsets(*tok_, prompt, /*echo=*/false, 4);
     const std::vector<int32_t> a(ids.begin(), ids.begin() + 7), b(ids.begin() + 7, ids.end());
     const std::vector<TokenLogprobs> la(a.size()), lb(b.size());
-    const json ja = json::parse(dump_json(completion_logprobs(*tok_, prompt, nullptr, a, la, 0, offsets)));
-    const json jb = json::parse(dump_json(completion_logprobs(*tok_, prompt, nullptr, b, lb, 0, offsets)));
+    const json ja = json::parse(dump_json(completion_logprobs(*tok_, prompt, nullptr, nullptr, a, la, 0, offsets)));
+    const json jb = json::parse(dump_json(completion_logprobs(*tok_, prompt, nullptr, nullptr, b, lb, 0, offsets)));
     EXPECT_EQ(ja["text_offset"].get<std::vector<size_t>>(), (std::vector<size_t>{0, 1, 3, 4, 5, 6, 7}));
     EXPECT_EQ(jb["text_offset"].get<std::vector<size_t>>(), (std::vector<size_t>{7, 7, 8, 10}));
   }
   {  // a text cut short (a stop string "\u4e2d"): no offset past the 7 characters shown
     TextOffsets offsets(*tok_, prompt, /*echo=*/false, 4);
     offsets.cap(7);
-    const json j = json::parse(dump_json(completion_logprobs(*tok_, prompt, nullptr, ids, lps, 0, offsets)));
+    const json j = json::parse(dump_json(completion_logprobs(*tok_, prompt, nullptr, nullptr, ids, lps, 0, offsets)));
     EXPECT_EQ(j["text_offset"].get<std::vector<size_t>>(), (std::vector<size_t>{0, 1, 3, 4, 5, 6, 7, 7, 7, 7, 7}));
   }
 }
