@@ -312,7 +312,7 @@ int run_generate(const GenerateOptions& o, Job& job) {
           lines = {{1, *o.prompt}};  // the text itself: JSON would mask invalid UTF-8
         } else {
           std::vector<std::pair<int, uint64_t>> too_long;
-          lines = read_jsonl_lines(o.input, &too_long);
+          lines = read_jsonl_lines(o.input, &too_long, [] { return caught_stop_signal() != 0; });
           for (const auto& [n, bytes] : too_long) oversized.emplace_back(n, std::to_string(bytes));
         }
         if (!o.output.empty()) {
@@ -348,7 +348,7 @@ int run_generate(const GenerateOptions& o, Job& job) {
         }
         for (const auto& [index, line] : kept) kept_indices.push_back(std::to_string(index));
       })) {
-    return kLoadErrorExit;
+    return job.load_failure_exit();  // 130 when a signal stopped the reading
   }
   broadcast_lines(*groups.world, lines);
   broadcast_lines(*groups.world, oversized);

@@ -37,13 +37,15 @@ bool Job::load_phase(const std::function<void()>& fn) {
     if (error.empty()) error = "unknown error";
   }
   const int failed = error.empty() ? 0 : 1;
-  float sum = static_cast<float>(failed);  // exact: counts of ranks
+  // exact: counts of ranks; [1]: failed ranks that had caught a stop signal
+  float sums[2] = {static_cast<float>(failed), static_cast<float>(failed && caught_stop_signal() != 0)};
   try {
-    agree_->all_reduce_sum(&sum, 1);
+    agree_->all_reduce_sum(sums, 2);
   } catch (const std::exception& e) {  // a rank stalled or died while loading
     abort(error.empty() ? std::string(e.what()) : error + "; then " + e.what());
   }
-  const int total = static_cast<int>(sum);
+  const int total = static_cast<int>(sums[0]);
+  load_failure_exit_ = sums[1] > 0 ? kInterruptedExit : kLoadErrorExit;
   if (total == 0) return true;
   if (failed) {
     if (total == size_) {

@@ -48,6 +48,11 @@ class Job {
   /// out (a rank stalled or died) the job is aborted with the message.
   bool load_phase(const std::function<void()>& fn);
 
+  /// The exit code after a load_phase that failed, the same on every rank:
+  /// kInterruptedExit when a rank failed because a stop signal ended its work (e.g. while
+  /// reading --input), else kLoadErrorExit.
+  int load_failure_exit() const { return load_failure_exit_; }
+
   /// Prints `message` as this rank's error and aborts the whole job (never returns).
   /// `cleanup` runs first (e.g. removing a temp file). A rank whose MPI_Abort does not end
   /// it within 5 s (mpirun unreachable) exits by itself with code 1.
@@ -58,6 +63,7 @@ class Job {
   int rank_ = 0;
   int size_ = 1;
   std::unique_ptr<MpiCommunicator> agree_;  // the world, for load_phase's agreement
+  int load_failure_exit_ = kLoadErrorExit;
 };
 
 /// Installs SIGINT, SIGTERM and SIGUSR1 handlers that only record the signal

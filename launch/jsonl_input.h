@@ -4,6 +4,7 @@
 
 #include <initializer_list>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -42,15 +43,20 @@ nlohmann::ordered_json parse_jsonl_line(const std::string& text, const std::stri
 void check_known_keys(const nlohmann::ordered_json& line, std::initializer_list<const char*> known,
                       const std::string& kind, const std::string& where);
 
-/// Reads `path` (a regular file, or a pipe such as /dev/stdin), skipping blank lines.
+/// Reads `path` (a regular file, or a FIFO / pipe such as /dev/stdin), skipping blank lines.
 /// Returns the raw lines and their numbers. A line longer than kMaxJsonlLineBytes is
 /// skipped without being kept: with `oversized` given it is listed there (its number and
 /// byte count) and left out of the result, so the caller can fail it alone.
-/// @throws Error naming the file when it cannot be opened, is a directory, or has no
-///   non-blank line (nor oversized one); naming "file:line" and the byte count for a line
-///   over kMaxJsonlLineBytes when `oversized` is null.
+/// `stop` (when given) is asked at least every 100 ms, also while a pipe's writer is
+/// silent; once it says true the reading ends with an Error (a caught stop signal).
+/// @throws Error naming the file when it cannot be opened, is a directory or another
+///   kind of file than a regular file or a FIFO (a device such as /dev/zero, a socket),
+///   cannot be read, has no non-blank line (nor oversized one), or `stop` said true;
+///   naming "file:line" and the byte count for a line over kMaxJsonlLineBytes when
+///   `oversized` is null.
 std::vector<std::pair<int, std::string>> read_jsonl_lines(const std::string& path,
-                                                          std::vector<std::pair<int, std::uint64_t>>* oversized = nullptr);
+                                                          std::vector<std::pair<int, std::uint64_t>>* oversized = nullptr,
+                                                          const std::function<bool()>& stop = {});
 
 /// Parses lines read by read_jsonl_lines; each must be a JSON object.
 /// @throws Error naming "file:line" when a line is not a JSON object, holds a NUL byte,

@@ -348,7 +348,7 @@ int run_loss(const LossOptions& o, Job& job) {
   std::vector<std::string> kept_indices, journal_packs;    // every rank
   if (!job.load_phase([&] {
         if (w.world_rank != 0) return;
-        lines = read_jsonl_lines(o.input);
+        lines = read_jsonl_lines(o.input, nullptr, [] { return caught_stop_signal() != 0; });
         if (!o.output.empty()) {
           check_output_path(o.output, o.input);
           journal_file = journal_path(o.output);
@@ -382,7 +382,7 @@ int run_loss(const LossOptions& o, Job& job) {
         for (const auto& [index, line] : kept) kept_indices.push_back(std::to_string(index));
         for (const auto& [pack, rec] : pack_records) journal_packs.push_back(std::to_string(pack));
       })) {
-    return kLoadErrorExit;
+    return job.load_failure_exit();  // 130 when a signal stopped the reading
   }
   broadcast_lines(*groups.world, lines);
   broadcast_strings(*groups.world, kept_indices);

@@ -4,11 +4,16 @@
 // torn last journal line is ignored; a lost output folder loses nothing; a stopped rank
 // is named within --comm-timeout + 10 s; SIGINT to a rank or to scripts/mpirun.sh stops
 // a loss run with exit 130 and the finished documents kept.
+#include <sys/stat.h>
+#include <sys/wait.h>
+
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -301,6 +306,43 @@ TEST_F(Reliability, ASignalAsSoonAsTheHandlersExistStopsTheRunGracefully) {
     EXPECT_EQ(k.code, 130) << command << ": " << k.err;
     EXPECT_NE(k.err.find("interrupted: "), std::string::npos) << command << ": " << k.err;
     EXPECT_EQ(k.err.find("exited on signal"), std::string::npos) << command << ": " << k.err;
+  }
+}
+
+// An --input that never ends: a device is refused at once (`--input /dev/zero` spun at
+// 100% CPU, deaf to SIGTERM, until SIGKILL), and SIGTERM stops a run reading a FIFO whose
+// writer stalls mid-line within a second, exit 130 (it waited for the writer to close).
+TEST_F(Reliability, AnEndlessOrStalledInputIsRefusedOrStoppedBySignals) {
+  for (const std::string command : {"generate", "loss"}) {
+    const std::string sub = command == "loss" ? "loss " : "";
+    const Result r = run(1, sub + "--model " + stories() + " --input /dev/zero");
+    EXPECT_EQ(r.code, 1) << command << ": " << r.err;
+    EXPECT_NE(r.err.find("/dev/zero: is a character device, not a JSONL file"), std::string::npos) << r.err;
+    EXPECT_LT(r.seconds, 30) << command;
+  }
+  const fs::path fifo = tmp_ / "in.fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  for (const std::string command : {"generate", "loss"}) {
+    const std::string sub = command == "loss" ? "loss " : "";
+    // The writer: half a line, then silence with the FIFO held open.
+    const std::string writer_cmd = "exec 3>" + quote(fifo.string()) +
+                                   "; printf '{\"prompt\": \"Once upon' >&3; exec sleep 60";
+    const pid_t writer = ::fork();
+    if (writer == 0) {
+      ::execl("/bin/sh", "sh", "-c", writer_cmd.c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    const pid_t pid = spawn(quote(bin_.string()) + " " + sub + "--model " + stories() + " --input " + quote(fifo.string()));
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // reading by now
+    const auto t0 = std::chrono::steady_clock::now();
+    ::kill(pid, SIGTERM);
+    const Result r = wait_spawned(pid, 20);
+    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ::kill(writer, SIGKILL);
+    ::waitpid(writer, nullptr, 0);
+    EXPECT_EQ(r.code, 130) << command << ": " << r.err;
+    EXPECT_NE(r.err.find("stopped by a signal while reading the input"), std::string::npos) << command << ": " << r.err;
+    EXPECT_LT(took, 3.0) << command << ": SIGTERM took " << took << " s";
   }
 }
 
