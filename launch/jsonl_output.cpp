@@ -1,5 +1,6 @@
 #include "launch/jsonl_output.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -19,17 +20,28 @@ std::string resolve_output_path(const std::string& path) {
   namespace fs = std::filesystem;
   if (path.empty()) throw Error("is empty", "--output");
   std::error_code ec;
-  // Through symlinks to the real file, so the temp file is made beside it and the
-  // rename replaces the file, not the link.
-  const fs::path real = fs::weakly_canonical(fs::path(path), ec);
-  const fs::path p = ec ? fs::path(path) : real;
+  // Through every symlink to the real file, a dangling one too (weakly_canonical stops at
+  // one, and the rename then replaced the link with a file and left its target alone):
+  // the temp file is made beside the target and the rename replaces the target.
+  fs::path p = path;
+  for (int hops = 0;; ++hops) {
+    struct stat st {};
+    if (::lstat(p.c_str(), &st) != 0 || !S_ISLNK(st.st_mode)) break;
+    if (hops == 40) throw Error("its symbolic links loop or chain more than 40 deep", "--output " + path);
+    const fs::path target = fs::read_symlink(p, ec);
+    if (ec) throw Error("cannot read the symbolic link: " + ec.message(), "--output " + path);
+    p = target.is_absolute() ? target : (p.has_parent_path() ? p.parent_path() : fs::path(".")) / target;
+  }
+  const std::string named = p.string() == path ? path : path + " (-> " + p.string() + ")";
   const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
-  if (!fs::is_directory(dir, ec)) throw Error("its directory does not exist", "--output " + path);
+  if (!fs::is_directory(dir, ec)) throw Error("its directory does not exist", "--output " + named);
+  const fs::path canon = fs::canonical(dir, ec);
+  if (!ec && p.has_filename()) p = canon / p.filename();
   const fs::file_status st = fs::status(p, ec);
-  if (fs::is_directory(st)) throw Error("is a directory", "--output " + path);
+  if (fs::is_directory(st)) throw Error("is a directory", "--output " + named);
   // A rename over a device, FIFO or socket would replace it (as root, /dev/null too).
   if (fs::exists(st) && !fs::is_regular_file(st)) {
-    throw Error("is not a regular file (a device, FIFO or socket); give a file path", "--output " + path);
+    throw Error("is not a regular file (a device, FIFO or socket); give a file path", "--output " + named);
   }
   return p.string();
 }

@@ -13,9 +13,13 @@
 
 namespace linnet {
 
-/// The file --output `path` names, through symlinks.
-/// @throws Error naming --output when it is empty, its directory does not exist, or it
-///   names a directory, device, FIFO or socket (a rename would replace those).
+/// The file --output `path` names: every symbolic link followed, also one whose target
+/// does not exist yet (that target is the file written; the link stays), the folder made
+/// canonical. Resolved once, so the temp file, the rename and the journal (with its
+/// one-writer lock, launch/journal.h) all use the file every route to it reaches.
+/// @throws Error naming --output when it is empty, its directory does not exist, it names
+///   a directory, device, FIFO or socket (a rename would replace those), or its links
+///   loop or chain more than 40 deep.
 std::string resolve_output_path(const std::string& path);
 
 /// resolve_output_path, then a probe that a file can be created beside it.

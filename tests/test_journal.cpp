@@ -21,6 +21,7 @@
 
 #include "common/error.h"
 #include "launch/journal.h"
+#include "launch/jsonl_output.h"
 
 namespace linnet {
 namespace {
@@ -234,6 +235,54 @@ TEST_F(JournalTest, AJournalMustBeAPlainFile) {
   fs::create_symlink(other, path_);
   EXPECT_THROW(read_journal(path_, "generate"), Error);
   EXPECT_THROW(wait_for_journal_writer(path_, 1), Error);
+}
+
+// An --output that is a symbolic link, its target not there yet: the target is the file
+// written (the link was replaced by a regular file and its target never written), and the
+// journal of every route to that file is one, so its one-writer lock holds two runs apart
+// (a link and the target's own path both ran to the end).
+TEST_F(JournalTest, AnOutputThroughADanglingLinkWritesItsTargetUnderOneLock) {
+  const fs::path target = dir_ / "out" / "real.jsonl", link = dir_ / "link.jsonl", link2 = dir_ / "link2.jsonl";
+  fs::create_symlink(fs::path("out") / "real.jsonl", link);  // relative, dangling
+  fs::create_symlink(link, link2);                          // a chain
+  const std::string real = fs::canonical(dir_ / "out").string() + "/real.jsonl";
+  EXPECT_EQ(resolve_output_path(link.string()), real);
+  EXPECT_EQ(resolve_output_path(link2.string()), real);
+  EXPECT_EQ(resolve_output_path(target.string()), real);
+  EXPECT_EQ(journal_path(link2.string()), journal_path(target.string()));
+  {
+    JsonlOutput out(link2.string());
+    out.add("p", "c", {1}, {2}, "length");
+    out.commit();
+  }
+  EXPECT_TRUE(fs::is_symlink(link)) << "the link is kept";
+  EXPECT_TRUE(fs::is_regular_file(fs::symlink_status(target)));
+  EXPECT_NE(slurp(target).find("\"completion\":\"c\""), std::string::npos);
+  Journal first(journal_path(target.string()), header("generate"));
+  first.append("{\"index\":0}");
+  // A second run through the link: without --resume the journal it finds stops it; with
+  // --resume the lock does.
+  EXPECT_TRUE(fs::exists(journal_path(link2.string())));
+  const JournalContents c = read_journal(journal_path(link2.string()), "generate");
+  try {
+    Journal second(journal_path(link2.string()), header("generate"), &c);
+    ADD_FAILURE() << "a second run writing the same file through a link was let in";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("another linnet-tp run is writing this journal"), std::string::npos)
+        << e.what();
+  }
+  // A loop, and a link into a folder that does not exist, are refused by name.
+  fs::create_symlink(dir_ / "loop_b", dir_ / "loop_a");
+  fs::create_symlink(dir_ / "loop_a", dir_ / "loop_b");
+  EXPECT_THROW(resolve_output_path((dir_ / "loop_a").string()), Error);
+  fs::create_symlink(dir_ / "nowhere" / "x.jsonl", dir_ / "lost.jsonl");
+  try {
+    resolve_output_path((dir_ / "lost.jsonl").string());
+    ADD_FAILURE() << "a link into a missing folder";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("its directory does not exist"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("nowhere"), std::string::npos) << e.what();
+  }
 }
 
 TEST_F(JournalTest, RemoveDeletesIt) {
