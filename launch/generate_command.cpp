@@ -303,7 +303,8 @@ int run_generate(const GenerateOptions& o, Job& job) {
   std::map<int64_t, std::string> kept;  // rank 0
   std::vector<std::string> kept_indices;
   std::string journal_file;             // rank 0, --input with --output: <output>.journal
-  JournalContents journal_found;        // rank 0, --resume: what the journal holds
+  JournalContents journal_found;        // rank 0, --resume: what the journal holds (or the run record)
+  std::string settings_file;            // rank 0, --resume: where journal_found's header came from
   std::set<int64_t> from_journal;       // rank 0: indices kept from the journal only
   std::map<int64_t, std::string> kept_where;  // rank 0: "file:line" of each kept line
   if (!job.load_phase([&] {
@@ -325,6 +326,11 @@ int run_generate(const GenerateOptions& o, Job& job) {
           kept = read_output_lines(resolve_output_path(o.output), &numbers);
           for (const auto& [index, n] : numbers) kept_where[index] = o.output + ":" + std::to_string(n);
           journal_found = read_journal(journal_file, "generate");
+          settings_file = journal_file;
+          if (!journal_found.exists && !kept.empty()) {  // a finished run's --output: its record
+            journal_found.header = read_run_record(o.output, "generate");
+            settings_file = run_record_path(o.output);
+          }
           if (!journal_found.dropped.empty()) {
             warn_once("ignoring " + journal_found.dropped + "; that request runs again");
           }
@@ -380,7 +386,7 @@ int run_generate(const GenerateOptions& o, Job& job) {
     defaults = m.defaults;
     eos = m.eos;
     settings = generate_settings(o, defaults, model_dir, max_seq_len);
-    if (w.world_rank == 0 && o.resume) check_journal_settings(journal_found, settings, journal_file);
+    if (w.world_rank == 0 && o.resume) check_journal_settings(journal_found, settings, settings_file);
 
     std::vector<int64_t> skip;
     for (const auto& s : kept_indices) skip.push_back(std::stoll(s));
@@ -502,6 +508,7 @@ int run_generate(const GenerateOptions& o, Job& job) {
 
   std::unique_ptr<JsonlOutput> output;
   std::unique_ptr<Journal> journal;  // rank 0
+  ordered_json journal_header;       // rank 0: its first line, and the run record at the end
   int code = 0;
   try {
     if (w.world_rank == 0 && !files->unused_tensors.empty()) {
@@ -550,11 +557,11 @@ int run_generate(const GenerateOptions& o, Job& job) {
                     std::to_string(*journal_seed) + "): the requests still to run sample with --seed " +
                     std::to_string(seed));
         }
-        ordered_json header;
-        header["linnet-tp journal"] = "generate";
-        header["seed"] = seed;
-        header["settings"] = settings;
-        journal = std::make_unique<Journal>(journal_file, header, o.resume ? &journal_found : nullptr);
+        journal_header["linnet-tp journal"] = "generate";
+        journal_header["seed"] = seed;
+        journal_header["settings"] = settings;
+        journal = std::make_unique<Journal>(journal_file, journal_header, o.resume ? &journal_found : nullptr);
+        std::remove(run_record_path(o.output).c_str());  // written again once --output is
         std::fprintf(stderr, "[linnet-tp] journal: %s (each finished request is kept there until --output is "
                      "written; after a crash, rerun with --resume)\n", journal->path().c_str());
         set_stop_note("[linnet-tp] stopping at the next step; finished requests are kept in the journal " +
@@ -585,8 +592,12 @@ int run_generate(const GenerateOptions& o, Job& job) {
       throw Error(std::string("cannot write the completion: ") + std::strerror(errno), "stdout");
     }
     if (output) output->commit();
-    // Every finished line is in --output now (an interrupted run keeps the journal).
-    if (journal && code != kInterruptedExit) journal->remove();
+    // Every finished line is in --output now (an interrupted run keeps the journal); the
+    // run record keeps its settings for a later --resume over it.
+    if (journal && code != kInterruptedExit) {
+      write_run_record(o.output, journal_header);
+      journal->remove();
+    }
   } catch (const std::exception& e) {
     const std::string note = journal_note(journal.get());
     job.abort(e.what() + note, [&] { output.reset(); });

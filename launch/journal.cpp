@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -297,19 +298,63 @@ void check_journal_settings(const JournalContents& journal, const nlohmann::orde
   for (const auto& [key, value] : settings.items()) {
     const bool same = had.is_object() && had.contains(key) && had[key] == value;
     if (!same) {
-      throw Error("the journal is of a run with other settings (" + key + "); resume with the flags, model and --input "
-                      "of that run, or remove the journal to start over",
-                  path + ":1", value.dump(), had.is_object() && had.contains(key) ? had[key].dump() : "none");
+      throw Error("--output was written by a run with other settings: " + key + " is " + value.dump() +
+                      " in this run and was " + (had.is_object() && had.contains(key) ? had[key].dump() : "none") +
+                      " in that one; resume with the flags, model and --input of that run, or start over "
+                      "without --resume",
+                  path + ":1");
     }
   }
   // A setting this run does not have (another version's journal, or an edited one).
   for (const auto& [key, value] : had.items()) {
     if (!settings.contains(key)) {
-      throw Error("the journal is of a run with other settings (" + key + " is not a setting of this run); remove "
-                      "the journal to start over",
-                  path + ":1", "none", value.dump());
+      throw Error("--output was written by a run with other settings: " + key + " was " + value.dump() +
+                      " in that run and is not a setting of this one; start over without --resume",
+                  path + ":1");
     }
   }
+}
+
+std::string run_record_path(const std::string& output) {
+  std::error_code ec;
+  const std::string real = resolve_output_path(output) + ".run.json";
+  const std::filesystem::path abs = std::filesystem::absolute(real, ec);
+  return ec ? real : abs.lexically_normal().string();
+}
+
+void write_run_record(const std::string& output, const nlohmann::ordered_json& header) {
+  const std::string path = run_record_path(output);
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  const std::string text = header.dump() + "\n";
+  bool ok = f && std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  if (f) ok = std::fclose(f) == 0 && ok;
+  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string why = errno_text();
+    std::remove(tmp.c_str());
+    throw Error("cannot write the run record: " + why, path);
+  }
+}
+
+nlohmann::ordered_json read_run_record(const std::string& output, const std::string& command) {
+  const std::string path = run_record_path(output);
+  check_plain_file(path);
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    throw Error("holds lines but neither its journal nor its run record (" + path +
+                    ") is there, so nothing tells which model and settings wrote them; rerun without --resume "
+                    "to write it anew",
+                "--output " + output);
+  }
+  std::string text;
+  std::getline(in, text);
+  nlohmann::ordered_json header = parse_jsonl_line(text, path + ":1");
+  const auto kind = header.find("linnet-tp journal");
+  if (kind == header.end() || !kind->is_string() || kind->get<std::string>() != command) {
+    throw Error("not the run record of a `linnet-tp " + command + "` run; is --output the file of another run?",
+                path + ":1");
+  }
+  return header;
 }
 
 std::string journal_note(Journal* journal) {

@@ -63,6 +63,25 @@ void wait_for_journal_writer(const std::string& path, double seconds = 30);
 void check_journal_settings(const JournalContents& journal, const nlohmann::ordered_json& settings,
                             const std::string& path);
 
+/// `<output>.run.json` beside the real file of --output `output`: the header of the run
+/// that wrote it (its journal's first line: the command, the seed, the settings, ...).
+/// A run writes it when it has finished --output and removes its journal, so a later
+/// --resume over that file can still check it has the same settings (and refuses
+/// without it). A run removes it when it starts writing a journal.
+/// @throws Error as resolve_output_path.
+std::string run_record_path(const std::string& output);
+
+/// Writes `header` as the run record of `output` (a temp file renamed over it).
+/// @throws Error naming the record when it cannot be written.
+void write_run_record(const std::string& output, const nlohmann::ordered_json& header);
+
+/// For --resume when --output holds lines and no journal is left: the header of the run
+/// that wrote them, from its run record.
+/// @throws Error naming --output when there is no record (the lines' settings cannot be
+///   checked, so they would be kept blindly), or naming the record when it is not a JSON
+///   object of a linnet-tp run of `command`.
+nlohmann::ordered_json read_run_record(const std::string& output, const std::string& command);
+
 /// An open journal (world rank 0 only). Its writer holds an exclusive flock(2) on it
 /// while it is open, so two runs never append to one journal.
 class Journal {

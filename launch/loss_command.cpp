@@ -343,7 +343,8 @@ int run_loss(const LossOptions& o, Job& job) {
   std::vector<std::pair<int, std::string>> lines;
   std::string journal_file;                   // rank 0 with --output
   std::map<int64_t, std::string> kept;        // rank 0: --output lines by document index
-  JournalContents journal_found;              // rank 0
+  JournalContents journal_found;              // rank 0 (or the run record's header)
+  std::string settings_file;                  // rank 0: where journal_found's header came from
   std::map<int64_t, nlohmann::ordered_json> pack_records;  // rank 0: scored packs by index
   std::vector<std::string> kept_indices, journal_packs;    // every rank
   if (!job.load_phase([&] {
@@ -357,6 +358,11 @@ int run_loss(const LossOptions& o, Job& job) {
           wait_for_journal_writer(journal_file);  // a killed mpirun's ranks may still be at work
           kept = read_output_lines(resolve_output_path(o.output));
           journal_found = read_journal(journal_file, "loss");
+          settings_file = journal_file;
+          if (!journal_found.exists && !kept.empty()) {  // a finished run's --output: its record
+            journal_found.header = read_run_record(o.output, "loss");
+            settings_file = run_record_path(o.output);
+          }
           if (!journal_found.dropped.empty()) {
             warn_once("ignoring " + journal_found.dropped + "; that pack is scored again");
           }
@@ -404,7 +410,7 @@ int run_loss(const LossOptions& o, Job& job) {
           settings["model"] = (ec ? dir : real).string();
           settings["weight_dtype"] = o.weight_dtype;
           settings["kv_cache_dtype"] = o.kv_cache_dtype;
-          if (w.world_rank == 0 && o.resume) check_journal_settings(journal_found, settings, journal_file);
+          if (w.world_rank == 0 && o.resume) check_journal_settings(journal_found, settings, settings_file);
         }
         files = std::make_unique<ModelFiles>(open_model(dir));
         const ShardPlan plan = ShardPlan::make(files->config, w.tp_rank, w.tp_size);
@@ -446,17 +452,18 @@ int run_loss(const LossOptions& o, Job& job) {
 
   std::unique_ptr<JsonlOutput> output;
   std::unique_ptr<Journal> journal;  // rank 0 with --output
+  nlohmann::ordered_json journal_header;  // rank 0: its first line, and the run record at the end
   int code = 0;
   try {
     const bool world_root = w.world_rank == 0;
     if (world_root && !o.output.empty()) {
-      nlohmann::ordered_json header;
-      header["linnet-tp journal"] = "loss";
-      header["documents"] = docs.size();
-      header["packs"] = packs.size();
-      header["max_seq_len"] = pack_len;
-      header["settings"] = settings;
-      journal = std::make_unique<Journal>(journal_file, header, o.resume ? &journal_found : nullptr);
+      journal_header["linnet-tp journal"] = "loss";
+      journal_header["documents"] = docs.size();
+      journal_header["packs"] = packs.size();
+      journal_header["max_seq_len"] = pack_len;
+      journal_header["settings"] = settings;
+      journal = std::make_unique<Journal>(journal_file, journal_header, o.resume ? &journal_found : nullptr);
+      std::remove(run_record_path(o.output).c_str());  // written again once --output is
       std::fprintf(stderr, "[linnet-tp] journal: %s (each scored pack of documents is kept there until --output is "
                    "written; after a crash, rerun with --resume)\n", journal->path().c_str());
       set_stop_note("[linnet-tp] stopping after the packs in flight; scored documents are kept in the journal " +
@@ -512,8 +519,12 @@ int run_loss(const LossOptions& o, Job& job) {
       output.reset();
     }
     groups.world->broadcast(&code, sizeof code, 0);  // every rank exits with rank 0's code
-    // Every scored document is in --output now (an interrupted run keeps the journal).
-    if (journal && code != kInterruptedExit) journal->remove();
+    // Every scored document is in --output now (an interrupted run keeps the journal); the
+    // run record keeps its settings for a later --resume over it.
+    if (journal && code != kInterruptedExit) {
+      write_run_record(o.output, journal_header);
+      journal->remove();
+    }
   } catch (const std::exception& e) {
     const std::string note = journal_note(journal.get());
     job.abort(e.what() + note, [&] { output.reset(); });

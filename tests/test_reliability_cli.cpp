@@ -224,11 +224,31 @@ TEST_F(Reliability, AResumeWithOtherSettingsIsRefused) {
   ASSERT_TRUE(fs::exists(journal));
   const Result other = run(2, gen + " --max-new-tokens 5 --resume");
   EXPECT_EQ(other.code, 1);
-  EXPECT_NE(other.err.find(journal.string() + ":1: the journal is of a run with other settings (max_new_tokens)"),
+  EXPECT_NE(other.err.find(journal.string() + ":1: --output was written by a run with other settings: "
+                                               "max_new_tokens is 5 in this run and was 100 in that one"),
             std::string::npos)
       << other.err;
   const Result same = run(2, gen + " --resume");
   EXPECT_EQ(same.code, 0) << same.err;
+  // Finished: the journal is gone, the run record beside --output keeps the settings, so
+  // a resume over the finished file is still checked (it accepted any model and flags).
+  const fs::path record = tmp_ / "out.jsonl.run.json";
+  ASSERT_FALSE(fs::exists(journal));
+  ASSERT_TRUE(fs::exists(record));
+  const std::string finished = slurp(out);
+  const Result after = run(2, gen + " --max-new-tokens 5 --resume");
+  EXPECT_EQ(after.code, 1);
+  EXPECT_NE(after.err.find(record.string() + ":1: --output was written by a run with other settings: "
+                                             "max_new_tokens is 5 in this run and was 100 in that one"),
+            std::string::npos)
+      << after.err;
+  const Result again = run(2, gen + " --resume");  // the same run again: nothing to do, the same file
+  EXPECT_EQ(again.code, 0) << again.err;
+  EXPECT_EQ(slurp(out), finished);
+  fs::remove(record);
+  const Result blind = run(2, gen + " --resume");
+  EXPECT_EQ(blind.code, 1);
+  EXPECT_NE(blind.err.find("holds lines but neither its journal nor its run record"), std::string::npos) << blind.err;
 
   const std::string loss = "loss --model " + stories() + " --input " + quote(docs.string()) +
                            " --max-seq-len 64 --output " + quote(out.string());
@@ -238,9 +258,17 @@ TEST_F(Reliability, AResumeWithOtherSettingsIsRefused) {
   ASSERT_TRUE(fs::exists(journal));
   const Result bf16 = run(2, loss + " --weight-dtype bf16 --resume");
   EXPECT_EQ(bf16.code, 1);
-  EXPECT_NE(bf16.err.find(journal.string() + ":1: the journal is of a run with other settings (weight_dtype)"),
+  EXPECT_NE(bf16.err.find(journal.string() + ":1: --output was written by a run with other settings: weight_dtype "
+                                              "is \"bf16\" in this run and was \"auto\" in that one"),
             std::string::npos)
       << bf16.err;
+  const Result finish = run(2, loss + " --resume");
+  EXPECT_EQ(finish.code, 0) << finish.err;
+  const Result bf16_after = run(2, loss + " --weight-dtype bf16 --resume");
+  EXPECT_EQ(bf16_after.code, 1);
+  EXPECT_NE(bf16_after.err.find("out.jsonl.run.json:1: --output was written by a run with other settings: weight_dtype"),
+            std::string::npos)
+      << bf16_after.err;
 }
 
 // A kept line is checked against the input and against what linnet-tp writes; a refusal
