@@ -494,8 +494,53 @@ int run_generate(const GenerateOptions& o, Job& job) {
           throw Error(std::string("a kept line needs a string \"") + key + "\" (as linnet-tp writes it)", where);
         }
       }
-      if (!j.contains("completion_ids") || !j["completion_ids"].is_array()) {
-        throw Error("a kept line needs a \"completion_ids\" list (as linnet-tp writes it)", where);
+      // Its values too, as an input line's are: ids of this model, a finish reason
+      // linnet-tp writes, counts and a completion text that are those of its ids (an
+      // edited id or text would reach --output).
+      const int64_t vocab = files->config.vocab_size;
+      auto ids_of = [&](const char* key) {
+        if (!j.contains(key) || !j[key].is_array()) {
+          throw Error(std::string("a kept line needs a \"") + key + "\" list (as linnet-tp writes it)", where);
+        }
+        std::vector<int32_t> ids;
+        for (const auto& v : j[key]) {
+          if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= vocab) {
+            throw Error(std::string("its \"") + key + "\" holds " + v.dump() + ", not a token id of this model (0 to " +
+                            std::to_string(vocab - 1) + "); was the line edited?",
+                        where);
+          }
+          ids.push_back(v.get<int32_t>());
+        }
+        return ids;
+      };
+      Request probe;
+      probe.ids = ids_of("prompt_ids");
+      probe.settings = it->settings;
+      const std::vector<int32_t> completion_ids = ids_of("completion_ids");
+      const std::string finish = j["finish_reason"].get<std::string>();
+      if (finish != "stop" && finish != "length" && finish != "error") {
+        throw Error("its \"finish_reason\" is \"" + finish + "\" (linnet-tp writes stop, length or error)", where);
+      }
+      if ((finish == "error") != (j.contains("error") && j["error"].is_string())) {
+        throw Error("a kept line has a string \"error\" exactly when its finish_reason is \"error\"", where);
+      }
+      for (const auto& [key, n] : {std::pair<const char*, size_t>{"prompt_tokens", probe.ids.size()},
+                                   {"completion_tokens", completion_ids.size()}}) {
+        if (j.contains(key) && !(j[key].is_number_unsigned() && j[key].get<uint64_t>() == n)) {
+          throw Error(std::string("its \"") + key + "\" is " + j[key].dump() + ", not the " + std::to_string(n) +
+                          " ids it lists; was the line edited?",
+                      where);
+        }
+      }
+      std::string text;
+      bool stopped = false;
+      try {
+        text = completion_text(*tokenizer, probe, completion_ids, stopped);
+      } catch (const Error&) {
+        text.clear();
+      }
+      if (text != j["completion"].get<std::string>()) {
+        throw Error("its \"completion\" is not the text of its \"completion_ids\"; was the line edited?", where);
       }
     }
 

@@ -135,7 +135,13 @@ JournalContents read_journal(const std::string& path, const std::string& command
                     "`; is --output the file of another run?",
                 path + ":1");
   }
-  for (size_t i = 1; i < lines.size(); ++i) c.lines.emplace_back(lines[i].number, std::move(lines[i].text));
+  // A line ending in CR LF (an editor's, another system's) is kept without its CR: the
+  // kept lines are copied into --output as they are.
+  for (size_t i = 1; i < lines.size(); ++i) {
+    std::string& t = lines[i].text;
+    if (!t.empty() && t.back() == '\r') t.pop_back();
+    c.lines.emplace_back(lines[i].number, std::move(t));
+  }
   return c;
 }
 

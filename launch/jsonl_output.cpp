@@ -110,6 +110,7 @@ std::map<int64_t, std::string> read_output_lines(const std::string& path, std::m
   if (!in) throw Error("cannot open the output file to resume", path);
   std::string text;
   for (int n = 1; std::getline(in, text); ++n) {
+    if (!text.empty() && text.back() == '\r') text.pop_back();  // a CR LF line: copied on without its CR
     if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
     const std::string where = path + ":" + std::to_string(n);
     const int64_t index = output_line_index(parse_jsonl_line(text, where), where);

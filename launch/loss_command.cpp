@@ -142,8 +142,28 @@ void check_resume(const LossOptions& o, const std::string& journal_file, const J
     }
     const bool scored = j.contains("nll_sum") && j["nll_sum"].is_number();
     const bool failed = j.contains("error") && j["error"].is_string();
-    if (!scored && !failed) {
+    if (scored == failed) {
       throw Error("a kept line needs a number \"nll_sum\" or a string \"error\" (as linnet-tp writes them)", where);
+    }
+    // Only what linnet-tp writes, and a mean that is its sum's (an edited line would reach
+    // --output and the summary).
+    for (const auto& [key, value] : j.items()) {
+      static const std::set<std::string> written = {"index", "tokens", "nll_sum", "mean_nll", "error"};
+      if (!written.count(key)) {
+        throw Error("a kept line has a key linnet-tp does not write: \"" + key + "\"; is it linnet-tp's output?", where);
+      }
+    }
+    if (scored) {
+      const double sum = j["nll_sum"].get<double>();
+      const bool mean_ok = expected > 0 ? j.contains("mean_nll") && j["mean_nll"].is_number() &&
+                                              std::fabs(j["mean_nll"].get<double>() - sum / static_cast<double>(expected)) <=
+                                                  1e-9 * std::max(1.0, std::fabs(sum))
+                                        : j.contains("mean_nll") && j["mean_nll"].is_null();
+      if (!std::isfinite(sum) || sum < -1e-9 || !mean_ok) {
+        throw Error("its \"nll_sum\" / \"mean_nll\" are not those linnet-tp writes (a finite sum >= 0, its mean over "
+                    "\"tokens\"); was the line edited?",
+                    where);
+      }
     }
   }
   if (journal.header.is_object()) {

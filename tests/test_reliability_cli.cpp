@@ -269,6 +269,18 @@ TEST_F(Reliability, AResumeWithOtherSettingsIsRefused) {
   EXPECT_NE(bf16_after.err.find("out.jsonl.run.json:1: --output was written by a run with other settings: weight_dtype"),
             std::string::npos)
       << bf16_after.err;
+  // A kept loss line whose mean is not its sum's (edited) is refused, not copied on.
+  std::vector<std::string> out_lines = lines_of(out);
+  json first = json::parse(out_lines.at(0));
+  first["mean_nll"] = first["mean_nll"].get<double>() + 0.5;
+  out_lines[0] = first.dump();
+  {
+    std::ofstream f(out, std::ios::binary | std::ios::trunc);
+    for (const std::string& l : out_lines) f << l << "\n";
+  }
+  const Result edited = run(2, loss + " --resume");
+  EXPECT_EQ(edited.code, 1);
+  EXPECT_NE(edited.err.find("are not those linnet-tp writes"), std::string::npos) << edited.err;
 }
 
 // A kept line is checked against the input and against what linnet-tp writes; a refusal
@@ -309,6 +321,40 @@ TEST_F(Reliability, AnEditedKeptLineIsRefusedNamingItsFileAndLine) {
   EXPECT_NE(p.err.find(journal.string() + ":3 (index " + std::to_string(index) + "): its prompt differs from "),
             std::string::npos)
       << p.err;
+
+  // Its values are checked as an input line's: an id outside the vocabulary, a text that
+  // is not its ids' (both were copied into --output).
+  auto write_with = [&](const json& third, const char* eol) {
+    std::ofstream f(journal, std::ios::binary | std::ios::trunc);
+    for (size_t i = 0; i < 4; ++i) f << (i == 2 ? third.dump() : lines[i]) << eol;
+  };
+  json good = edited;
+  good["prompt"] = json::parse(lines_of(prompts)[static_cast<size_t>(index)])["prompt"];
+  json bad_id = good;
+  bad_id["completion_ids"][0] = 512;  // stories260k's vocabulary is 0..511
+  write_with(bad_id, "\n");
+  const Result v = run(2, gen + " --resume");
+  EXPECT_EQ(v.code, 1);
+  EXPECT_NE(v.err.find(journal.string() + ":3 (index " + std::to_string(index) +
+                       "): its \"completion_ids\" holds 512, not a token id of this model (0 to 511)"),
+            std::string::npos)
+      << v.err;
+  json bad_text = good;
+  bad_text["completion"] = "Something else entirely.";
+  write_with(bad_text, "\n");
+  const Result t = run(2, gen + " --resume");
+  EXPECT_EQ(t.code, 1);
+  EXPECT_NE(t.err.find("its \"completion\" is not the text of its \"completion_ids\""), std::string::npos) << t.err;
+  // A journal with CR LF line ends (16 lines of --output kept a trailing CR): resumed, and
+  // --output holds no CR.
+  for (std::string& l : lines) {
+    if (!l.empty() && l.back() == '\r') l.pop_back();
+  }
+  write_with(good, "\r\n");
+  const Result crlf = run(2, gen + " --resume");
+  EXPECT_EQ(crlf.code, 0) << crlf.err;
+  EXPECT_EQ(slurp(out).find('\r'), std::string::npos);
+  EXPECT_EQ(lines_of(out).size(), 40u);
 }
 
 // A signal during start-up (MPI start, groups, loading) is kept, not fatal: the run stops
