@@ -60,6 +60,15 @@ std::string expected_text(cxxopts::Options& opts, const OptionInfo& o) {
   return o.is_container ? "a comma-separated list, each " + one : one;
 }
 
+// The range an option has in every command that takes it (read_comm_timeout, --threads'
+// read_in_range), so a value that does not even parse ("nan", "1.5") is told the same
+// range as one outside it ("-1"); "" for the others (their type's range is told).
+std::string common_range(const std::string& name) {
+  if (name == "comm-timeout") return "an integer in [0, " + std::to_string(kMaxCommTimeoutSeconds) + "]";
+  if (name == "threads") return "an integer in [1, " + std::to_string(kMaxThreads) + "]";
+  return {};
+}
+
 // The Error for a value cxxopts could not convert: names the option of `args` whose
 // value fails alone, with the value and what its type accepts; `fallback` (cxxopts' own
 // message) when none can be found.
@@ -82,7 +91,8 @@ Error bad_value_error(cxxopts::Options& opts, const std::vector<char*>& args, co
       value = args[++i];
     }
     if (!parses(opts, name, value)) {
-      return Error("invalid value", "--" + name, expected_text(opts, *it), "'" + value + "'");
+      const std::string range = common_range(name);
+      return Error("invalid value", "--" + name, range.empty() ? expected_text(opts, *it) : range, "'" + value + "'");
     }
   }
   return Error(fallback, "command line");
@@ -102,7 +112,11 @@ void check_whole_numbers(cxxopts::Options& opts, const cxxopts::ParseResult& r) 
     // values are decimal, as the help says.
     const bool hex = v.find_first_of("xX") != std::string::npos;
     if (!parses(opts, it->name, "0.5") && parses(opts, it->name, "1") && !parses(opts, it->name, "x")) {
-      if (hex) throw Error("invalid value", "--" + it->name, expected_text(opts, *it) + ", in decimal", "'" + v + "'");
+      const std::string range = common_range(it->name);
+      if (hex) {
+        throw Error("invalid value", "--" + it->name, (range.empty() ? expected_text(opts, *it) : range) + ", in decimal",
+                    "'" + v + "'");
+      }
       continue;
     }
     if (!parses(opts, it->name, "0.5") || parses(opts, it->name, "x")) continue;

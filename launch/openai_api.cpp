@@ -32,6 +32,17 @@ std::string brief(const ordered_json& v) {
   throw ApiError(400, "invalid value for \"" + param + "\": expected " + expected + ", got " + brief(v), param);
 }
 
+// The kind of a JSON text that parsed but is no object, from its first character.
+const char* json_kind(std::string_view text) {
+  const size_t at = text.find_first_not_of(" \t\r\n");
+  const char c = at == std::string_view::npos ? ' ' : text[at];
+  if (c == '[') return "array";
+  if (c == '"') return "string";
+  if (c == 't' || c == 'f') return "boolean";
+  if (c == 'n') return "null";
+  return "number";
+}
+
 const ordered_json* key_of(const ordered_json& j, const char* key) {
   const auto it = j.find(key);
   return it == j.end() || it->is_null() ? nullptr : &*it;
@@ -159,6 +170,11 @@ ApiRequest parse_api_request(const std::string& body_text, bool chat, const ApiM
   try {
     body = parse_jsonl_line(body_text, "request body");
   } catch (const Error& e) {
+    // An HTTP body is one JSON object, not a line of a file.
+    if (e.what_part() == "each line must be a JSON object") {
+      throw ApiError(400, "the request body must be a JSON object (OpenAI's request fields), not a JSON " +
+                              std::string(json_kind(body_text)));
+    }
     throw ApiError(400, e.what());
   }
   check_keys(body, chat);
@@ -347,6 +363,13 @@ ApiRequest parse_api_request(const std::string& body_text, bool chat, const ApiM
           ids_of(p);
           if (static_cast<int64_t>(req.prompts.size()) > limits.max_choices) break;
         }
+      } else if ((*prompt)[0].is_object()) {
+        throw ApiError(400,
+                       "\"prompt\" must be " + std::string(expected) + "; chat messages go to /v1/chat/completions "
+                       "as \"messages\"",
+                       "prompt");
+      } else if (!(*prompt)[0].is_number()) {
+        bad("prompt", expected, *prompt);
       } else {
         ids_of(*prompt);
       }

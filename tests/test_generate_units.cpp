@@ -155,6 +155,11 @@ TEST(CommandLine, UnparsableValuesNameTheOptionAndTheValue) {
            {{"--stop-token-ids", "a,b"}, "--stop-token-ids: invalid value (expected a comma-separated list"},
            {{"--threads", "2147483648"}, "--threads: invalid value (expected an integer in [1, 4096], got 2147483648)"},
            {{"--tp", "x"}, "--tp: invalid value (expected an integer"},
+           // The range a value out of it is told, also for one that does not parse.
+           {{"--comm-timeout", "nan"}, "--comm-timeout: invalid value (expected an integer in [0, 604800], got 'nan')"},
+           {{"--comm-timeout", "-1"}, "--comm-timeout: invalid value (expected an integer in [0, 604800], got -1)"},
+           {{"--comm-timeout", "1.5"}, "--comm-timeout: invalid value (expected an integer in [0, 604800], got '1.5')"},
+           {{"--threads", "x"}, "--threads: invalid value (expected an integer in [1, 4096], got 'x')"},
            // Decimal only: cxxopts reads "0x10" as 16, strtod "0x1p-1" as 0.5.
            {{"--max-new-tokens", "0x10"}, "--max-new-tokens: invalid value (expected an integer in [-2^63, 2^63-1], in decimal, got '0x10')"},
            {{"--seed=0X10"}, "--seed: invalid value (expected an integer in [0, 2^64-1]"},

@@ -106,6 +106,28 @@ TEST_F(ServeUnits, RefusalsNameTheParameter) {
 
 // Integers from 2^63 up (which nlohmann reads as unsigned, or beyond 2^64 as floats) are
 // no counts: each is a 400 naming its parameter, never a wrapped negative value.
+// The refusals say what the server wants: an HTTP body that is a JSON array was told
+// "each line must be a JSON object" (a JSONL file's wording); chat messages as a
+// completions prompt were told only "expected token ids".
+TEST_F(ServeUnits, RefusalsSayWhatIsExpected) {
+  auto message = [&](const std::string& body) {
+    try {
+      parse_api_request(body, false, model_, limits_);
+    } catch (const ApiError& e) {
+      return json::parse(dump_json(e.body()))["error"]["message"].get<std::string>();
+    }
+    return std::string("accepted");
+  };
+  EXPECT_EQ(message("[1]"), "the request body must be a JSON object (OpenAI's request fields), not a JSON array");
+  EXPECT_EQ(message("\"hi\""), "the request body must be a JSON object (OpenAI's request fields), not a JSON string");
+  const std::string any = "a string, a list of strings, a list of token ids, or a list of lists of ids";
+  const std::string chat = message(R"({"prompt": [{"role": "user", "content": "hi"}]})");
+  EXPECT_NE(chat.find(any), std::string::npos) << chat;
+  EXPECT_NE(chat.find("chat messages go to /v1/chat/completions as \"messages\""), std::string::npos) << chat;
+  EXPECT_NE(message(R"({"prompt": [true]})").find(any), std::string::npos);
+  EXPECT_NE(message(R"({"prompt": [1, "a"]})").find("token ids in [0, 512)"), std::string::npos);
+}
+
 TEST_F(ServeUnits, HugeIntegersAreRefusedNamingTheParameter) {
   for (const char* big : {"9223372036854775808", "18446744073709551615", "18446744073709551616", "1e30"}) {
     const std::string b(big);
