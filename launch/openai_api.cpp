@@ -407,6 +407,134 @@ ApiRequest parse_api_request(const std::string& body_text, bool chat, const ApiM
   return req;
 }
 
+namespace {
+
+// A body of /tokenize or /detokenize: a JSON object with only `known` keys, its "model"
+// (when given) the one served.
+ordered_json tool_body(const std::string& text, const ApiModel& model, std::initializer_list<const char*> known) {
+  ordered_json body;
+  try {
+    body = parse_jsonl_line(text, "request body");
+  } catch (const Error& e) {
+    if (e.what_part() == "each line must be a JSON object") {
+      throw ApiError(400, "the request body must be a JSON object, not a JSON " + std::string(json_kind(text)));
+    }
+    throw ApiError(400, e.what());
+  }
+  for (const auto& [key, value] : body.items()) {
+    if (std::find_if(known.begin(), known.end(), [&](const char* k) { return key == k; }) != known.end()) continue;
+    std::string names;
+    for (const char* k : known) names += std::string(names.empty() ? "" : ", ") + k;
+    throw ApiError(400, "unknown key \"" + key + "\" (this endpoint takes: " + names + ")", key);
+  }
+  if (const ordered_json* m = key_of(body, "model")) {
+    if (!m->is_string()) bad("model", "a string", *m);
+    if (m->get<std::string>() != model.served_name) {
+      throw ApiError(404, "The model `" + m->get<std::string>() + "` does not exist (this server serves `" +
+                              model.served_name + "`)",
+                     "model", "", "model_not_found");
+    }
+  }
+  return body;
+}
+
+bool flag_of(const ordered_json& body, const char* key, bool fallback) {
+  const ordered_json* v = key_of(body, key);
+  if (!v) return fallback;
+  if (!v->is_boolean()) bad(key, "true or false", *v);
+  return v->get<bool>();
+}
+
+}  // namespace
+
+std::string tokenize_response(const std::string& text, const ApiModel& model, const ApiLimits& limits) {
+  const ordered_json body =
+      tool_body(text, model, {"model", "prompt", "messages", "add_special_tokens", "add_generation_prompt",
+                              "chat_template_kwargs", "return_token_strs"});
+  const Tokenizer& tok = *model.tokenizer;
+  const ordered_json* prompt = key_of(body, "prompt");
+  const ordered_json* messages = key_of(body, "messages");
+  if ((prompt != nullptr) == (messages != nullptr)) {
+    throw ApiError(400, "give exactly one of \"prompt\" (a string) and \"messages\" (a chat)",
+                   prompt ? "messages" : "prompt");
+  }
+  std::string input;
+  const char* param = prompt ? "prompt" : "messages";
+  if (prompt) {
+    if (!prompt->is_string()) bad("prompt", "a string", *prompt);
+    for (const char* k : {"add_generation_prompt", "chat_template_kwargs"}) {
+      if (key_of(body, k)) throw ApiError(400, std::string("\"") + k + "\" goes with \"messages\"", k);
+    }
+    input = prompt->get<std::string>();
+  } else {
+    if (!model.chat) throw ApiError(400, model.chat_error, "messages");
+    ordered_json variables = ordered_json::object();
+    if (const ordered_json* kw = key_of(body, "chat_template_kwargs")) {
+      if (!kw->is_object()) bad("chat_template_kwargs", "an object", *kw);
+      if (kw->contains("messages")) throw ApiError(400, "\"chat_template_kwargs\" cannot set messages", "chat_template_kwargs");
+      variables = *kw;
+    }
+    variables["messages"] = normalize_messages(*messages);
+    variables["add_generation_prompt"] = flag_of(body, "add_generation_prompt", true);
+    bool is_chat = false;
+    try {
+      std::unique_ptr<ModelChatTemplate> chat_copy = std::make_unique<ModelChatTemplate>(*model.chat);
+      input = prompt_text(variables, true, tok, model.model_dir, chat_copy, "messages", is_chat);
+    } catch (const Error& e) {
+      throw ApiError(400, e.what(), "messages");
+    }
+  }
+  // As generation refuses it: more text than the context can hold is not tokenized.
+  if (limits.prompt_byte_limit > 0 && static_cast<int64_t>(input.size()) > limits.prompt_byte_limit) {
+    throw ApiError(400, "the text has " + std::to_string(input.size()) + " bytes, more than the context of " +
+                            std::to_string(limits.max_seq_len) + " tokens can hold",
+                   param);
+  }
+  std::vector<int32_t> ids;
+  try {
+    ids = tok.encode(input, flag_of(body, "add_special_tokens", prompt != nullptr));
+  } catch (const Error& e) {
+    throw ApiError(400, std::string("cannot tokenize: ") + e.what(), param);
+  }
+  ordered_json out;
+  out["count"] = ids.size();
+  out["max_model_len"] = limits.max_seq_len;
+  out["tokens"] = ids;
+  if (flag_of(body, "return_token_strs", false)) {
+    ordered_json strs = ordered_json::array();
+    for (int32_t id : ids) strs.push_back(tok.id_to_token(id));
+    out["token_strs"] = std::move(strs);
+  } else {
+    out["token_strs"] = nullptr;
+  }
+  return dump_json(out);
+}
+
+std::string detokenize_response(const std::string& text, const ApiModel& model, const ApiLimits& limits) {
+  const ordered_json body = tool_body(text, model, {"model", "tokens"});
+  const ordered_json* tokens = key_of(body, "tokens");
+  if (!tokens) throw ApiError(400, "\"tokens\" is required", "tokens");
+  if (!tokens->is_array()) bad("tokens", "a list of token ids", *tokens);
+  if (static_cast<int64_t>(tokens->size()) > limits.max_seq_len) {
+    throw ApiError(400, "at most " + std::to_string(limits.max_seq_len) + " ids (the context), got " +
+                            std::to_string(tokens->size()),
+                   "tokens");
+  }
+  const int64_t vocab = std::min<int64_t>(model.vocab_size, model.tokenizer->vocab_size());
+  std::vector<int32_t> ids;
+  for (const auto& e : *tokens) {
+    if (!is_count(e) || e.get<int64_t>() >= vocab) bad("tokens", "token ids in [0, " + std::to_string(vocab) + ")", e);
+    ids.push_back(static_cast<int32_t>(e.get<int64_t>()));
+  }
+  ordered_json out;
+  try {
+    out["prompt"] = model.tokenizer->decode(ids, /*skip_special_tokens=*/false);
+  } catch (const Error& e) {
+    throw ApiError(400, std::string("cannot decode the ids: ") + e.what(), "tokens");
+  }
+  return dump_json(out);
+}
+
 size_t utf8_chars(std::string_view text) {
   size_t n = 0;
   for (const char ch : text) n += (static_cast<unsigned char>(ch) & 0xC0) != 0x80;  // not a continuation byte

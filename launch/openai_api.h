@@ -92,6 +92,21 @@ struct ChoiceResult {
   std::string finish_reason;                    // stop | length (error/cancelled never reach here)
 };
 
+/// POST /tokenize, as vLLM offers it: a body {"prompt": TEXT} (add_special_tokens,
+/// default true) or {"messages": [...]} rendered by the chat template
+/// (add_generation_prompt default true, chat_template_kwargs, add_special_tokens default
+/// false: the template writes its own BOS), with optional "model" and
+/// "return_token_strs". Returns the response body {"count", "max_model_len", "tokens",
+/// "token_strs"} (token_strs null unless asked for: each id's vocabulary string).
+/// @throws ApiError 400 naming the parameter (not a JSON object, unknown keys, bad values,
+///   a text longer than the context can hold, no chat template), 404 for another model.
+std::string tokenize_response(const std::string& body, const ApiModel& model, const ApiLimits& limits);
+
+/// POST /detokenize, as vLLM's: {"tokens": [ids]} (and "model") -> {"prompt": TEXT},
+/// special tokens kept. At most max_seq_len ids, each in [0, vocab_size).
+/// @throws ApiError 400 naming "tokens" (or the key at fault), 404 for another model.
+std::string detokenize_response(const std::string& body, const ApiModel& model, const ApiLimits& limits);
+
 /// Characters (code points) in UTF-8 `text`: its bytes that are not continuation bytes.
 size_t utf8_chars(std::string_view text);
 

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <thread>
 
 #include <unistd.h>
 
@@ -16,6 +17,7 @@
 #include "launch/job.h"
 #include "parallel/comm_watch.h"
 #include "launch/model_setup.h"
+#include "launch/rank_watch.h"
 #include "launch/serve_engine.h"
 #include "launch/serve_http.h"
 #include "loader/chat/chat_template.h"
@@ -177,6 +179,31 @@ int run_serve(const ServeOptions& o, Job& job) {
                  "group, %lld KV pages per group\n",
                  name.c_str(), w.dp_size, w.tp_size, static_cast<long long>(o.engine.max_batch),
                  static_cast<long long>(engine->num_pages()));
+  }
+
+  // A rank whose process ends (kill -9, the OOM killer) is seen within milliseconds
+  // (launch/rank_watch.h): world rank 0 names it and ends every open response with an
+  // error, another rank learns that rank 0 is gone; either exits non-zero 2 s later
+  // unless mpirun, which ends the job about a second after it notices, is first.
+  std::unique_ptr<RankWatch> watch;
+  try {
+    const int me = w.world_rank;
+    watch = std::make_unique<RankWatch>(MPI_COMM_WORLD, [&health, root, me](int, const std::string& who) {
+      if (root) {
+        const std::string why = who + " is gone (its process ended)";
+        std::fprintf(stderr, "[linnet-tp] serve: %s: every open request ends with an error; exiting\n", why.c_str());
+        health.fail(why);
+      } else {
+        std::fprintf(stderr, "[rank %d] serve: %s is gone (its process ended); exiting\n", me, who.c_str());
+      }
+      std::fflush(stderr);
+      std::thread([] {
+        std::this_thread::sleep_for(std::chrono::seconds(2));  // the error responses are written
+        std::_Exit(kLoadErrorExit);
+      }).detach();
+    });
+  } catch (const std::exception& e) {
+    job.abort(e.what());
   }
 
   try {

@@ -76,6 +76,16 @@ std::string ServeHealth::problem(Clock::time_point now) const {
   return {};
 }
 
+void ServeHealth::fail(const std::string& why) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (failure_.empty()) failure_ = why;
+}
+
+std::string ServeHealth::failure() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return failure_;
+}
+
 // --- ServeQueue --------------------------------------------------------------------
 
 ServeQueue::Admit ServeQueue::submit(std::vector<ServeChoice> choices, std::shared_ptr<ServeChannel> channel) {

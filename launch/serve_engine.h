@@ -94,6 +94,11 @@ class ServeHealth {
   void peers_heard(int rank, double silent_seconds, Clock::time_point now);
   /// Empty when healthy (or before loop_turned was first called), else why not.
   std::string problem(Clock::time_point now) const;
+  /// Any thread: the server cannot go on (a rank's process ended): `why`. The first
+  /// reason is kept; every open response then ends with an error naming it.
+  void fail(const std::string& why);
+  /// Empty unless fail() was called; else its reason.
+  std::string failure() const;
 
  private:
   double stall_seconds_;
@@ -101,6 +106,7 @@ class ServeHealth {
   bool started_ = false;
   Clock::time_point turned_, heard_;
   int silent_rank_ = -1;
+  std::string failure_;
 };
 
 /// Counters and histograms of /metrics (Prometheus text format); thread-safe.

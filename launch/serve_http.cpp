@@ -7,6 +7,7 @@
 
 #include <cctype>
 #include <ctime>
+#include <optional>
 #include <random>
 
 #include <httplib.h>
@@ -40,6 +41,31 @@ struct ApiServer::State {
 };
 
 namespace {
+
+// Reads a POST body into `body`, whatever its Content-Type (curl -d sends a form type,
+// whose body httplib would cap at 8 KiB), counting bytes as they come so that a chunked
+// body stops being read once it passes --max-body-bytes. The error to answer, if any.
+std::optional<ApiError> read_body(int64_t max_body_bytes, const httplib::Request& hreq, httplib::Response& res,
+                                  const httplib::ContentReader& reader, std::string& body) {
+  bool too_large = false;
+  if (hreq.is_multipart_form_data()) {
+    // Read as it is, not split into parts (the request object is httplib's own, not const).
+    const_cast<httplib::Request&>(hreq).headers.erase("Content-Type");
+  }
+  const bool read = reader([&](const char* data, size_t n) {
+    if (static_cast<int64_t>(body.size() + n) > max_body_bytes) {
+      too_large = true;
+      return false;
+    }
+    body.append(data, n);
+    return true;
+  });
+  if (too_large || res.status == 413) {
+    return ApiError(413, "the request body is larger than " + std::to_string(max_body_bytes) + " bytes");
+  }
+  if (!read) return ApiError(400, "malformed or incomplete request body");
+  return std::nullopt;
+}
 
 void send_error(httplib::Response& res, const ApiError& e) {
   res.status = e.status();
@@ -88,8 +114,29 @@ struct Generation {
   bool failed = false;
   bool complete = false;  // the whole response was written
   std::atomic<int64_t>* open = nullptr;
+  const ServeHealth* health = nullptr;  // its failure() ends the open choices with an error
+  bool failed_server = false;           // they were ended so
 
   const Tokenizer& tok() const { return *model->api.tokenizer; }
+
+  // The server failed (a rank's process ended): every choice not done ends with an error
+  // naming it, in the events this turn applies (a stream: an error event, then [DONE];
+  // otherwise the error object is the body).
+  void end_open_choices(std::vector<ServeEvent>& events) {
+    if (failed_server || !health) return;
+    const std::string why = health->failure();
+    if (why.empty()) return;
+    failed_server = true;
+    for (size_t i = 0; i < choices.size(); ++i) {
+      if (choices[i].done) continue;
+      ServeEvent e;
+      e.kind = ServeEvent::Kind::kDone;
+      e.choice = static_cast<int>(i);
+      e.finish_reason = "error";
+      e.error = "the server failed: " + why;
+      events.push_back(std::move(e));
+    }
+  }
 
   ordered_json chunk_base() const {
     ordered_json j;
@@ -116,6 +163,7 @@ struct Generation {
     std::vector<int> finished;
     for (ServeEvent& e : events) {
       Choice& c = choices.at(static_cast<size_t>(e.choice));
+      if (c.done) continue;  // ended already (the server failed): what the engine still sends is dropped
       if (e.kind == ServeEvent::Kind::kPromptLogprobs) {
         c.prompt_lps = std::move(e.prompt_logprobs);
         c.prompt_top = std::move(e.prompt_top);
@@ -338,7 +386,8 @@ ApiServer::ApiServer(HttpConfig config, ServeQueue& queue, ServeMetrics& metrics
 
   // Authentication for the API routes; the key is compared in constant time.
   svr.set_pre_routing_handler([&st](const httplib::Request& req, httplib::Response& res) {
-    if (st.config.api_key.empty() || req.path.rfind("/v1/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
+    const bool api = req.path.rfind("/v1/", 0) == 0 || req.path == "/tokenize" || req.path == "/detokenize";
+    if (st.config.api_key.empty() || !api) return httplib::Server::HandlerResponse::Unhandled;
     const std::string auth = req.get_header_value("Authorization");
     // The scheme is case-insensitive (RFC 7235: "bearer KEY" is as good).
     const std::string prefix = "bearer ";
@@ -363,7 +412,8 @@ ApiServer::ApiServer(HttpConfig config, ServeQueue& queue, ServeMetrics& metrics
       // A route that exists with another method: 405 naming the one it takes.
       static const std::vector<std::pair<std::string, std::string>> routes = {
           {"/health", "GET"}, {"/metrics", "GET"}, {"/v1/models", "GET"},
-          {"/v1/completions", "POST"}, {"/v1/chat/completions", "POST"}};
+          {"/v1/completions", "POST"}, {"/v1/chat/completions", "POST"}, {"/tokenize", "POST"},
+          {"/detokenize", "POST"}};
       for (const auto& [path, method] : routes) {
         if (req.path == path) {
           res.status = 405;
@@ -392,6 +442,11 @@ ApiServer::ApiServer(HttpConfig config, ServeQueue& queue, ServeMetrics& metrics
 
   svr.Get("/health", [&st](const httplib::Request&, httplib::Response& res) {
     const bool ready = st.served() != nullptr;
+    if (const std::string f = st.health ? st.health->failure() : std::string(); !f.empty()) {
+      res.status = 503;
+      res.set_content(dump_json({{"status", "failed"}, {"reason", f}}), "application/json");
+      return;
+    }
     if (st.stopping()) {  // a load balancer takes this rank out while it drains
       res.status = 503;
       res.set_content("{\"status\":\"shutting down\"}", "application/json");
@@ -424,6 +479,25 @@ ApiServer::ApiServer(HttpConfig config, ServeQueue& queue, ServeMetrics& metrics
     res.set_content(dump_json({{"object", "list"}, {"data", ordered_json::array({m})}}), "application/json");
   });
 
+  // vLLM's tokenizer endpoints (evaluation harnesses probe for them): the tokenizer on
+  // the HTTP thread, no engine; the API key, the body limit and the prompt limits as for
+  // the generation routes.
+  auto tool = [&st](std::string (*fn)(const std::string&, const ApiModel&, const ApiLimits&)) {
+    return [&st, fn](const httplib::Request& hreq, httplib::Response& res, const httplib::ContentReader& reader) {
+      std::string body;
+      if (const std::optional<ApiError> e = read_body(st.config.max_body_bytes, hreq, res, reader, body)) return send_error(res, *e);
+      const auto model = st.served();
+      if (!model) return send_error(res, ApiError(503, "the model is still loading"));
+      try {
+        res.set_content(fn(body, model->api, model->limits), "application/json");
+      } catch (const ApiError& e) {
+        send_error(res, e);
+      }
+    };
+  };
+  svr.Post("/tokenize", tool(tokenize_response));
+  svr.Post("/detokenize", tool(detokenize_response));
+
   auto generate = [&st](bool chat) {
     return [&st, chat](const httplib::Request& hreq, httplib::Response& res, const httplib::ContentReader& reader) {
       const auto model = st.served();
@@ -431,29 +505,12 @@ ApiServer::ApiServer(HttpConfig config, ServeQueue& queue, ServeMetrics& metrics
         st.metrics.request_done("rejected");
         send_error(res, e);
       };
-      // The body is read here, whatever its Content-Type (curl -d sends a form type,
-      // whose body httplib would cap at 8 KiB), counting bytes as they come so that a
-      // chunked body stops being read once it passes --max-body-bytes.
       std::string body;
-      bool too_large = false;
-      if (hreq.is_multipart_form_data()) {
-        // Read as it is, not split into parts (the request object is httplib's own, not const).
-        const_cast<httplib::Request&>(hreq).headers.erase("Content-Type");
-      }
-      const bool read = reader([&](const char* data, size_t n) {
-        if (static_cast<int64_t>(body.size() + n) > st.config.max_body_bytes) {
-          too_large = true;
-          return false;
-        }
-        body.append(data, n);
-        return true;
-      });
-      if (too_large || res.status == 413) {
-        return reject(ApiError(413, "the request body is larger than " + std::to_string(st.config.max_body_bytes) +
-                                        " bytes"));
-      }
-      if (!read) return reject(ApiError(400, "malformed or incomplete request body"));
+      if (const std::optional<ApiError> e = read_body(st.config.max_body_bytes, hreq, res, reader, body)) return reject(*e);
       if (!model) return reject(ApiError(503, "the model is still loading"));
+      if (const std::string f = st.health ? st.health->failure() : std::string(); !f.empty()) {
+        return reject(ApiError(503, "the server is failing: " + f));
+      }
       if (st.stopping()) return reject(ApiError(503, "the server is shutting down"));
       auto g = std::make_shared<Generation>();
       try {
@@ -465,6 +522,7 @@ ApiServer::ApiServer(HttpConfig config, ServeQueue& queue, ServeMetrics& metrics
       g->metrics = &st.metrics;
       g->queue = &st.queue;
       g->open = &st.open_responses;
+      g->health = st.health;
       g->id = random_id(chat ? "chatcmpl-" : "cmpl-");
       g->created = static_cast<int64_t>(std::time(nullptr));
       g->channel = std::make_shared<ServeChannel>();
@@ -520,6 +578,7 @@ ApiServer::ApiServer(HttpConfig config, ServeQueue& queue, ServeMetrics& metrics
         if (!sink.is_writable()) return false;
         std::vector<ServeEvent> events;
         g->channel->wait(events, std::chrono::milliseconds(100));
+        g->end_open_choices(events);
         const std::string frames = g->apply(events);
         if (!frames.empty() && !sink.write(frames.data(), frames.size())) return false;
         if (g->done < g->choices.size()) return true;

@@ -925,7 +925,7 @@ TEST_F(Serve, BadRequestsGetErrorObjects) {
 
 // --api-key: /v1/ routes need "Authorization: Bearer KEY"; /health does not.
 TEST_F(Serve, ApiKey) {
-  Server s = start(1, "--api-key sesame");
+  Server s = start(1, "--api-key sesame", chat_model());
   track(s);
   const json body = {{"prompt", "a"}, {"max_tokens", 2}};
   int status = 0;
@@ -947,6 +947,27 @@ TEST_F(Serve, ApiKey) {
   auto m = c.Get("/v1/models");
   ASSERT_TRUE(m);
   EXPECT_EQ(m->status, 401);
+  // vLLM's tokenizer endpoints: the same key rule; the ids a completion would use; a chat
+  // rendered by the model's template (its own BOS, no second one); detokenize back.
+  const httplib::Headers key = {{"Authorization", "Bearer sesame"}};
+  post(s, "/tokenize", {{"prompt", "Once upon a time"}}, &status);
+  EXPECT_EQ(status, 401);
+  const json t = post(s, "/tokenize", {{"prompt", "Once upon a time"}}, &status, key);
+  EXPECT_EQ(status, 200) << t.dump();
+  const json e = post(s, "/v1/completions", {{"prompt", "Once upon a time"}, {"max_tokens", 1}, {"echo", true},
+                                             {"logprobs", 0}}, &status, key);
+  EXPECT_EQ(t["count"], e["usage"]["prompt_tokens"]) << t.dump() << e.dump();
+  const json chat = post(s, "/tokenize", {{"messages", {{{"role", "user"}, {"content", "hi"}}}}}, &status, key);
+  EXPECT_EQ(status, 200) << chat.dump();
+  const json d = post(s, "/detokenize", {{"tokens", chat["tokens"]}}, &status, key);
+  EXPECT_EQ(status, 200) << d.dump();
+  EXPECT_EQ(d["prompt"], Tokenizer::from_dir(test::stories_dir()).decode(chat["tokens"].get<std::vector<int32_t>>(), false));
+  EXPECT_NE(d["prompt"].get<std::string>().find("user: hi\nassistant:"), std::string::npos) << d.dump();
+  EXPECT_EQ(chat["tokens"][0], 1);
+  EXPECT_NE(chat["tokens"][1], 1) << "one BOS";
+  auto get = c.Get("/tokenize", key);
+  ASSERT_TRUE(get);
+  EXPECT_EQ(get->status, 405);
   EXPECT_EQ(stop(s), 0);
 }
 
@@ -1170,6 +1191,59 @@ TEST_F(Serve, HttpFramingEdgeCases) {
 
 // /health answers 503 "stalled" while a rank is stopped (SIGSTOP): idle, its heartbeats
 // stop coming; busy, the step waits for it. Back to 200 once it runs again.
+// kill -9 of rank 1 of a 2-rank server: every open response ends with OpenAI's error
+// object naming the dead rank (a stream: an error event, then [DONE]; a non-streamed
+// n = 3 request: the error object as its body), rank 0's log names it, and the job ends
+// non-zero. Streams used to stop with neither, the n = 3 request got 200 and no bytes.
+TEST_F(Serve, ARankDeathEndsEveryOpenResponseWithAnError) {
+  Server s = start(2, "", endless_model());
+  track(s);
+  const std::vector<pid_t> ranks = ranks_below(s.pid);
+  ASSERT_EQ(ranks.size(), 2u);
+  const pid_t other = ranks[0] == s.rank0 ? ranks[1] : ranks[0];
+  std::string streamed, whole;
+  int whole_status = 0;
+  std::thread a([&] {
+    auto c = client(s);
+    auto r = c.Post("/v1/completions",
+                    json{{"prompt", "Once upon a time"}, {"max_tokens", 3000}, {"stream", true}}.dump(),
+                    "application/json");
+    if (r) streamed = r->body;
+  });
+  std::thread b([&] {
+    auto c = client(s);
+    auto r = c.Post("/v1/completions", json{{"prompt", "The dog"}, {"max_tokens", 3000}, {"n", 3}}.dump(),
+                    "application/json");
+    if (r) {
+      whole = r->body;
+      whole_status = r->status;
+    }
+  });
+  for (int i = 0; i < 600 && !(metric(s, "linnet_generation_tokens_total") > 0 || metric(s, "linnet_requests_running") >= 4);
+       ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // both are running
+  ::kill(other, SIGKILL);
+  a.join();
+  b.join();
+  const std::string rank1 = "rank 1 (pid " + std::to_string(other) + " on ";
+  // The stream: its last event before [DONE] is the error object.
+  const size_t done = streamed.rfind("data: [DONE]");
+  ASSERT_NE(done, std::string::npos) << streamed.substr(streamed.size() > 400 ? streamed.size() - 400 : 0);
+  const size_t last = streamed.rfind("data: {", done);
+  ASSERT_NE(last, std::string::npos);
+  const json err = json::parse(streamed.substr(last + 6, streamed.find('\n', last) - last - 6));
+  ASSERT_TRUE(err.contains("error")) << err.dump();
+  EXPECT_NE(err["error"]["message"].get<std::string>().find(rank1), std::string::npos) << err.dump();
+  // The non-streamed request: its body is the error object.
+  const json w = json::parse(whole, nullptr, false);
+  ASSERT_TRUE(w.is_object() && w.contains("error")) << whole_status << ": " << whole;
+  EXPECT_NE(w["error"]["message"].get<std::string>().find(rank1), std::string::npos) << whole;
+  EXPECT_NE(wait_exit(s, 30), 0);
+  EXPECT_NE(test::slurp(s.err).find("[linnet-tp] serve: " + rank1), std::string::npos) << test::slurp(s.err);
+}
+
 TEST_F(Serve, HealthReportsAStalledRank) {
   Server s = start(2, "--health-timeout 2", endless_model());
   track(s);

@@ -128,6 +128,46 @@ TEST_F(ServeUnits, RefusalsSayWhatIsExpected) {
   EXPECT_NE(message(R"({"prompt": [1, "a"]})").find("token ids in [0, 512)"), std::string::npos);
 }
 
+// POST /tokenize and /detokenize as vLLM offers them: the tokenizer's own ids (the
+// oracle: the tokenizer's tests against HF tokenizers and llama.cpp's vectors), the chat
+// template for messages, the same limits and refusals as generation.
+TEST_F(ServeUnits, TokenizeAndDetokenizeAsVllm) {
+  auto tokenize = [&](const json& body) { return json::parse(tokenize_response(body.dump(), model_, limits_)); };
+  auto refused = [&](const json& body, bool detok = false) {
+    try {
+      if (detok) {
+        detokenize_response(body.dump(), model_, limits_);
+      } else {
+        tokenize_response(body.dump(), model_, limits_);
+      }
+    } catch (const ApiError& e) {
+      return std::pair<int, std::string>{e.status(), e.param()};
+    }
+    return std::pair<int, std::string>{0, "accepted"};
+  };
+  const json t = tokenize({{"prompt", "Once upon a time"}});
+  EXPECT_EQ(t["tokens"].get<std::vector<int32_t>>(), tok_->encode("Once upon a time", true));
+  EXPECT_EQ(t["count"], t["tokens"].size());
+  EXPECT_EQ(t["max_model_len"], limits_.max_seq_len);
+  EXPECT_TRUE(t["token_strs"].is_null());
+  const json plain = tokenize({{"prompt", "Once"}, {"add_special_tokens", false}, {"return_token_strs", true}});
+  EXPECT_EQ(plain["tokens"].get<std::vector<int32_t>>(), tok_->encode("Once", false));
+  EXPECT_EQ(plain["token_strs"][0], tok_->id_to_token(plain["tokens"][0].get<int32_t>()));
+  const json back = json::parse(detokenize_response(json{{"tokens", t["tokens"]}}.dump(), model_, limits_));
+  EXPECT_EQ(back["prompt"], tok_->decode(t["tokens"].get<std::vector<int32_t>>(), false));
+  EXPECT_EQ(refused({{"prompt", "a"}, {"messages", json::array()}}).second, "messages");
+  EXPECT_EQ(refused(json::object()).second, "prompt");
+  EXPECT_EQ(refused({{"prompt", "a"}, {"foo", 1}}).second, "foo");
+  EXPECT_EQ(refused({{"prompt", 5}}).second, "prompt");
+  EXPECT_EQ(refused({{"prompt", "a"}, {"model", "other"}}), (std::pair<int, std::string>{404, "model"}));
+  EXPECT_EQ(refused({{"prompt", std::string(static_cast<size_t>(limits_.prompt_byte_limit) + 1, 'a')}}).second,
+            "prompt");
+  EXPECT_EQ(refused({{"tokens", {1, 512}}}, true).second, "tokens");
+  EXPECT_EQ(refused({{"tokens", "1 2"}}, true).second, "tokens");
+  EXPECT_EQ(refused({{"tokens", std::vector<int>(static_cast<size_t>(limits_.max_seq_len) + 1, 1)}}, true).second,
+            "tokens");
+}
+
 TEST_F(ServeUnits, HugeIntegersAreRefusedNamingTheParameter) {
   for (const char* big : {"9223372036854775808", "18446744073709551615", "18446744073709551616", "1e30"}) {
     const std::string b(big);
