@@ -65,7 +65,9 @@ class LineReader {
   bool fill() {
     at_ = end_ = 0;
     for (;;) {
-      if (stop_ && stop_()) throw Error("stopped by a signal while reading the input", path_);
+      if (stop_ && stop_()) {
+        throw Error("interrupted: a stop signal came while the input " + path_ + " was read; nothing ran");
+      }
       pollfd p{fd_, POLLIN, 0};
       const int ready = ::poll(&p, 1, 100);
       if (ready < 0 && errno != EINTR) throw Error(std::string("cannot read: ") + std::strerror(errno), path_);
