@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <random>
 #include <cstring>
 #include <sstream>
 
@@ -20,6 +21,7 @@ namespace linnet {
 namespace {
 
 constexpr char kBye = 'B';
+constexpr size_t kHelloBytes = 12;  // int32 world rank, uint64 this job's token
 
 // This host's IPv4 addresses, loopback left out.
 std::vector<std::string> ipv4_addresses() {
@@ -87,6 +89,13 @@ RankWatch::RankWatch(MPI_Comm world, OnDeath on_death, double connect_seconds) :
   }
   if (size == 1) return;
 
+  // A token only this job's ranks know (sent by MPI), so that nothing else that reaches
+  // the port can pose as a rank and then "die".
+  if (rank_ == 0) {
+    std::random_device rd;
+    token_ = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  }
+  MPI_Bcast(&token_, 1, MPI_UINT64_T, 0, world);
   // Rank 0 listens and tells where: "port addr addr ...".
   std::string where;
   if (rank_ == 0) {
@@ -130,8 +139,11 @@ RankWatch::RankWatch(MPI_Comm world, OnDeath on_death, double connect_seconds) :
                 (port > 0 ? " (port " + std::to_string(port) + ")" : std::string()) +
                 "; its death is then seen only by --comm-timeout");
     } else {
+      char hello[kHelloBytes];  // which rank this is, and the job's token
       const int32_t me = rank_;
-      const ssize_t n = ::send(fd, &me, sizeof me, MSG_NOSIGNAL);  // hello: which rank this is
+      std::memcpy(hello, &me, 4);
+      std::memcpy(hello + 4, &token_, 8);
+      const ssize_t n = ::send(fd, hello, sizeof hello, MSG_NOSIGNAL);
       (void)n;
       peers_.push_back({fd, 0, false});
     }
@@ -176,7 +188,6 @@ void RankWatch::run() {
       if (fd >= 0) {
         peers_.push_back({fd, -1, false});
         hello.resize(peers_.size());
-        --expected_;
       }
     }
     hello.resize(peers_.size());
@@ -187,24 +198,34 @@ void RankWatch::run() {
       const ssize_t n = ::recv(p.fd, buf, sizeof buf, 0);
       if (n > 0) {
         size_t at = 0;
-        if (p.rank < 0) {  // world rank 0: the 4 bytes of its hello first
-          const size_t take = std::min<size_t>(4 - hello[i].size(), static_cast<size_t>(n));
+        if (p.rank < 0) {  // world rank 0: the hello first
+          const size_t take = std::min<size_t>(kHelloBytes - hello[i].size(), static_cast<size_t>(n));
           hello[i].append(buf, take);
           at = take;
-          if (hello[i].size() == 4) {
+          if (hello[i].size() == kHelloBytes) {
             int32_t r = -1;
+            uint64_t token = 0;
             std::memcpy(&r, hello[i].data(), 4);
-            p.rank = r >= 0 && static_cast<size_t>(r) < names_.size() ? r : -2;
+            std::memcpy(&token, hello[i].data() + 4, 8);
+            if (token != token_ || r <= 0 || static_cast<size_t>(r) >= names_.size()) {
+              ::close(p.fd);  // not one of this job's ranks: dropped, never a death
+              p.fd = -1;
+              continue;
+            }
+            p.rank = r;
+            if (--expected_ == 0) {  // every rank is here: nobody else may connect
+              ::close(listen_fd_);
+              listen_fd_ = -1;
+            }
           }
         }
         for (size_t k = at; k < static_cast<size_t>(n); ++k) p.bye = p.bye || buf[k] == kBye;
         continue;
       }
       if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-      // Closed: an orderly end said bye first; anything else is a process that ended.
-      if (!p.bye && !stop_ && on_death_) {
-        on_death_(p.rank, p.rank >= 0 ? names_[static_cast<size_t>(p.rank)] : std::string("a rank"));
-      }
+      // Closed: an orderly end said bye first; anything else is a process that ended
+      // (a connection that never said its hello is no rank of this job).
+      if (p.rank >= 0 && !p.bye && !stop_ && on_death_) on_death_(p.rank, names_[static_cast<size_t>(p.rank)]);
       ::close(p.fd);
       p.fd = -1;
     }

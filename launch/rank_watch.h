@@ -9,13 +9,17 @@
 // is loaded over the addresses rank 0 broadcasts (loopback for ranks on its host). A
 // process's sockets are closed by the kernel when it ends, so a connection that closes
 // without its "bye" byte is a rank that died; each side sends "bye" before an orderly
-// close. One thread per process polls them. A link that is cut without closing (a
-// network partition) is not seen here: --comm-timeout covers it.
+// close. One thread per process polls them. A connection counts only once it has sent
+// its rank and the job's token (a random number sent by MPI), and rank 0 stops listening
+// once every rank has, so nothing else that reaches the port can pose as a rank. A link
+// that is cut without closing (a network partition) is not seen here: --comm-timeout
+// covers it.
 #pragma once
 
 #include <mpi.h>
 
 #include <atomic>
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <thread>
@@ -46,7 +50,8 @@ class RankWatch {
   int rank_ = 0;
   OnDeath on_death_;
   std::vector<std::string> names_;  // "rank r (pid p on host)" per world rank
-  int listen_fd_ = -1;              // world rank 0
+  uint64_t token_ = 0;              // this job's: a hello without it is dropped
+  int listen_fd_ = -1;              // world rank 0, until every rank has said hello
   int expected_ = 0;                // world rank 0: connections still to accept
   struct Peer {
     int fd = -1;
