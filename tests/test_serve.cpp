@@ -669,7 +669,9 @@ TEST_F(Serve, EchoLogprobsEqualLoss) {
     EXPECT_EQ(offsets[0], 0u) << "<s>";
     for (size_t k = 0; k < offsets.size(); ++k) {
       EXPECT_LT(offsets[k], chars) << "token " << k << " of " << text << (streamed ? " (streamed)" : "");
-      if (k > 0) EXPECT_GE(offsets[k], offsets[k - 1]) << "token " << k;
+      if (k > 0) {
+        EXPECT_GE(offsets[k], offsets[k - 1]) << "token " << k;
+      }
     }
   }
   EXPECT_EQ(stop(s), 0);
