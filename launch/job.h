@@ -11,7 +11,7 @@
 // of other dp groups share no collective with the signalled one until the run ends),
 // and the step loops agree on it within their tp group once per step. SIGUSR1 is there
 // because mpirun forwards it to every rank while it never forwards SIGINT/SIGTERM
-// (README.md, "Exit codes").
+// (docs/batch-runs.md, "Signals and mpirun").
 #pragma once
 
 #include <functional>
@@ -27,7 +27,7 @@
 
 namespace linnet {
 
-/// Exit codes of linnet-tp (README.md, "Exit codes"); every rank of a run exits with the same one.
+/// Exit codes of linnet-tp (docs/batch-runs.md, "Exit codes"); every rank of a run exits with the same one.
 inline constexpr int kOkExit = 0;            // every request / document done
 inline constexpr int kLoadErrorExit = 1;     // a model, config or input file error, or a run-phase failure
 inline constexpr int kUsageExit = 2;         // bad flags (parse errors, bad values, --tp not dividing the world)

@@ -4,7 +4,7 @@
 # (scripts/configs/llama-1.1b.json), f32 and bf16 weights, and each figure beside the
 # limit that binds it on this machine, measured first by `bench --limits`: DRAM read
 # bandwidth (decode reads every weight once a step) and the f32 fma peak (prefill and
-# many rows a step). Never a pass/fail: numbers for the README and the notes.
+# many rows a step). Never a pass/fail: numbers for docs/benchmarks.md and the notes.
 # Usage: scripts/bench.sh [BUILD_DIR] [--quick]   (default build/; --quick: fewer runs)
 set -euo pipefail
 cd "$(dirname "$0")/.."

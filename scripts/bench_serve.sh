@@ -3,7 +3,7 @@
 # (tests/bench_serve_client) send P prompts to a server on NP ranks; prints requests/s,
 # output tokens/s, time to first token and inter-token latency (p50/p99), then the same
 # prompts with the same settings through `generate --input` (continuous batching, no
-# HTTP) and the ratio of output tokens/s. Never a pass/fail: numbers for the README.
+# HTTP) and the ratio of output tokens/s. Never a pass/fail: numbers for docs/benchmarks.md.
 # Usage: scripts/bench_serve.sh [--model DIR] [--np N] [--clients C] [--prompts P]
 #        [--max-tokens T] [--max-batch B] [--threads N] [--build DIR]
 # Defaults: stories260k, np 1, 16 clients, 128 prompts, 128 tokens each, --max-batch 16.

@@ -24,7 +24,7 @@ cjk='大型语言模型通过把文本切分成词元来处理输入。分词器
 自然言語処理では、まずテキストをトークンに分割します。日本語には単語の間にスペースがないため、バイト単位のBPEが役に立ちます。今日は天気がいいので、公園を散歩しましょう。
 한국어 문장도 토큰으로 나누어 처리합니다. 모델은 각 토큰의 확률을 계산하고 다음 토큰을 고릅니다.
 '
-prose=("$shared"/DESIGN.md "$shared"/STYLE.md "$shared"/README.md "$root"/README.md "$shared"/seeds/*)
+prose=("$shared"/DESIGN.md "$shared"/STYLE.md "$shared"/README.md "$root"/README.md "$root"/docs/*.md "$shared"/seeds/*)
 mapfile -t code < <(cd "$root" && ls loader/*.cpp loader/*.h runtime/*.cpp parallel/*.cpp launch/*.cpp 2>/dev/null)
 : > "$text"
 i=0

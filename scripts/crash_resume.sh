@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # kill -9 at a random moment, then --resume: the final output must equal an uninterrupted
-# run's, line for line (README.md, "Journal, --resume and the watchdog").
+# run's, line for line (docs/batch-runs.md, "Journal, --resume and the watchdog").
 #
 # For `generate --input` (100 prompts, sampled with a seed) and `loss` (100 documents),
 # runs the job once uninterrupted, then TRIALS times: starts it again, kills one rank

@@ -2,7 +2,7 @@
 # mpirun with what these machines need: Open MPI refuses to run as root and to start
 # more ranks than cores unless told. On a GPU node a user types plain `mpirun -np N`.
 #
-# Signals (README.md, "Exit codes"): Open MPI 4.1's mpirun does not pass SIGINT or
+# Signals (docs/batch-runs.md, "Signals and mpirun"): Open MPI 4.1's mpirun does not pass SIGINT or
 # SIGTERM on to the ranks. It sends them SIGCONT, SIGTERM a second later and SIGKILL a
 # second after that, and exits 1 whatever they return. It does forward SIGUSR1, on which
 # linnet-tp stops as on SIGINT (finished work kept, exit 130), and then exits with the

@@ -138,7 +138,7 @@ if "$BIN" generate --help 2>&1 | grep -q -- "--comm-timeout"; then
   # linnet-tp's watchdog ends its ranks within T s (the ones cut off too); mpirun itself
   # notices a lost daemon by TCP keepalive on an idle connection (default 300 s idle +
   # 9 x 20 s; set short here) or by the retransmission limit on one with data in flight
-  # (tcp_retries2, set above); README.md, "Across hosts".
+  # (tcp_retries2, set above); docs/multihost.md.
   KEEPALIVE=(--mca oob_tcp_keepalive_time 4 --mca oob_tcp_keepalive_intvl 1 --mca oob_tcp_keepalive_probes 3)
   timeout 120 "${MULTI[@]}" "${KEEPALIVE[@]}" "$BIN" generate --model "$MODEL" --tp 2 --backend cpu --threads 1 \
     --input "$WORK/long.jsonl" --output "$WORK/cut.jsonl" --comm-timeout $T >"$WORK/cut.log" 2>&1 &
