@@ -48,6 +48,32 @@ const ordered_json* key_of(const ordered_json& j, const char* key) {
   return it == j.end() || it->is_null() ? nullptr : &*it;
 }
 
+// A request body: one JSON object (parse_jsonl_line's checks: NUL bytes, depth,
+// duplicate keys), else the 400 that says what it is instead.
+ordered_json parse_body(const std::string& text) {
+  try {
+    return parse_jsonl_line(text, "request body");
+  } catch (const Error& e) {
+    // An HTTP body is one JSON object, not a line of a file.
+    if (e.what_part() == "each line must be a JSON object") {
+      throw ApiError(400, "the request body must be a JSON object, not a JSON " + std::string(json_kind(text)));
+    }
+    throw ApiError(400, e.what());
+  }
+}
+
+// A "model" key, when given, names the served model (404 otherwise, as OpenAI answers).
+void check_model(const ordered_json& body, const ApiModel& model) {
+  const ordered_json* m = key_of(body, "model");
+  if (!m) return;
+  if (!m->is_string()) bad("model", "a string", *m);
+  if (m->get<std::string>() != model.served_name) {
+    throw ApiError(404, "The model `" + m->get<std::string>() + "` does not exist (this server serves `" +
+                            model.served_name + "`)",
+                   "model", "", "model_not_found");
+  }
+}
+
 // An integer in [0, 2^63 - 1]. JSON integers from 2^63 to 2^64 - 1 parse as unsigned and
 // would wrap to negative as int64 (larger ones parse as floats, which are no counts).
 bool is_count(const ordered_json& v) {
@@ -166,28 +192,11 @@ bool constant_time_equal(const std::string& a, const std::string& b) {
 }
 
 ApiRequest parse_api_request(const std::string& body_text, bool chat, const ApiModel& model, const ApiLimits& limits) {
-  ordered_json body;
-  try {
-    body = parse_jsonl_line(body_text, "request body");
-  } catch (const Error& e) {
-    // An HTTP body is one JSON object, not a line of a file.
-    if (e.what_part() == "each line must be a JSON object") {
-      throw ApiError(400, "the request body must be a JSON object (OpenAI's request fields), not a JSON " +
-                              std::string(json_kind(body_text)));
-    }
-    throw ApiError(400, e.what());
-  }
+  const ordered_json body = parse_body(body_text);
   check_keys(body, chat);
   ApiRequest req;
   req.chat = chat;
-  if (const ordered_json* m = key_of(body, "model")) {
-    if (!m->is_string()) bad("model", "a string", *m);
-    if (m->get<std::string>() != model.served_name) {
-      throw ApiError(404, "The model `" + m->get<std::string>() + "` does not exist (this server serves `" +
-                              model.served_name + "`)",
-                     "model", "", "model_not_found");
-    }
-  }
+  check_model(body, model);
   if (const ordered_json* v = key_of(body, "n")) {
     if (!is_count(*v) || v->get<int64_t>() < 1 || v->get<int64_t>() > limits.max_n) {
       bad("n", "an integer in [1, " + std::to_string(limits.max_n) + "]", *v);
@@ -412,29 +421,14 @@ namespace {
 // A body of /tokenize or /detokenize: a JSON object with only `known` keys, its "model"
 // (when given) the one served.
 ordered_json tool_body(const std::string& text, const ApiModel& model, std::initializer_list<const char*> known) {
-  ordered_json body;
-  try {
-    body = parse_jsonl_line(text, "request body");
-  } catch (const Error& e) {
-    if (e.what_part() == "each line must be a JSON object") {
-      throw ApiError(400, "the request body must be a JSON object, not a JSON " + std::string(json_kind(text)));
-    }
-    throw ApiError(400, e.what());
-  }
+  const ordered_json body = parse_body(text);
   for (const auto& [key, value] : body.items()) {
     if (std::find_if(known.begin(), known.end(), [&](const char* k) { return key == k; }) != known.end()) continue;
     std::string names;
     for (const char* k : known) names += std::string(names.empty() ? "" : ", ") + k;
     throw ApiError(400, "unknown key \"" + key + "\" (this endpoint takes: " + names + ")", key);
   }
-  if (const ordered_json* m = key_of(body, "model")) {
-    if (!m->is_string()) bad("model", "a string", *m);
-    if (m->get<std::string>() != model.served_name) {
-      throw ApiError(404, "The model `" + m->get<std::string>() + "` does not exist (this server serves `" +
-                              model.served_name + "`)",
-                     "model", "", "model_not_found");
-    }
-  }
+  check_model(body, model);
   return body;
 }
 

@@ -118,8 +118,8 @@ TEST_F(ServeUnits, RefusalsSayWhatIsExpected) {
     }
     return std::string("accepted");
   };
-  EXPECT_EQ(message("[1]"), "the request body must be a JSON object (OpenAI's request fields), not a JSON array");
-  EXPECT_EQ(message("\"hi\""), "the request body must be a JSON object (OpenAI's request fields), not a JSON string");
+  EXPECT_EQ(message("[1]"), "the request body must be a JSON object, not a JSON array");
+  EXPECT_EQ(message("\"hi\""), "the request body must be a JSON object, not a JSON string");
   const std::string any = "a string, a list of strings, a list of token ids, or a list of lists of ids";
   const std::string chat = message(R"({"prompt": [{"role": "user", "content": "hi"}]})");
   EXPECT_NE(chat.find(any), std::string::npos) << chat;
