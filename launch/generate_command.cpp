@@ -542,6 +542,24 @@ int run_generate(const GenerateOptions& o, Job& job) {
       if (text != j["completion"].get<std::string>()) {
         throw Error("its \"completion\" is not the text of its \"completion_ids\"; was the line edited?", where);
       }
+      // A finish reason its ids bear out: "length" at the request's limit (its
+      // max_new_tokens, or the context), "stop" at an EOS / stop token id or a stop string.
+      if (finish != "error") {
+        const int64_t n = static_cast<int64_t>(completion_ids.size());
+        const int64_t limit =
+            std::min<int64_t>(it->settings.max_new_tokens, max_seq_len - static_cast<int64_t>(probe.ids.size()));
+        const int64_t last = completion_ids.empty() ? -1 : completion_ids.back();
+        const bool stop_id = last >= 0 && (std::find(eos.begin(), eos.end(), last) != eos.end() ||
+                                           std::find(it->settings.stop_token_ids.begin(),
+                                                     it->settings.stop_token_ids.end(), last) !=
+                                               it->settings.stop_token_ids.end());
+        const bool ok = n <= limit && (finish == "length" ? n == limit : stop_id || stopped);
+        if (!ok) {
+          throw Error("its finish_reason \"" + finish + "\" does not fit its " + std::to_string(n) +
+                          " completion ids (the limit is " + std::to_string(limit) + "); was the line edited?",
+                      where);
+        }
+      }
     }
 
     const int64_t share = static_cast<int64_t>((todo.size() + static_cast<size_t>(w.dp_size) - 1 -

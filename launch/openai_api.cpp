@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdio>
 
 #include "common/error.h"
 #include "common/utf8.h"
@@ -529,6 +530,29 @@ std::string detokenize_response(const std::string& text, const ApiModel& model, 
   return dump_json(out);
 }
 
+std::string api_token(const Tokenizer& tok, int32_t id) {
+  std::string bytes;
+  try {
+    bytes = tok.token_bytes(id);
+  } catch (const Error&) {
+    return {};
+  }
+  bool valid = true;
+  for (size_t i = 0; valid && i < bytes.size();) {
+    const size_t len = utf8_length_at(bytes, i);
+    valid = len > 0;
+    i += len;
+  }
+  if (valid) return bytes;
+  std::string out = "bytes:";
+  char hex[5];
+  for (const unsigned char c : bytes) {
+    std::snprintf(hex, sizeof hex, "\\x%02x", c);
+    out += hex;
+  }
+  return out;
+}
+
 size_t utf8_chars(std::string_view text) {
   size_t n = 0;
   for (const char ch : text) n += (static_cast<unsigned char>(ch) & 0xC0) != 0x80;  // not a continuation byte
@@ -593,12 +617,13 @@ ordered_json completion_logprobs(const Tokenizer& tok, const std::vector<int32_t
                                  const std::vector<double>* prompt_logprobs,
                                  const std::vector<std::vector<std::pair<int32_t, float>>>* prompt_top,
                                  const std::vector<int32_t>& ids, const std::vector<TokenLogprobs>& lps, int64_t top_n,
-                                 TextOffsets& text_offsets) {
+                                 TextOffsets& text_offsets, const std::vector<size_t>* id_offsets) {
   ordered_json tokens = ordered_json::array(), token_lps = ordered_json::array(), tops = ordered_json::array(),
                offsets = ordered_json::array();
+  size_t completion_index = 0;
   auto add = [&](int32_t id, std::optional<double> lp, const std::vector<std::pair<int32_t, float>>* top,
                  bool in_prompt) {
-    const std::string text = token_text(tok, id);
+    const std::string text = api_token(tok, id);
     tokens.push_back(text);
     token_lps.push_back(lp ? ordered_json(*lp) : ordered_json());
     if (!lp) {
@@ -608,13 +633,20 @@ ordered_json completion_logprobs(const Tokenizer& tok, const std::vector<int32_t
       if (top) {
         for (const auto& [alt, alp] : *top) {
           if (static_cast<int64_t>(t.size()) >= top_n) break;
-          t[token_text(tok, alt)] = alp;
+          t[api_token(tok, alt)] = alp;
         }
       }
       if (t.empty() || top_n > 0) t[text] = *lp;  // the chosen token is always listed
       tops.push_back(std::move(t));
     }
-    offsets.push_back(in_prompt ? text_offsets.prompt(id) : text_offsets.completion(id));
+    if (in_prompt) {
+      offsets.push_back(text_offsets.prompt(id));
+    } else if (id_offsets) {
+      offsets.push_back(completion_index < id_offsets->size() ? (*id_offsets)[completion_index] : 0);
+      ++completion_index;
+    } else {
+      offsets.push_back(text_offsets.completion(id));
+    }
   };
   if (prompt_logprobs) {
     for (size_t i = 0; i < prompt_ids.size(); ++i) {
@@ -641,18 +673,23 @@ ordered_json chat_logprobs(const Tokenizer& tok, const std::vector<int32_t>& ids
     for (unsigned char c : s) b.push_back(static_cast<int>(c));
     return b;
   };
+  auto raw_bytes = [&tok](int32_t id) {
+    try {
+      return tok.token_bytes(id);
+    } catch (const Error&) {
+      return std::string();
+    }
+  };
   ordered_json content = ordered_json::array();
   for (size_t k = 0; k < ids.size() && k < lps.size(); ++k) {
-    const std::string text = token_text(tok, ids[k]);
     ordered_json t;
-    t["token"] = text;
+    t["token"] = api_token(tok, ids[k]);
     t["logprob"] = lps[k].logprob;
-    t["bytes"] = bytes_of(text);
+    t["bytes"] = bytes_of(raw_bytes(ids[k]));
     ordered_json top = ordered_json::array();
     for (const auto& [alt, alp] : lps[k].top) {
       if (static_cast<int64_t>(top.size()) >= top_n) break;
-      const std::string at = token_text(tok, alt);
-      top.push_back({{"token", at}, {"logprob", alp}, {"bytes", bytes_of(at)}});
+      top.push_back({{"token", api_token(tok, alt)}, {"logprob", alp}, {"bytes", bytes_of(raw_bytes(alt))}});
     }
     t["top_logprobs"] = std::move(top);
     content.push_back(std::move(t));

@@ -107,6 +107,13 @@ std::string tokenize_response(const std::string& body, const ApiModel& model, co
 /// @throws ApiError 400 naming "tokens" (or the key at fault), 404 for another model.
 std::string detokenize_response(const std::string& body, const ApiModel& model, const ApiLimits& limits);
 
+/// A token as the API lists it (completions' tokens and top_logprobs keys, chat's
+/// "token"): its text in context (Tokenizer::token_bytes: " the", not "the"), or, when its
+/// bytes are no valid UTF-8 alone (part of a character), "bytes:\xe4\xb8" as OpenAI writes
+/// such tokens, so that distinct byte tokens never share a top_logprobs key. "" for an id
+/// the tokenizer does not have.
+std::string api_token(const Tokenizer& tok, int32_t id);
+
 /// Characters (code points) in UTF-8 `text`: its bytes that are not continuation bytes.
 size_t utf8_chars(std::string_view text);
 
@@ -148,11 +155,14 @@ class TextOffsets {
 /// top_logprobs, text_offset), the prompt's first when `prompt_logprobs` is given (its
 /// first token null; `prompt_top`, when given, the alternatives of each scored prompt
 /// token, [P - 1], listed as the new tokens' are: up to `top_n`, and the token itself).
-/// `offsets` places each token (and moves on, so a stream's chunks continue it).
+/// `offsets` places each token (and moves on, so a stream's chunks continue it); with
+/// `id_offsets`, ids[k] is placed at (*id_offsets)[k] instead (a stream's, placed as the
+/// tokens came), and `offsets` places only the prompt's.
 nlohmann::ordered_json completion_logprobs(
     const Tokenizer& tok, const std::vector<int32_t>& prompt_ids, const std::vector<double>* prompt_logprobs,
     const std::vector<std::vector<std::pair<int32_t, float>>>* prompt_top, const std::vector<int32_t>& ids,
-    const std::vector<TokenLogprobs>& lps, int64_t top_n, TextOffsets& offsets);
+    const std::vector<TokenLogprobs>& lps, int64_t top_n, TextOffsets& offsets,
+    const std::vector<size_t>* id_offsets = nullptr);
 
 /// The logprobs object of chat for `ids`: {"content": [{token, logprob, bytes, top_logprobs}]}.
 nlohmann::ordered_json chat_logprobs(const Tokenizer& tok, const std::vector<int32_t>& ids,

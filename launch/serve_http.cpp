@@ -98,7 +98,9 @@ struct Generation {
     std::vector<double> prompt_lps;
     std::vector<std::vector<std::pair<int32_t, float>>> prompt_top;
     bool has_prompt_lps = false;
-    std::unique_ptr<TextOffsets> offsets;    // streamed logprobs: text_offset across the chunks
+    std::unique_ptr<TextOffsets> offsets;    // streamed completions logprobs: text_offset across the chunks
+    std::vector<size_t> offset_of;           // each new token's text_offset, placed as it came
+    size_t lp_sent = 0;                      // streamed completions: tokens whose logprobs went out
     std::string finish, error;
     bool done = false, started = false;
   };
@@ -170,6 +172,10 @@ struct Generation {
         c.has_prompt_lps = true;
       } else if (e.kind == ServeEvent::Kind::kToken) {
         c.ids.push_back(e.token);
+        if (req.stream && !req.chat && req.logprobs >= 0) {
+          if (!c.offsets) c.offsets = make_offsets(c);
+          c.offset_of.push_back(c.offsets->completion(e.token));
+        }
         if (e.logprobs) c.lps.push_back(std::move(*e.logprobs));
         std::string t;
         try {
@@ -236,21 +242,35 @@ struct Generation {
     if (req.logprobs >= 0) {
       std::vector<int32_t> ids;
       std::vector<TokenLogprobs> lps;
-      for (size_t k : tokens) {
-        if (k < c.lps.size()) {
-          ids.push_back(c.ids[k]);
-          lps.push_back(c.lps[k]);
+      std::vector<size_t> at;
+      if (req.chat) {
+        for (size_t k : tokens) {
+          if (k < c.lps.size()) {
+            ids.push_back(c.ids[k]);
+            lps.push_back(c.lps[k]);
+          }
+        }
+      } else {
+        // A token's logprobs go out with the text at its text_offset: while text is held
+        // back (it could start a stop string) so are the tokens placed in it, and a stop
+        // string that cuts the text caps their offsets at its end, as the whole response
+        // does (they used to go out with offsets past a text cut later).
+        const size_t shown = prompt_chars(c) + utf8_chars(c.shown);
+        while (c.lp_sent < c.lps.size() && c.lp_sent < c.offset_of.size() &&
+               (ends || c.offset_of[c.lp_sent] < shown)) {
+          ids.push_back(c.ids[c.lp_sent]);
+          lps.push_back(c.lps[c.lp_sent]);
+          at.push_back(std::min(c.offset_of[c.lp_sent], shown));
+          ++c.lp_sent;
         }
       }
       if (req.chat) {
         if (!ids.empty()) lp = chat_logprobs(tok(), ids, lps, req.logprobs);
       } else if (!ids.empty() || (req.echo && c.has_prompt_lps)) {
         const bool with_prompt = req.echo && c.has_prompt_lps;
-        // text_offset runs on over the whole text, not from 0 in each chunk.
         if (!c.offsets) c.offsets = make_offsets(c);
-        if (c.text->stopped()) c.offsets->cap(prompt_chars(c) + utf8_chars(c.shown));
         lp = completion_logprobs(tok(), c.request->ids, with_prompt ? &c.prompt_lps : nullptr,
-                                 with_prompt ? &c.prompt_top : nullptr, ids, lps, req.logprobs, *c.offsets);
+                                 with_prompt ? &c.prompt_top : nullptr, ids, lps, req.logprobs, *c.offsets, &at);
         c.has_prompt_lps = false;  // sent once
       }
     }

@@ -339,6 +339,14 @@ TEST_F(Reliability, AnEditedKeptLineIsRefusedNamingItsFileAndLine) {
                        "): its \"completion_ids\" holds 512, not a token id of this model (0 to 511)"),
             std::string::npos)
       << v.err;
+  json bad_finish = good;  // a finish reason its ids do not bear out
+  bad_finish["finish_reason"] = good["finish_reason"] == "length" ? "stop" : "length";
+  write_with(bad_finish, "\n");
+  const Result f = run(2, gen + " --resume");
+  EXPECT_EQ(f.code, 1);
+  EXPECT_NE(f.err.find("its finish_reason \"" + bad_finish["finish_reason"].get<std::string>() + "\" does not fit its"),
+            std::string::npos)
+      << f.err;
   json bad_text = good;
   bad_text["completion"] = "Something else entirely.";
   write_with(bad_text, "\n");

@@ -41,6 +41,28 @@ struct Server {
   int code = -1;  // exit code once stopped
 };
 
+// The key a token has in completions' top_logprobs: its bytes in context, or OpenAI's
+// "bytes:\xe4" form when they are no valid UTF-8 alone.
+std::string api_key_of(const Tokenizer& tok, int32_t id) {
+  const std::string b = tok.token_bytes(id);
+  bool valid = true;
+  for (size_t i = 0; i < b.size() && valid;) {
+    const unsigned char c = static_cast<unsigned char>(b[i]);
+    const size_t len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    valid = len > 0 && i + len <= b.size();
+    for (size_t k = 1; valid && k < len; ++k) valid = (static_cast<unsigned char>(b[i + k]) & 0xC0) == 0x80;
+    i += len;
+  }
+  if (valid) return b;
+  std::string out = "bytes:";
+  char hex[5];
+  for (const unsigned char c : b) {
+    std::snprintf(hex, sizeof hex, "\\x%02x", c);
+    out += hex;
+  }
+  return out;
+}
+
 class Serve : public test::CliTest {
  protected:
   void TearDown() override {
@@ -629,7 +651,7 @@ TEST_F(Serve, EchoLogprobsEqualLoss) {
         const bool own_in_top3 = ids[i] == ref[0].second || ids[i] == ref[1].second || ids[i] == ref[2].second;
         EXPECT_EQ(top.size(), own_in_top3 ? 3u : 4u) << "position " << i << ": " << top.dump();
         for (int c = 0; c < 3; ++c) {
-          const std::string text = tok.decode(std::vector<int32_t>{ref[c].second}, false);
+          const std::string text = api_key_of(tok, ref[c].second);
           ASSERT_TRUE(top.contains(text)) << "position " << i << " rank " << c << " '" << text << "': " << top.dump();
           EXPECT_NEAR(top[text].get<double>(), ref[c].first, 1e-4) << "position " << i << " rank " << c;
         }
@@ -639,6 +661,43 @@ TEST_F(Serve, EchoLogprobsEqualLoss) {
         EXPECT_EQ(lps[i].get<double>() == best, ids[i] == ref[0].second) << "position " << i;
       }
     }
+  }
+  // Streamed with a stop string and logprobs: the tokens, logprobs and text_offset equal
+  // the whole response's (a token's logprobs used to go out before a stop string cut the
+  // text it was placed in: offsets past the text, going down). Tokens are their text in
+  // context (" upon", not "upon": SentencePiece's leading space) and byte tokens of one
+  // character keep distinct keys ("bytes:\xe4"), so k alternatives are k entries.
+  {
+    const json body = {{"prompt", "Once upon a time"}, {"max_tokens", 60}, {"temperature", 0},
+                       {"stop", {" ther", "zzzzzzzzz"}}, {"logprobs", 2}};
+    const json whole = post(s, "/v1/completions", body);
+    std::vector<json> chunks;
+    json streamed_body = body;
+    stream(s, "/v1/completions", streamed_body, &chunks);
+    json tokens = json::array(), offsets = json::array(), tops = json::array();
+    for (const json& c : chunks) {
+      const json& l = c["choices"][0]["logprobs"];
+      if (l.is_null()) continue;
+      for (const auto& t : l["tokens"]) tokens.push_back(t);
+      for (const auto& t : l["text_offset"]) offsets.push_back(t);
+      for (const auto& t : l["top_logprobs"]) tops.push_back(t);
+    }
+    const json& wl = whole["choices"][0]["logprobs"];
+    EXPECT_EQ(tokens, wl["tokens"]);
+    EXPECT_EQ(offsets, wl["text_offset"]);
+    EXPECT_EQ(tops, wl["top_logprobs"]);
+    const std::string text = whole["choices"][0]["text"].get<std::string>();
+    for (const auto& o : offsets) EXPECT_LE(o.get<size_t>(), text.size()) << offsets.dump();
+    std::string joined;
+    for (const auto& t : wl["tokens"]) joined += t.get<std::string>();
+    EXPECT_EQ(joined.rfind(text, 0), 0u) << "tokens: " << joined << "\ntext: " << text;
+    const json cjk = post(s, "/v1/completions", {{"prompt", "\xe4\xb8\xad\xe6\x96\x87 is a cat"}, {"echo", true},
+                                                 {"max_tokens", 0}, {"logprobs", 5}});
+    const json& ctop = cjk["choices"][0]["logprobs"]["top_logprobs"];
+    for (size_t i = 1; i < ctop.size(); ++i) EXPECT_GE(ctop[i].size(), 5u) << "position " << i << ": " << ctop[i].dump();
+    std::string prompt_joined;
+    for (const auto& t : cjk["choices"][0]["logprobs"]["tokens"]) prompt_joined += t.get<std::string>();
+    EXPECT_NE(prompt_joined.find(" is a cat"), std::string::npos) << prompt_joined;
   }
   // text_offset: each token's character position inside the returned text, also for a
   // character made of several byte tokens and after the special <s> (the offsets of this

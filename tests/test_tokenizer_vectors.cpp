@@ -73,6 +73,33 @@ int check_vectors(const std::string& name, const std::string& card) {
   return passed;
 }
 
+// Tokenizer::token_bytes: the bytes each id of llama.cpp's expected ids stands for, put
+// end to end, are the text (for the texts whose decode gives them back), also where a
+// character's bytes are split over several byte tokens; SentencePiece's dummy prefix
+// space is the one byte more at the front.
+int check_token_bytes(const std::string& name, const std::string& card, bool dummy_prefix) {
+  const fs::path dir = test::shared_dir() / "tokenizer-tests";
+  const std::vector<std::string> texts = read_texts(dir / (name + ".inp"));
+  const std::vector<std::vector<int32_t>> expected = read_ids(dir / (name + ".out"));
+  const Tokenizer tok = Tokenizer::from_dir(test::shared_dir() / "models" / "cards" / card);
+  int checked = 0;
+  for (std::size_t i = 0; i < texts.size() && i < expected.size(); ++i) {
+    if (expected[i].empty() || tok.decode(expected[i], false) != texts[i]) continue;
+    std::string joined;
+    for (const int32_t id : expected[i]) joined += tok.token_bytes(id);
+    const std::string want = (dummy_prefix ? " " : "") + texts[i];
+    EXPECT_EQ(joined, want) << name << " text " << i;
+    ++checked;
+  }
+  return checked;
+}
+
+TEST(TokenizerVectors, TokenBytesJoinToTheText) {
+  EXPECT_GT(check_token_bytes("llama-bpe", "llama-3.1-8b-instruct", false), 30);
+  EXPECT_GT(check_token_bytes("qwen2", "qwen3-4b", false), 30);
+  EXPECT_GT(check_token_bytes("phi-3", "phi-3-mini-4k-instruct", true), 30);
+}
+
 TEST(TokenizerVectors, LlamaBpeWithLlama31) { EXPECT_EQ(check_vectors("llama-bpe", "llama-3.1-8b-instruct"), 46); }
 
 TEST(TokenizerVectors, Qwen2WithQwen3) { EXPECT_EQ(check_vectors("qwen2", "qwen3-4b"), 46); }

@@ -380,6 +380,21 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_to
   return impl_->decode(ids, skip_special_tokens);
 }
 
+std::string Tokenizer::token_bytes(int32_t id) const {
+  const std::string& token = impl_->token_of(id);
+  if (impl_->added_by_id[static_cast<size_t>(id)] != nullptr) return token;
+  if (const int16_t b = impl_->byte_value[static_cast<size_t>(id)]; b >= 0) return std::string(1, static_cast<char>(b));
+  if (impl_->decoder.byte_level_only()) {
+    std::string bytes;
+    tok::append_token_bytes(token, bytes);
+    return bytes;
+  }
+  // After a token of its own ("a"), as a later token: a first token's leading space is
+  // what decoders drop (Metaspace's prepend scheme, Strip after Fuse).
+  const std::string text = impl_->decoder.decode({"a", token});
+  return text.rfind('a', 0) == 0 ? text.substr(1) : text;
+}
+
 int64_t Tokenizer::vocab_size() const { return impl_->vocab_size; }
 
 std::optional<int32_t> Tokenizer::token_to_id(std::string_view token) const {

@@ -71,6 +71,15 @@ class Tokenizer {
   /// @throws Error naming the id when an id is negative, >= vocab_size(), or has no token.
   std::string decode(std::span<const int32_t> ids, bool skip_special_tokens = true) const;
 
+  /// The bytes token `id` stands for in a text, after other tokens: the decoder chain
+  /// applied to it in a position that is not the first, so a SentencePiece "▁the" gives
+  /// " the" (decode of the id alone drops that space), and a byte-fallback (<0xE4>) or
+  /// byte-level token its raw bytes even when they are no valid UTF-8 alone (decode makes
+  /// those U+FFFD). An added token gives its content. What an API lists per token
+  /// (OpenAI's tokens and top_logprobs keys, the "bytes" of chat logprobs).
+  /// @throws Error naming the id when it is out of range or has no token.
+  std::string token_bytes(int32_t id) const;
+
   /// Number of ids the tokenizer knows: the largest id of the vocabulary or of the added
   /// tokens, plus one. (The model's embedding may be larger, padded.)
   int64_t vocab_size() const;
