@@ -95,7 +95,9 @@ int write_batch_results(Engine& engine, const BatchRun& b, const std::map<size_t
       line = f->second["line"].get<std::string>();
       completion = f->second["completion"].get<std::string>();
       if (f->second["failed"].get<bool>()) {
-        warn_once(r.where + ": " + ordered_json::parse(line)["error"].get<std::string>());
+        // The error names its line already when it came from reading it (file:line: ...).
+        const std::string error = ordered_json::parse(line)["error"].get<std::string>();
+        warn_once(error.rfind(r.where + ":", 0) == 0 ? error : r.where + ": " + error);
       }
     } else {
       continue;  // not done (interrupted)
@@ -342,12 +344,18 @@ int run_generate(const GenerateOptions& o, Job& job) {
               from_journal.insert(index);
               kept_where[index] = where;
             } else if (it->second != text) {
-              throw Error("index " + std::to_string(index) + " is also in --output " + o.output +
+              throw Error("index " + std::to_string(index) + " is also in " +
+                              (from_journal.count(index) ? std::string("the journal") : "--output " + o.output) +
                               " with a different line; are they of different runs?",
                           where);
             }
           }
         } else if (!journal_file.empty() && std::filesystem::exists(journal_file)) {
+          if (journal_in_use(journal_file)) {
+            throw Error("another linnet-tp run is writing this --output now (it holds its journal); wait for it to "
+                        "end, or stop it",
+                        journal_file);
+          }
           throw Error("an unfinished run left its journal here: give --resume to keep its finished requests and run "
                       "only the rest, or remove the journal to start over",
                       journal_file);
@@ -408,8 +416,8 @@ int run_generate(const GenerateOptions& o, Job& job) {
       r.where = o.prompt ? std::string("--prompt") : o.input + ":" + std::to_string(n);
       if (const auto big = oversized_bytes.find(n); big != oversized_bytes.end()) {
         r.settings = defaults;
-        r.error = "the line has " + std::to_string(big->second) + " bytes; an --input line may have at most " +
-                  std::to_string(kMaxJsonlLineBytes) + " (64 MiB)";
+        r.error = r.where + ": the line has " + std::to_string(big->second) +
+                  " bytes; an --input line may have at most " + std::to_string(kMaxJsonlLineBytes) + " (64 MiB)";
         if (!std::binary_search(skip.begin(), skip.end(), r.index)) todo.push_back(requests.size());
         requests.push_back(std::move(r));
         continue;
@@ -611,7 +619,9 @@ int run_generate(const GenerateOptions& o, Job& job) {
         if (given) unused += std::string(unused.empty() ? "" : ", ") + flag;
       }
       if (!any_sampling && !unused.empty()) {
-        warn_once("decoding is greedy (temperature 0), so " + unused + " have no effect; give --temperature > 0 to sample");
+        warn_once("decoding is greedy (temperature 0), so " + unused +
+                  (unused.find(',') == std::string::npos ? " has" : " have") +
+                  " no effect; give --temperature > 0 to sample");
       }
       if (!o.output.empty()) output = std::make_unique<JsonlOutput>(o.output);
       if (batch && !o.output.empty()) {

@@ -67,6 +67,14 @@ void wait_for_journal_writer(const std::string& path, double seconds) {
   ::close(fd);  // releases the lock: the caller reads the journal and continues it
 }
 
+bool journal_in_use(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW);
+  if (fd < 0) return false;
+  const bool held = ::flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+  ::close(fd);  // releases the lock if this process took it
+  return held;
+}
+
 std::string journal_path(const std::string& output) {
   std::error_code ec;
   const std::string real = resolve_output_path(output) + ".journal";

@@ -54,6 +54,10 @@ JournalContents read_journal(const std::string& path, const std::string& command
 ///   is not a plain file (a FIFO would block, a symlink lead into another run's journal).
 void wait_for_journal_writer(const std::string& path, double seconds = 30);
 
+/// True when a live process holds the writer's lock on the journal at `path` (a run is
+/// writing it now), false when nobody does or there is no journal.
+bool journal_in_use(const std::string& path);
+
 /// Checks that a run resuming from `journal` has the settings of the run that wrote it:
 /// `settings` (an object: model folder, dtypes, the defaults each request samples with,
 /// ...) must equal the header's "settings" key by key, else the resumed file would mix

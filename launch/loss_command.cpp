@@ -401,6 +401,11 @@ int run_loss(const LossOptions& o, Job& job) {
             }
           }
         } else if (!journal_file.empty() && std::filesystem::exists(journal_file)) {
+          if (journal_in_use(journal_file)) {
+            throw Error("another linnet-tp run is writing this --output now (it holds its journal); wait for it to "
+                        "end, or stop it",
+                        journal_file);
+          }
           throw Error("an unfinished run left its journal here: give --resume to keep its scored documents and "
                       "score only the rest, or remove the journal to start over",
                       journal_file);

@@ -190,8 +190,10 @@ TEST_F(JournalTest, AResumedJournalContinuesAfterItsLastWholeLine) {
 // A run whose mpirun was killed goes on appending for a few seconds: a second writer is
 // refused while it holds the journal, and a resume waits for it (then reads what it left).
 TEST_F(JournalTest, OneWriterAtATimeAndAResumeWaitsForIt) {
+  EXPECT_FALSE(journal_in_use(path_)) << "no journal";
   auto writer = std::make_unique<Journal>(path_, header("generate"));
   writer->append("{\"index\":0}");
+  EXPECT_TRUE(journal_in_use(path_)) << "a run that writes it now (a rerun without --resume is told so)";
   const JournalContents c = read_journal(path_, "generate");
   try {
     Journal second(path_, header("generate"), &c);
@@ -216,6 +218,7 @@ TEST_F(JournalTest, OneWriterAtATimeAndAResumeWaitsForIt) {
   wait_for_journal_writer(path_, 30);
   EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(250));
   ends.join();
+  EXPECT_FALSE(journal_in_use(path_)) << "its writer is gone";
   EXPECT_EQ(read_journal(path_, "generate").lines.size(), 2u) << "the line written while it waited is read";
   wait_for_journal_writer((dir_ / "none.journal").string(), 0);  // no journal: nothing to wait for
 }
