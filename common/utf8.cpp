@@ -32,14 +32,15 @@ std::size_t utf8_length_at(std::string_view s, std::size_t i) {
   return 0;
 }
 
+std::size_t utf8_valid_prefix(std::string_view s) {
+  std::size_t i = 0;
+  for (std::size_t len; i < s.size() && (len = utf8_length_at(s, i)) != 0;) i += len;
+  return i;
+}
+
 void check_utf8(std::string_view s, const std::string& where) {
-  for (std::size_t i = 0; i < s.size();) {
-    const std::size_t len = utf8_length_at(s, i);
-    if (len == 0) {
-      throw Error("invalid UTF-8 at byte offset " + std::to_string(i), where);
-    }
-    i += len;
-  }
+  const std::size_t valid = utf8_valid_prefix(s);
+  if (valid < s.size()) throw Error("invalid UTF-8 at byte offset " + std::to_string(valid), where);
 }
 
 char32_t utf8_decode_at(std::string_view s, std::size_t i) {

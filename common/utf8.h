@@ -14,6 +14,10 @@ namespace linnet {
 /// there are not one (overlong forms, surrogates and > U+10FFFF are invalid, as in Rust).
 std::size_t utf8_length_at(std::string_view s, std::size_t i);
 
+/// Bytes of the longest valid UTF-8 prefix of `s`: s.size() when `s` is valid, else the
+/// offset of the first byte that starts no valid sequence.
+std::size_t utf8_valid_prefix(std::string_view s);
+
 /// @throws Error "invalid UTF-8 at byte offset N" (where = `where`) unless `s` is valid.
 void check_utf8(std::string_view s, const std::string& where);
 

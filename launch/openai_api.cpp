@@ -1,7 +1,6 @@
 #include "launch/openai_api.h"
 
 #include <algorithm>
-#include <cctype>
 #include <cmath>
 #include <cstdio>
 
@@ -192,6 +191,44 @@ bool constant_time_equal(const std::string& a, const std::string& b) {
   return sink == 0;
 }
 
+namespace {
+
+// The chat `messages` of `body` rendered by the model's template, with the body's
+// chat_template_kwargs and tools; add_generation_prompt as given, else the kwargs', else
+// true. 400 naming "messages" when the model has no template or it refuses them.
+std::string render_chat(const ordered_json& body, const ordered_json& messages, const ApiModel& model,
+                        std::optional<bool> add_generation_prompt) {
+  if (!model.chat) throw ApiError(400, model.chat_error, "messages");
+  ordered_json variables = ordered_json::object();
+  if (const ordered_json* kw = key_of(body, "chat_template_kwargs")) {
+    if (!kw->is_object()) bad("chat_template_kwargs", "an object", *kw);
+    if (kw->contains("messages")) {
+      throw ApiError(400, "\"chat_template_kwargs\" cannot set messages", "chat_template_kwargs");
+    }
+    variables = *kw;  // one copy (a key-by-key insert searches the ordered object each time)
+  }
+  variables["messages"] = normalize_messages(messages);
+  if (const ordered_json* tools = key_of(body, "tools")) {
+    if (!tools->is_array()) bad("tools", "a list of tool objects", *tools);
+    variables["tools"] = *tools;
+  }
+  if (add_generation_prompt) {
+    variables["add_generation_prompt"] = *add_generation_prompt;
+  } else if (!variables.contains("add_generation_prompt")) {
+    variables["add_generation_prompt"] = true;
+  }
+  bool is_chat = false;
+  try {
+    // A copy (shared, immutable tables), so prompt_text never loads one here.
+    std::unique_ptr<ModelChatTemplate> chat_copy = std::make_unique<ModelChatTemplate>(*model.chat);
+    return prompt_text(variables, true, *model.tokenizer, model.model_dir, chat_copy, "messages", is_chat);
+  } catch (const Error& e) {
+    throw ApiError(400, e.what(), "messages");
+  }
+}
+
+}  // namespace
+
 ApiRequest parse_api_request(const std::string& body_text, bool chat, const ApiModel& model, const ApiLimits& limits) {
   const ordered_json body = parse_body(body_text);
   check_keys(body, chat);
@@ -305,32 +342,8 @@ ApiRequest parse_api_request(const std::string& body_text, bool chat, const ApiM
   if (chat) {
     const ordered_json* messages = key_of(body, "messages");
     if (!messages) throw ApiError(400, "\"messages\" is required", "messages");
-    if (!model.chat) throw ApiError(400, model.chat_error, "messages");
-    ordered_json variables = ordered_json::object();
-    if (const ordered_json* kw = key_of(body, "chat_template_kwargs")) {
-      if (!kw->is_object()) bad("chat_template_kwargs", "an object", *kw);
-      if (kw->contains("messages")) {
-        throw ApiError(400, "\"chat_template_kwargs\" cannot set messages", "chat_template_kwargs");
-      }
-      variables = *kw;  // one copy (a key-by-key insert searches the ordered object each time)
-    }
-    variables["messages"] = normalize_messages(*messages);
-    if (const ordered_json* tools = key_of(body, "tools")) {
-      if (!tools->is_array()) bad("tools", "a list of tool objects", *tools);
-      variables["tools"] = *tools;
-    }
-    if (!variables.contains("add_generation_prompt")) variables["add_generation_prompt"] = true;
-    std::string text;
-    bool is_chat = false;
-    try {
-      // A copy (shared, immutable tables), so prompt_text never loads one here.
-      std::unique_ptr<ModelChatTemplate> chat_copy = std::make_unique<ModelChatTemplate>(*model.chat);
-      text = prompt_text(variables, true, tok, model.model_dir, chat_copy, "messages", is_chat);
-    } catch (const Error& e) {
-      throw ApiError(400, e.what(), "messages");
-    }
     // A rendered chat text already holds the template's BOS: no second one.
-    add_text(text, false);
+    add_text(render_chat(body, *messages, model, std::nullopt), false);
   } else {
     const ordered_json* prompt = key_of(body, "prompt");
     if (!prompt) throw ApiError(400, "\"prompt\" is required", "prompt");
@@ -462,22 +475,7 @@ std::string tokenize_response(const std::string& text, const ApiModel& model, co
     }
     input = prompt->get<std::string>();
   } else {
-    if (!model.chat) throw ApiError(400, model.chat_error, "messages");
-    ordered_json variables = ordered_json::object();
-    if (const ordered_json* kw = key_of(body, "chat_template_kwargs")) {
-      if (!kw->is_object()) bad("chat_template_kwargs", "an object", *kw);
-      if (kw->contains("messages")) throw ApiError(400, "\"chat_template_kwargs\" cannot set messages", "chat_template_kwargs");
-      variables = *kw;
-    }
-    variables["messages"] = normalize_messages(*messages);
-    variables["add_generation_prompt"] = flag_of(body, "add_generation_prompt", true);
-    bool is_chat = false;
-    try {
-      std::unique_ptr<ModelChatTemplate> chat_copy = std::make_unique<ModelChatTemplate>(*model.chat);
-      input = prompt_text(variables, true, tok, model.model_dir, chat_copy, "messages", is_chat);
-    } catch (const Error& e) {
-      throw ApiError(400, e.what(), "messages");
-    }
+    input = render_chat(body, *messages, model, flag_of(body, "add_generation_prompt", true));
   }
   // As generation refuses it: more text than the context can hold is not tokenized.
   if (limits.prompt_byte_limit > 0 && static_cast<int64_t>(input.size()) > limits.prompt_byte_limit) {
@@ -537,13 +535,7 @@ std::string api_token(const Tokenizer& tok, int32_t id) {
   } catch (const Error&) {
     return {};
   }
-  bool valid = true;
-  for (size_t i = 0; valid && i < bytes.size();) {
-    const size_t len = utf8_length_at(bytes, i);
-    valid = len > 0;
-    i += len;
-  }
-  if (valid) return bytes;
+  if (utf8_valid_prefix(bytes) == bytes.size()) return bytes;
   std::string out = "bytes:";
   char hex[5];
   for (const unsigned char c : bytes) {
@@ -560,40 +552,11 @@ size_t utf8_chars(std::string_view text) {
 }
 
 TextOffsets::TextOffsets(const Tokenizer& tok, const std::vector<int32_t>& prompt_ids, bool echo, size_t prompt_chars)
-    : tok_(tok), prompt_{StreamingDetokenizer(tok, {})}, completion_{StreamingDetokenizer(tok, prompt_ids)},
+    : tok_(tok), prompt_{StreamingDetokenizer(tok, {}), 0, {}}, completion_{StreamingDetokenizer(tok, prompt_ids), 0, {}},
       prompt_chars_(prompt_chars), base_(echo ? prompt_chars : 0) {}
 
-namespace {
-// Complete UTF-8 characters at the front of `bytes`.
-size_t complete_chars(std::string_view bytes) {
-  size_t n = 0;
-  for (size_t i = 0; i < bytes.size();) {
-    const size_t len = utf8_length_at(bytes, i);
-    if (len == 0) break;
-    ++n;
-    i += len;
-  }
-  return n;
-}
-
-// The byte of a byte-fallback token ("<0xE4>"), if it is one.
-std::optional<char> fallback_byte(const Tokenizer& tok, int32_t id) {
-  std::string t;
-  try {
-    t = tok.id_to_token(id);
-  } catch (const Error&) {
-    return std::nullopt;
-  }
-  if (t.size() != 6 || t.compare(0, 3, "<0x") != 0 || t[5] != '>' || !std::isxdigit(static_cast<unsigned char>(t[3])) ||
-      !std::isxdigit(static_cast<unsigned char>(t[4]))) {
-    return std::nullopt;
-  }
-  return static_cast<char>(std::stoi(t.substr(3, 2), nullptr, 16));
-}
-}  // namespace
-
 size_t TextOffsets::Stream::next(const Tokenizer& tok, int32_t id) {
-  const size_t at = chars + complete_chars(held);
+  const size_t at = chars + utf8_chars(std::string_view(held).substr(0, utf8_valid_prefix(held)));
   std::string out;
   try {
     out = detok.push(id);
@@ -603,8 +566,8 @@ size_t TextOffsets::Stream::next(const Tokenizer& tok, int32_t id) {
   if (!out.empty()) {
     chars += utf8_chars(out);
     held.clear();
-  } else if (const std::optional<char> b = fallback_byte(tok, id)) {
-    held += *b;
+  } else if (const std::optional<unsigned char> b = tok.fallback_byte(id)) {
+    held += static_cast<char>(*b);
   }
   return at;
 }

@@ -22,6 +22,7 @@
 
 #include <httplib.h>
 
+#include "common/utf8.h"
 #include "loader/tokenizer/tokenizer.h"
 #include "tests/cli_harness.h"
 
@@ -45,15 +46,7 @@ struct Server {
 // "bytes:\xe4" form when they are no valid UTF-8 alone.
 std::string api_key_of(const Tokenizer& tok, int32_t id) {
   const std::string b = tok.token_bytes(id);
-  bool valid = true;
-  for (size_t i = 0; i < b.size() && valid;) {
-    const unsigned char c = static_cast<unsigned char>(b[i]);
-    const size_t len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-    valid = len > 0 && i + len <= b.size();
-    for (size_t k = 1; valid && k < len; ++k) valid = (static_cast<unsigned char>(b[i + k]) & 0xC0) == 0x80;
-    i += len;
-  }
-  if (valid) return b;
+  if (utf8_valid_prefix(b) == b.size()) return b;
   std::string out = "bytes:";
   char hex[5];
   for (const unsigned char c : b) {

@@ -23,13 +23,9 @@ std::string ChatTemplate::render(const nlohmann::ordered_json& variables) const 
   std::string text = jinja::render(*nodes_, jinja::Value::from_json(variables), *name_);
   // Strings the template slices by byte (or the model's own text) can split a character;
   // refused here, naming the template, rather than by the JSON writer of the output line.
-  for (std::size_t i = 0; i < text.size();) {
-    const std::size_t len = utf8_length_at(text, i);
-    if (len == 0) {
-      throw Error("the rendered text is not valid UTF-8 (invalid UTF-8 at byte offset " + std::to_string(i) + ")",
-                  *name_);
-    }
-    i += len;
+  if (const std::size_t valid = utf8_valid_prefix(text); valid < text.size()) {
+    throw Error("the rendered text is not valid UTF-8 (invalid UTF-8 at byte offset " + std::to_string(valid) + ")",
+                *name_);
   }
   return text;
 }

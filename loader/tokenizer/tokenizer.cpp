@@ -383,7 +383,7 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_to
 std::string Tokenizer::token_bytes(int32_t id) const {
   const std::string& token = impl_->token_of(id);
   if (impl_->added_by_id[static_cast<size_t>(id)] != nullptr) return token;
-  if (const int16_t b = impl_->byte_value[static_cast<size_t>(id)]; b >= 0) return std::string(1, static_cast<char>(b));
+  if (const std::optional<unsigned char> b = fallback_byte(id)) return std::string(1, static_cast<char>(*b));
   if (impl_->decoder.byte_level_only()) {
     std::string bytes;
     tok::append_token_bytes(token, bytes);
@@ -393,6 +393,12 @@ std::string Tokenizer::token_bytes(int32_t id) const {
   // what decoders drop (Metaspace's prepend scheme, Strip after Fuse).
   const std::string text = impl_->decoder.decode({"a", token});
   return text.rfind('a', 0) == 0 ? text.substr(1) : text;
+}
+
+std::optional<unsigned char> Tokenizer::fallback_byte(int32_t id) const {
+  if (id < 0 || id >= impl_->vocab_size) return std::nullopt;
+  const int16_t b = impl_->byte_value[static_cast<size_t>(id)];
+  return b >= 0 ? std::optional<unsigned char>(static_cast<unsigned char>(b)) : std::nullopt;
 }
 
 int64_t Tokenizer::vocab_size() const { return impl_->vocab_size; }

@@ -80,6 +80,10 @@ class Tokenizer {
   /// @throws Error naming the id when it is out of range or has no token.
   std::string token_bytes(int32_t id) const;
 
+  /// The byte of a byte-fallback token ("<0xE4>" in a vocabulary whose decoder has
+  /// ByteFallback), else nothing (also for an id out of range).
+  std::optional<unsigned char> fallback_byte(int32_t id) const;
+
   /// Number of ids the tokenizer knows: the largest id of the vocabulary or of the added
   /// tokens, plus one. (The model's embedding may be larger, padded.)
   int64_t vocab_size() const;

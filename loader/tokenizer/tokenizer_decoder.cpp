@@ -30,16 +30,7 @@ std::vector<std::string> byte_fallback(std::vector<std::string> tokens) {
   std::size_t run_len = 0;
   auto flush = [&] {
     if (run_len == 0) return;
-    bool valid = true;
-    for (std::size_t i = 0; i < run.size();) {
-      const std::size_t len = utf8_length_at(run, i);
-      if (len == 0) {
-        valid = false;
-        break;
-      }
-      i += len;
-    }
-    if (valid) {
+    if (utf8_valid_prefix(run) == run.size()) {
       out.push_back(std::move(run));
     } else {
       for (std::size_t i = 0; i < run_len; ++i) out.emplace_back("\xEF\xBF\xBD");
