@@ -11,9 +11,10 @@
 
 #include "common/error.h"
 #include "launch/cli_parse.h"
-#include "launch/job.h"
+#include "launch/engine_setup.h"
+#include "driver/job.h"
 #include "parallel/comm_watch.h"
-#include "launch/model_path.h"
+#include "loader/model_path.h"
 #include "loader/model_config.h"
 #include "parallel/mpi_communicator.h"
 #include "parallel/shard_plan.h"
@@ -35,6 +36,144 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// What the bench runs on, for its report.
+struct BenchShape {
+  const ModelConfig& config;
+  const ShardPlan& plan;
+  DType weight_dtype;
+  int64_t max_seq_len;
+  double load_s;  // making or loading the weights and the engine
+};
+
+// Rank 0: the setup lines (backend, weights, kernels, KV cache, CUDA graphs).
+void print_setup(const BenchOptions& o, const BenchShape& s, const Engine& engine, const Backend& backend,
+                 const WorldConfig& w) {
+  std::printf("bench: %s, tp %d, batch %lld, prompt %lld tokens, %lld new tokens\n", backend.name().c_str(),
+              w.tp_size, static_cast<long long>(o.batch), static_cast<long long>(o.prompt_len),
+              static_cast<long long>(o.new_tokens));
+  std::printf("weights: %s (%s, %s per rank, %s in %.1f s)\n", o.random_weights ? "random" : "checkpoint",
+              dtype_name(s.weight_dtype), format_bytes(weight_bytes_local(s.config, s.plan, s.weight_dtype)).c_str(),
+              o.random_weights ? "made" : "loaded", s.load_s);
+  std::printf("cpu kernels: %s, %d threads per rank\n", cpu::isa_name(cpu::active_isa()), cpu::num_threads());
+  std::printf("kv cache: %s per rank (%lld rows x %lld positions, %s)\n", format_bytes(engine.kv_cache_bytes()).c_str(),
+              static_cast<long long>(o.batch), static_cast<long long>(s.max_seq_len),
+              dtype_name(backend.kv_cache_dtype()));
+  std::printf("cuda graphs: %s\n", engine.cuda_graphs()    ? "on"
+                                   : o.engine.cuda_graphs ? "off (they need --backend cuda and NCCL or one rank)"
+                                                          : "off");
+  std::fflush(stdout);
+}
+
+// --limits: this rank's DRAM read bandwidth and fma peak, 1 thread and all (rank 0 prints).
+void measure_limits(bool print) {
+  const int T = cpu::num_threads();
+  const double bw1 = cpu::dram_read_gbps(1), bwT = cpu::dram_read_gbps(T);
+  const double fma1 = cpu::fma_peak_gflops(1), fmaT = cpu::fma_peak_gflops(T);
+  if (!print) return;
+  std::printf("dram read GB/s: %.1f (1 thread), %.1f (%d threads)\n", bw1, bwT, T);
+  std::printf("fma peak GFLOP/s: %.1f (1 thread), %.1f (%d threads)\n", fma1, fmaT, T);
+  std::fflush(stdout);
+}
+
+// B prompts of P random tokens packed end to end: row b holds positions 0..P-1.
+struct BenchPrompts {
+  std::vector<int32_t> tokens, rows, positions, last;
+  std::mt19937_64 rng;  // after the prompts: the decode steps' tokens
+};
+
+BenchPrompts random_prompts(const BenchOptions& o, int64_t vocab_size) {
+  BenchPrompts p;
+  p.rng.seed(o.seed);
+  std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(vocab_size - 1));
+  for (int64_t b = 0; b < o.batch; ++b) {
+    for (int64_t i = 0; i < o.prompt_len; ++i) {
+      p.tokens.push_back(token(p.rng));
+      p.rows.push_back(static_cast<int32_t>(b));
+      p.positions.push_back(static_cast<int32_t>(i));
+    }
+    p.last.push_back(static_cast<int32_t>((b + 1) * o.prompt_len - 1));
+  }
+  return p;
+}
+
+struct PassTimes {
+  double prefill_s = 0, decode_s = 0;
+};
+
+// One packed prefill pass, then N decode steps of one random token per row, timed after
+// a warm-up (one prefill and two decode steps: GEMM plans, pools, caches) and a sync.
+PassTimes time_passes(const BenchOptions& o, Engine& engine, Backend& backend, BenchPrompts& p, Communicator& tp) {
+  const int64_t B = o.batch, P = o.prompt_len;
+  std::mt19937_64& rng = p.rng;
+  std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(engine.config().vocab_size - 1));
+  std::vector<int32_t> step_rows(static_cast<size_t>(B));
+  std::iota(step_rows.begin(), step_rows.end(), 0);
+  auto decode_step = [&](int64_t pos) {
+    std::vector<int32_t> step_tokens(static_cast<size_t>(B)), step_pos(static_cast<size_t>(B), static_cast<int32_t>(pos));
+    for (auto& t : step_tokens) t = token(rng);
+    engine.decode_rows(step_tokens, step_rows, step_pos);
+  };
+  engine.prefill_packed(p.tokens, p.rows, p.positions, p.last);
+  for (int64_t i = 0; i < std::min<int64_t>(2, o.new_tokens); ++i) decode_step(P + i);
+  backend.synchronize();
+  tp.barrier();
+  PassTimes t;
+  auto t0 = std::chrono::steady_clock::now();
+  engine.prefill_packed(p.tokens, p.rows, p.positions, p.last);
+  backend.synchronize();
+  t.prefill_s = seconds_since(t0);
+  t0 = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < o.new_tokens; ++i) decode_step(P + i);
+  backend.synchronize();
+  t.decode_s = seconds_since(t0);
+  return t;
+}
+
+// Rank 0: prefill and decode throughput, the weight bytes a decode step reads and the
+// bandwidth that implies.
+void print_pass_times(const BenchOptions& o, const BenchShape& s, const Engine& engine, const PassTimes& t) {
+  const int64_t B = o.batch, P = o.prompt_len;
+  const int64_t elem = element_size(s.weight_dtype);
+  const int64_t step_bytes = decode_weight_bytes(s.config, s.plan, elem);
+  const double step_ms = o.new_tokens > 0 ? 1e3 * t.decode_s / static_cast<double>(o.new_tokens) : 0.0;
+  std::printf("prefill tokens/s: %.1f (%lld tokens in %.2f ms)\n", static_cast<double>(B * P) / t.prefill_s,
+              static_cast<long long>(B * P), 1e3 * t.prefill_s);
+  // 2 flops per weight per token in the projections and lm_head (attention not counted).
+  const double matmul_flops = 2.0 * static_cast<double>(step_bytes / elem) * static_cast<double>(B * P);
+  std::printf("prefill matmul GFLOP/s: %.1f per rank\n", matmul_flops / t.prefill_s / 1e9);
+  std::printf("decode tokens/s: %.1f\n", t.decode_s > 0 ? static_cast<double>(B * o.new_tokens) / t.decode_s : 0.0);
+  std::printf("decode ms/step: %.3f\n", step_ms);
+  std::printf("weight bytes per decode step: %lld per rank (%s)\n", static_cast<long long>(step_bytes),
+              format_bytes(step_bytes).c_str());
+  std::printf("achieved GB/s: %.3f per rank\n", step_ms > 0 ? static_cast<double>(step_bytes) / step_ms / 1e6 : 0.0);
+  std::printf("peak RSS: %s (rank 0)\n", format_bytes(peak_resident_bytes()).c_str());
+  if (engine.cuda_graphs()) {
+    std::printf("cuda graphs recorded: %lld, replays: %lld\n", static_cast<long long>(engine.cuda_graphs_recorded()),
+                static_cast<long long>(engine.cuda_graph_replays()));
+  }
+  std::fflush(stdout);
+}
+
+// The prompts as requests through generate_batch (greedy, no EOS, N new tokens each).
+void time_generate_batch(const BenchOptions& o, Engine& engine, Backend& backend, const BenchPrompts& p, bool print) {
+  const int64_t B = o.batch, P = o.prompt_len;
+  std::vector<BatchRequest> reqs(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b) {
+    reqs[b].prompt.assign(p.tokens.begin() + b * P, p.tokens.begin() + (b + 1) * P);
+    reqs[b].max_new_tokens = o.new_tokens;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<GenerationResult> results = generate_batch(engine, reqs);
+  backend.synchronize();
+  const double gen_s = seconds_since(t0);
+  int64_t made = 0;
+  for (const auto& r : results) made += static_cast<int64_t>(r.ids.size());
+  if (!print) return;
+  std::printf("generate_batch tokens/s: %.1f (%lld requests, %lld new tokens in %.2f s, prefill included)\n",
+              gen_s > 0 ? static_cast<double>(made) / gen_s : 0.0, static_cast<long long>(B),
+              static_cast<long long>(made), gen_s);
+}
+
 }  // namespace
 
 std::optional<BenchOptions> parse_bench_options(int argc, char** argv, std::string& help_text) {
@@ -46,60 +185,43 @@ std::optional<BenchOptions> parse_bench_options(int argc, char** argv, std::stri
   opts.custom_help("[OPTIONS]");
   // clang-format off
   opts.add_options()
-    ("model", "Model directory or name (its weights; its shapes only with --random-weights)",
-     cxxopts::value<std::string>())
     ("config", "A config.json to build a random-weight model of (with --random-weights)",
      cxxopts::value<std::string>())
     ("random-weights", "N(0, 0.02) weight matrices and unit norm weights, made directly in the "
      "backend's memory (no checkpoint needed)")
-    ("backend", "cpu or cuda (default: cuda when a CUDA device is visible, else cpu)",
-     cxxopts::value<std::string>())
-    ("weight-dtype", kWeightDtypeHelp, cxxopts::value<std::string>())
-    ("kv-cache-dtype", kKvCacheDtypeHelp, cxxopts::value<std::string>())
     ("batch", "Sequences decoded together", cxxopts::value<int64_t>())
     ("prompt-len", "Tokens per prompt (default 128)", cxxopts::value<int64_t>())
     ("new-tokens", "Decode steps (default 32)", cxxopts::value<int64_t>())
-    ("max-seq-len", "KV cache length per sequence (default: prompt-len + new-tokens)",
-     cxxopts::value<int64_t>())
-    ("tp", "Ranks per tensor-parallel group (default: all ranks)", cxxopts::value<int>())
-    ("comm-timeout", kCommTimeoutHelp, cxxopts::value<int64_t>())
-    ("threads", "CPU backend: kernel (OpenMP) threads per rank (default: cores / ranks on the node)",
-     cxxopts::value<int64_t>())
     ("seed", "Seed of the random weights and prompt tokens (default 1)", cxxopts::value<uint64_t>())
     ("limits", "Also measure this rank's two CPU limits first: DRAM read GB/s and f32 fma GFLOP/s, with 1 "
      "thread and with --threads (kernels/cpu/roofline.h)")
-    ("cuda-graphs", "Record decode steps as CUDA graphs (one per batch-size bucket) and replay them "
-     "(also LINNET_CUDA_GRAPHS=1; CUDA backend with NCCL or one rank)")
     ("h,help", "Print this help and exit");
   // clang-format on
-  const auto parsed = parse_options(opts, argc, argv, "bench", help_text);
+  EngineFlags engine_flags;
+  engine_flags.model_required = false;
+  engine_flags.verbose = false;
+  engine_flags.model_help = "Model directory or name (its weights; its shapes only with --random-weights)";
+  engine_flags.max_seq_len_help = "KV cache length per sequence (default: prompt-len + new-tokens)";
+  engine_flags.cuda_graphs_help = "Record decode steps as CUDA graphs (one per batch-size bucket) and replay them "
+                                  "(also LINNET_CUDA_GRAPHS=1; CUDA backend with NCCL or one rank)";
+  BenchOptions o;
+  const auto parsed = parse_engine_command(opts, engine_flags, argc, argv, "bench", help_text, o.engine);
   if (!parsed) return std::nullopt;
   const cxxopts::ParseResult& r = *parsed;
-  BenchOptions o;
-  if (r.count("model")) o.model = r["model"].as<std::string>();
   if (r.count("config")) o.config = r["config"].as<std::string>();
   o.random_weights = r.count("random-weights") > 0;
-  if (o.model.empty() == o.config.empty()) throw Error("give exactly one of --model and --config", "--model");
+  if (o.engine.model.empty() == o.config.empty()) throw Error("give exactly one of --model and --config", "--model");
   if (!o.config.empty() && !o.random_weights) throw Error("needs --random-weights (a config has no weights)", "--config");
-  read_backend(r, o.backend);
-  read_weight_dtype(r, o.weight_dtype);
-  read_kv_cache_dtype(r, o.kv_cache_dtype);
   read_at_least<int64_t>(r, "batch", 1, o.batch);
   read_at_least<int64_t>(r, "prompt-len", 1, o.prompt_len);
   read_at_least<int64_t>(r, "new-tokens", 0, o.new_tokens);
-  read_at_least<int64_t>(r, "max-seq-len", 1, o.max_seq_len);
-  read_at_least(r, "tp", 1, o.tp);
-  read_comm_timeout(r, o.comm_timeout);
-  read_in_range(r, "threads", 1, kMaxThreads, o.threads);
   if (r.count("seed")) o.seed = r["seed"].as<uint64_t>();
-  o.cuda_graphs = r.count("cuda-graphs") > 0;
   o.limits = r.count("limits") > 0;
   return o;
 }
 
 int run_bench(const BenchOptions& o, Job& job) {
-  set_comm_timeout(o.comm_timeout);
-  std::optional<MpiGroups> made = make_run_groups(job, o.tp);
+  std::optional<MpiGroups> made = start_engine_run(o.engine, job);
   if (!made) return kUsageExit;
   MpiGroups& groups = *made;
   const WorldConfig& w = groups.world_config;
@@ -107,159 +229,49 @@ int run_bench(const BenchOptions& o, Job& job) {
   std::unique_ptr<ModelFiles> files;
   ModelConfig config;
   ShardPlan plan;
-  std::unique_ptr<Backend> backend;
   int64_t max_seq_len = 0;
-  ScalarType held = ScalarType::kF32;
+  OpenedEngine opened;
+  double load_s = 0;
   if (!job.load_phase([&] {
-        if (!o.model.empty()) {
-          files = std::make_unique<ModelFiles>(open_model(resolve_model_dir(o.model)));
+        if (!o.engine.model.empty()) {
+          files = std::make_unique<ModelFiles>(open_model(resolve_model_dir(o.engine.model)));
           config = files->config;
         } else {
           config = ModelConfig::load(o.config);
         }
         plan = ShardPlan::make(config, w.tp_rank, w.tp_size);
-        if (o.max_seq_len <= 0 && o.prompt_len + o.new_tokens > config.max_position_embeddings) {
+        if (o.engine.max_seq_len <= 0 && o.prompt_len + o.new_tokens > config.max_position_embeddings) {
           throw Error("--prompt-len + --new-tokens is longer than the model's context", "--prompt-len",
                       "<= max_position_embeddings = " + std::to_string(config.max_position_embeddings) + " in all",
                       std::to_string(o.prompt_len) + " + " + std::to_string(o.new_tokens));
         }
-        max_seq_len = resolve_max_seq_len(config, o.max_seq_len > 0 ? o.max_seq_len : o.prompt_len + o.new_tokens);
+        max_seq_len =
+            resolve_max_seq_len(config, o.engine.max_seq_len > 0 ? o.engine.max_seq_len : o.prompt_len + o.new_tokens);
         if (o.prompt_len + o.new_tokens > max_seq_len) {
           throw Error("prompt and new tokens do not fit in the KV cache", "--max-seq-len",
                       ">= " + std::to_string(o.prompt_len + o.new_tokens), std::to_string(max_seq_len));
         }
-        held = held_weight_dtype(o.weight_dtype, o.backend,
-                                 files ? from_dtype(files->checkpoint.dominant_dtype()) : config_weight_dtype(config));
-        const ScalarType kv_dtype = held_kv_cache_dtype(o.kv_cache_dtype, o.backend);
-        backend = make_backend(o.backend, o.threads, w.local_rank, w.local_size, held, kv_dtype);
-        if (backend->device() == Device::kCpu) {
-          check_memory(rank_memory(config, plan, max_seq_len, o.batch, held, kv_dtype), available_host_memory(),
-                       w.local_size);
-        }
+        const auto t_load = std::chrono::steady_clock::now();
+        opened = open_engine(o.engine, config, files.get(), plan, groups, {EngineSizing::Kv::kRows, max_seq_len, o.batch},
+                             o.random_weights ? std::optional<uint64_t>(o.seed) : std::nullopt);
+        opened.backend->synchronize();
+        load_s = seconds_since(t_load);
       })) {
     return kLoadErrorExit;
   }
 
   try {
-    Communicator& comm = tp_communicator(*backend, *groups.tp, w.local_size);
-    const auto t_load = std::chrono::steady_clock::now();
-    ModelWeights weights = o.random_weights ? random_weights(*backend, config, plan, o.seed)
-                                            : load_weights(files->checkpoint, config, plan, backend->host_weight_dtype());
-    // Paged KV (pages of 64): the raw entries use row b's fixed pages, generate_batch
-    // hands pages out itself.
-    Engine engine(config, plan, std::move(weights), *backend, comm, max_seq_len, o.batch, kKvPageSize, 0,
-                  o.cuda_graphs);
-    backend->synchronize();
-    const double load_s = seconds_since(t_load);
-    const int64_t elem = element_size(held);
-    const int64_t step_bytes = decode_weight_bytes(config, plan, elem);
-    if (w.world_rank == 0) {
-      std::printf("bench: %s, tp %d, batch %lld, prompt %lld tokens, %lld new tokens\n", backend->name().c_str(),
-                  w.tp_size, static_cast<long long>(o.batch), static_cast<long long>(o.prompt_len),
-                  static_cast<long long>(o.new_tokens));
-      std::printf("weights: %s (%s, %s per rank, %s in %.1f s)\n", o.random_weights ? "random" : "checkpoint",
-                  scalar_type_name(held), format_bytes(weight_bytes_local(config, plan, held)).c_str(),
-                  o.random_weights ? "made" : "loaded", load_s);
-      std::printf("cpu kernels: %s, %d threads per rank\n", cpu::isa_name(cpu::active_isa()), cpu::num_threads());
-      std::printf("kv cache: %s per rank (%lld rows x %lld positions, %s)\n",
-                  format_bytes(engine.kv_cache_bytes()).c_str(), static_cast<long long>(o.batch),
-                  static_cast<long long>(max_seq_len), scalar_type_name(backend->kv_cache_dtype()));
-      std::printf("cuda graphs: %s\n", engine.cuda_graphs() ? "on"
-                                        : o.cuda_graphs ? "off (they need --backend cuda and NCCL or one rank)"
-                                                        : "off");
-      std::fflush(stdout);
-    }
-
-    if (o.limits && backend->device() == Device::kCpu) {
-      const int T = cpu::num_threads();
-      const double bw1 = cpu::dram_read_gbps(1), bwT = cpu::dram_read_gbps(T);
-      const double fma1 = cpu::fma_peak_gflops(1), fmaT = cpu::fma_peak_gflops(T);
-      if (w.world_rank == 0) {
-        std::printf("dram read GB/s: %.1f (1 thread), %.1f (%d threads)\n", bw1, bwT, T);
-        std::printf("fma peak GFLOP/s: %.1f (1 thread), %.1f (%d threads)\n", fma1, fmaT, T);
-        std::fflush(stdout);
-      }
-    }
-
-    // B prompts packed end to end: row b holds positions 0..P-1.
-    std::mt19937_64 rng(o.seed);
-    std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(config.vocab_size - 1));
-    const int64_t B = o.batch, P = o.prompt_len;
-    std::vector<int32_t> tokens, rows, positions, last;
-    for (int64_t b = 0; b < B; ++b) {
-      for (int64_t p = 0; p < P; ++p) {
-        tokens.push_back(token(rng));
-        rows.push_back(static_cast<int32_t>(b));
-        positions.push_back(static_cast<int32_t>(p));
-      }
-      last.push_back(static_cast<int32_t>((b + 1) * P - 1));
-    }
-    std::vector<int32_t> step_rows(static_cast<size_t>(B));
-    std::iota(step_rows.begin(), step_rows.end(), 0);
-    auto decode_step = [&](int64_t pos) {
-      std::vector<int32_t> step_tokens(static_cast<size_t>(B)), step_pos(static_cast<size_t>(B),
-                                                                           static_cast<int32_t>(pos));
-      for (auto& t : step_tokens) t = token(rng);
-      engine.decode_rows(step_tokens, step_rows, step_pos);
-    };
-
-    // Warm-up: one prefill and two decode steps (GEMM plans, pools, caches), then sync.
-    engine.prefill_packed(tokens, rows, positions, last);
-    for (int64_t i = 0; i < std::min<int64_t>(2, o.new_tokens); ++i) decode_step(P + i);
-    backend->synchronize();
-    comm.barrier();
-
-    auto t0 = std::chrono::steady_clock::now();
-    engine.prefill_packed(tokens, rows, positions, last);
-    backend->synchronize();
-    const double prefill_s = seconds_since(t0);
-    t0 = std::chrono::steady_clock::now();
-    for (int64_t i = 0; i < o.new_tokens; ++i) decode_step(P + i);
-    backend->synchronize();
-    const double decode_s = seconds_since(t0);
-
-    if (w.world_rank == 0) {
-      const double step_ms = o.new_tokens > 0 ? 1e3 * decode_s / static_cast<double>(o.new_tokens) : 0.0;
-      std::printf("prefill tokens/s: %.1f (%lld tokens in %.2f ms)\n", static_cast<double>(B * P) / prefill_s,
-                  static_cast<long long>(B * P), 1e3 * prefill_s);
-      // 2 flops per weight per token in the projections and lm_head (attention not counted).
-      const double matmul_flops = 2.0 * static_cast<double>(step_bytes / elem) * static_cast<double>(B * P);
-      std::printf("prefill matmul GFLOP/s: %.1f per rank\n", matmul_flops / prefill_s / 1e9);
-      std::printf("decode tokens/s: %.1f\n",
-                  decode_s > 0 ? static_cast<double>(B * o.new_tokens) / decode_s : 0.0);
-      std::printf("decode ms/step: %.3f\n", step_ms);
-      std::printf("weight bytes per decode step: %lld per rank (%s)\n", static_cast<long long>(step_bytes),
-                  format_bytes(step_bytes).c_str());
-      std::printf("achieved GB/s: %.3f per rank\n", step_ms > 0 ? static_cast<double>(step_bytes) / step_ms / 1e6 : 0.0);
-      std::printf("peak RSS: %s (rank 0)\n", format_bytes(peak_resident_bytes()).c_str());
-      if (engine.cuda_graphs()) {
-        std::printf("cuda graphs recorded: %lld, replays: %lld\n",
-                    static_cast<long long>(engine.cuda_graphs_recorded()),
-                    static_cast<long long>(engine.cuda_graph_replays()));
-      }
-      std::fflush(stdout);
-    }
-
+    Engine& engine = *opened.engine;
+    Backend& backend = *opened.backend;
+    const BenchShape shape{config, plan, opened.plan.weight_dtype, max_seq_len, load_s};
+    if (w.world_rank == 0) print_setup(o, shape, engine, backend, w);
+    if (o.limits && backend.device() == Device::kCpu) measure_limits(w.world_rank == 0);
+    BenchPrompts prompts = random_prompts(o, config.vocab_size);
+    const PassTimes t = time_passes(o, engine, backend, prompts, tp_communicator(backend, *groups.tp, w.local_size));
+    if (w.world_rank == 0) print_pass_times(o, shape, engine, t);
     // The same B prompts as requests through generate_batch, the continuous-batching
     // scheduler `generate --input` uses (greedy, no EOS, N new tokens each).
-    if (o.new_tokens > 0) {
-      std::vector<BatchRequest> reqs(static_cast<size_t>(B));
-      for (int64_t b = 0; b < B; ++b) {
-        reqs[b].prompt.assign(tokens.begin() + b * P, tokens.begin() + (b + 1) * P);
-        reqs[b].max_new_tokens = o.new_tokens;
-      }
-      t0 = std::chrono::steady_clock::now();
-      const std::vector<GenerationResult> results = generate_batch(engine, reqs);
-      backend->synchronize();
-      const double gen_s = seconds_since(t0);
-      int64_t made = 0;
-      for (const auto& r : results) made += static_cast<int64_t>(r.ids.size());
-      if (w.world_rank == 0) {
-        std::printf("generate_batch tokens/s: %.1f (%lld requests, %lld new tokens in %.2f s, prefill included)\n",
-                    gen_s > 0 ? static_cast<double>(made) / gen_s : 0.0, static_cast<long long>(B),
-                    static_cast<long long>(made), gen_s);
-      }
-    }
+    if (o.new_tokens > 0) time_generate_batch(o, engine, backend, prompts, w.world_rank == 0);
     if (w.world_rank == 0 && std::fflush(stdout) != 0) throw Error("cannot write the results", "stdout");
   } catch (const std::exception& e) {
     job.abort(e.what());

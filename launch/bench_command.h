@@ -12,27 +12,21 @@
 #include <optional>
 #include <string>
 
+#include "launch/engine_options.h"
+
 namespace linnet {
 
 class Job;
 
 /// Options of `linnet-tp bench`.
 struct BenchOptions {
-  std::string model;          // --model: directory or name (its weights, or its shapes with --random-weights)
+  EngineOptions engine;       // --model (its weights, or its shapes with --random-weights), --tp, ... (launch/engine_options.h)
   std::string config;         // --config: a config.json (needs --random-weights)
   bool random_weights = false;  // --random-weights: N(0, 0.02) matrices, unit norms
-  std::string backend;        // --backend cpu|cuda; empty: cuda when a device is visible
-  std::string weight_dtype = "auto";  // --weight-dtype auto|f32|bf16|f16 (held_weight_dtype)
-  std::string kv_cache_dtype = "f32";  // --kv-cache-dtype f32|bf16 (held_kv_cache_dtype)
   int64_t batch = 1;          // --batch: sequences (KV cache rows)
   int64_t prompt_len = 128;   // --prompt-len: tokens per prompt
   int64_t new_tokens = 32;    // --new-tokens: decode steps
-  int64_t max_seq_len = 0;    // --max-seq-len: KV cache length per row (0: prompt-len + new-tokens)
-  int tp = 0;                 // --tp: ranks per tensor-parallel group (0: all ranks)
-  double comm_timeout = 600;  // --comm-timeout: seconds without progress of a collective (0: none)
-  int threads = 0;            // --threads: kernel (OpenMP) threads per rank (CPU backend)
   uint64_t seed = 1;          // --seed: random weights and prompt tokens
-  bool cuda_graphs = false;   // --cuda-graphs: decode steps replay CUDA graphs (Engine::cuda_graphs)
   bool limits = false;        // --limits: also measure DRAM read bandwidth and fma peak (CPU)
 };
 

@@ -1,9 +1,9 @@
-// `linnet-tp generate` (the request side is launch/generate_requests.h): --prompt
+// `linnet-tp generate` (the request side is requests/request.h): --prompt
 // streams one completion; --input runs every line through continuous batching. With
 // world = D x T ranks (--tp T), the D data-parallel groups take the lines round-robin
 // and each runs generate_batch; tp rank 0 of each group turns each request into its
-// output line the moment it finishes and sends it to world rank 0 (launch/run_relay.h),
-// which appends it to the journal beside --output (launch/journal.h) and at the end
+// output line the moment it finishes and sends it to world rank 0 (driver/run_relay.h),
+// which appends it to the journal beside --output (driver/journal.h) and at the end
 // writes stdout and --output in input order. Stop strings are checked on tp rank 0,
 // where the logits rows are gathered anyway, and reach the other tp ranks with the token.
 #include "launch/generate_command.h"
@@ -21,18 +21,23 @@
 #include <thread>
 #include <vector>
 
+#include <cxxopts.hpp>
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
 #include "common/log.h"
-#include "launch/generate_requests.h"
-#include "launch/journal.h"
-#include "launch/jsonl_input.h"
-#include "launch/jsonl_output.h"
-#include "launch/model_setup.h"
-#include "launch/model_path.h"
-#include "launch/progress.h"
-#include "launch/run_relay.h"
+#include "launch/cli_parse.h"
+#include "requests/request.h"
+#include "driver/journal.h"
+#include "requests/jsonl_input.h"
+#include "parallel/text_broadcast.h"
+#include "driver/jsonl_output.h"
+#include "launch/engine_setup.h"
+#include "driver/batch_run.h"
+#include "driver/resume.h"
+#include "loader/model_path.h"
+#include "driver/progress.h"
+#include "driver/run_relay.h"
 #include "loader/chat/chat_template.h"
 #include "loader/tokenizer/tokenizer.h"
 #include "parallel/comm_watch.h"
@@ -50,169 +55,6 @@ namespace linnet {
 namespace {
 
 using nlohmann::ordered_json;
-
-// Everything the batch path needs besides the engine.
-struct BatchRun {
-  MpiGroups& groups;
-  const Tokenizer& tok;
-  const std::vector<Request>& requests;        // every input line, input order
-  const std::map<int64_t, std::string>& kept;  // rank 0: --resume lines by index (--output and journal)
-  const std::vector<size_t>& todo;             // positions in `requests` to run, all groups
-  bool prefix_caching = true;                  // share KV pages of common prompt prefixes
-  bool progress = false;                       // draw the progress bar even when stderr is no terminal
-  size_t kept_from_journal = 0;                // rank 0: how many of `kept` came from the journal only
-  Journal* journal = nullptr;                  // rank 0 with --output: where finished lines go at once
-};
-
-// World rank 0 after the run: stdout and --output in input order (kept lines as they
-// were), the stats line, and the exit code. An interrupted run writes the finished lines
-// to --output and keeps the journal for --resume.
-int write_batch_results(Engine& engine, const BatchRun& b, const std::map<size_t, ordered_json>& fresh,
-                        const PagePoolStats& kv, std::chrono::steady_clock::time_point t0,
-                        std::unique_ptr<JsonlOutput>& output) {
-  const WorldConfig& w = b.groups.world_config;
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  const bool interrupted =
-      std::any_of(b.todo.begin(), b.todo.end(), [&](size_t pos) { return fresh.find(pos) == fresh.end(); });
-  size_t failed = 0, new_tokens = 0, kept_failed = 0;
-  std::vector<double> ttft, itl;
-  for (const auto& [pos, rec] : fresh) {
-    failed += rec["failed"].get<bool>() ? 1 : 0;
-    const std::vector<double> t = rec["token_ms"].get<std::vector<double>>();
-    new_tokens += t.size();
-    if (!t.empty()) ttft.push_back(t[0]);
-    for (size_t i = 1; i < t.size(); ++i) itl.push_back(t[i] - t[i - 1]);
-  }
-  for (size_t pos = 0; pos < b.requests.size(); ++pos) {
-    const Request& r = b.requests[pos];
-    std::string line, completion;
-    if (const auto k = b.kept.find(r.index); k != b.kept.end()) {
-      line = k->second;
-      const ordered_json j = ordered_json::parse(line);
-      if (j.contains("completion") && j["completion"].is_string()) completion = j["completion"].get<std::string>();
-      if (j.value("finish_reason", "") == "error") ++kept_failed;
-    } else if (const auto f = fresh.find(pos); f != fresh.end()) {
-      line = f->second["line"].get<std::string>();
-      completion = f->second["completion"].get<std::string>();
-      if (f->second["failed"].get<bool>()) {
-        // The error names its line already when it came from reading it (file:line: ...).
-        const std::string error = ordered_json::parse(line)["error"].get<std::string>();
-        warn_once(error.rfind(r.where + ":", 0) == 0 ? error : r.where + ": " + error);
-      }
-    } else {
-      continue;  // not done (interrupted)
-    }
-    if (!interrupted) {
-      std::fwrite(completion.data(), 1, completion.size(), stdout);
-      std::fputc('\n', stdout);
-    }
-    if (output) output->add_line(std::move(line));
-  }
-  std::string kept_note;
-  if (!b.kept.empty()) {
-    kept_note = ", " + std::to_string(b.kept.size()) + " kept from --output" +
-                (b.kept_from_journal > 0 ? " and the journal (" + std::to_string(b.kept_from_journal) +
-                                               " from the journal)"
-                                         : std::string());
-  }
-  std::fprintf(stderr,
-               "[linnet-tp] requests: %zu (%zu failed)%s, dp groups: %d x tp %d, batch rows: %lld, new tokens: %zu, "
-               "%.2f s, %.1f tokens/s, time to first token p50/p90/p99: %s ms, inter-token latency "
-               "p50/p90/p99: %s ms, KV pages%s: peak %lld of %lld (%lld positions each), prefix cache hits: "
-               "%lld tokens, peak RSS %s (rank 0)\n",
-               fresh.size(), failed, kept_note.c_str(), w.dp_size, w.tp_size,
-               static_cast<long long>(engine.max_batch()), new_tokens, seconds,
-               seconds > 0 ? static_cast<double>(new_tokens) / seconds : 0.0, percentiles_ms(ttft).c_str(),
-               percentiles_ms(itl).c_str(), w.dp_size > 1 ? " (dp group 0)" : "",
-               static_cast<long long>(kv.peak_used_pages), static_cast<long long>(engine.num_pages()),
-               static_cast<long long>(engine.page_size()), static_cast<long long>(kv.prefix_hit_tokens),
-               format_bytes(peak_resident_bytes()).c_str());
-  if (interrupted) {
-    const size_t done = fresh.size() + b.kept.size();
-    if (b.journal) b.journal->sync();
-    if (output) output->commit();
-    std::string kept_in = output ? " (kept in --output" : "";
-    if (b.journal && b.journal->ok()) kept_in += " and in the journal " + b.journal->path();
-    if (output) kept_in += "); rerun with --resume";
-    print_error(-1, "interrupted: " + std::to_string(done) + " of " + std::to_string(b.requests.size()) +
-                        " requests done" +
-                        (output ? kept_in
-                                : "; give --output to keep finished requests, and --resume to rerun the rest"));
-    output.reset();
-    return kInterruptedExit;
-  }
-  return failed + kept_failed > 0 ? kSomeFailedExit : kOkExit;
-}
-
-// --input: runs this dp group's share of `todo`; tp rank 0 of each group sends each
-// finished request's line to world rank 0 as it finishes (RunRelay), which journals it
-// and at the end writes stdout and --output. Returns the exit code (every rank alike).
-int run_batch(Engine& engine, const BatchRun& b, const std::vector<int64_t>& eos, uint64_t seed,
-              std::unique_ptr<JsonlOutput>& output) {
-  const WorldConfig& w = b.groups.world_config;
-  const bool world_root = w.world_rank == 0;
-  const bool tp_root = w.tp_rank == 0;
-  std::vector<size_t> mine;  // positions in b.requests, round-robin over the dp groups
-  for (size_t k = static_cast<size_t>(w.dp_rank); k < b.todo.size(); k += static_cast<size_t>(w.dp_size)) {
-    mine.push_back(b.todo[k]);
-  }
-  std::vector<BatchRequest> reqs(mine.size());
-  for (size_t k = 0; k < mine.size(); ++k) {
-    const Request& r = b.requests[mine[k]];
-    reqs[k] = batch_request(r, eos, r.settings.seed ? *r.settings.seed : seed + static_cast<uint64_t>(r.index));
-  }
-
-  // World rank 0: every finished request's record, from every group, as it arrives.
-  std::map<size_t, ordered_json> fresh;
-  RunRelay relay(
-      MPI_COMM_WORLD,
-      [&](std::string text) {
-        ordered_json rec = ordered_json::parse(text);
-        if (b.journal) b.journal->append(rec["line"].get<std::string>());
-        const size_t pos = rec["pos"].get<size_t>();
-        fresh[pos] = std::move(rec);
-      },
-      [&] {
-        if (b.journal) b.journal->tick();
-      });
-  ProgressBar progress(mine.size(), w.dp_size > 1 ? "requests of dp group 0" : "requests", world_root,
-                       b.progress);
-  std::vector<StopScan> scans(tp_root ? mine.size() : 0);
-  BatchOptions options;
-  options.on_done = [&](size_t k, const GenerationResult& g) {
-    progress.add(g.ids.size());
-    if (!tp_root) return;
-    std::string completion;
-    const ordered_json line = output_line(b.tok, b.requests[mine[k]], g, completion);
-    ordered_json rec;
-    rec["pos"] = mine[k];
-    rec["line"] = dump_line(line);
-    rec["completion"] = completion;
-    rec["failed"] = g.finish_reason == "error";
-    rec["token_ms"] = g.token_ms;
-    relay.send(dump_line(rec));
-  };
-  options.stop_check = [&](size_t k, int32_t token) { return scans[k].push(b.tok, b.requests[mine[k]], token); };
-  // Once a step the tp group agrees whether any of its ranks heard of a signal.
-  options.stop_requested = [&] {
-    float stop = relay.poll() ? 1.0f : 0.0f;
-    b.groups.tp->all_reduce_max(&stop, 1);
-    return stop > 0.0f;
-  };
-  PagePoolStats kv;
-  options.kv_stats = &kv;
-  options.prefix_caching = b.prefix_caching;
-  const auto t0 = std::chrono::steady_clock::now();
-  generate_batch(engine, reqs, options);
-  progress.finish();
-  // Wait for the other groups and their records, still passing on a signal.
-  relay.finish();
-
-  int code = kOkExit;
-  if (world_root) code = write_batch_results(engine, b, fresh, kv, t0, output);
-  b.groups.world->broadcast(&code, sizeof code, 0);  // every rank exits with rank 0's code
-  return code;
-}
 
 // --prompt: one completion, streamed on rank 0 as it is generated (dp group 0 only).
 // Returns whether it failed (finish_reason "error").
@@ -263,8 +105,8 @@ ordered_json generate_settings(const GenerateOptions& o, const RequestSettings& 
   const std::filesystem::path real = std::filesystem::weakly_canonical(model_dir, ec);
   ordered_json s;
   s["model"] = (ec ? model_dir : real).string();
-  s["weight_dtype"] = o.weight_dtype;
-  s["kv_cache_dtype"] = o.kv_cache_dtype;
+  s["weight_dtype"] = o.engine.weight_dtype;
+  s["kv_cache_dtype"] = o.engine.kv_cache_dtype;
   s["max_seq_len"] = max_seq_len;
   s["chat"] = o.chat;
   s["max_new_tokens"] = d.max_new_tokens;
@@ -281,12 +123,384 @@ ordered_json generate_settings(const GenerateOptions& o, const RequestSettings& 
   return s;
 }
 
+// What world rank 0 reads before the model: the prompts (stdin and local files exist only
+// there under mpirun), the lines --resume keeps (--output, the journal) and where each
+// came from, and whether --output may be written.
+struct GenerateInput {
+  std::vector<std::pair<int, std::string>> lines;
+  std::vector<std::pair<int, std::string>> oversized;  // line number, its byte count: each fails alone
+  std::map<int64_t, std::string> kept;                 // --resume: kept lines by index
+  std::vector<std::string> kept_indices;               // their indices (broadcast to every rank)
+  std::string journal_file;                            // --input with --output: <output>.journal
+  JournalContents journal_found;                       // --resume: what the journal holds (or the run record)
+  std::string settings_file;                           // --resume: where journal_found's header came from
+  std::set<int64_t> from_journal;                      // indices kept from the journal only
+  std::map<int64_t, std::string> kept_where;           // "file:line" of each kept line
+};
+
+// World rank 0 only; no collective call.
+// @throws Error naming the file (input, --output, journal) and line.
+void read_generate_input(const GenerateOptions& o, bool batch, GenerateInput& in) {
+  if (o.prompt) {
+    in.lines = {{1, *o.prompt}};  // the text itself: JSON would mask invalid UTF-8
+  } else {
+    std::vector<std::pair<int, uint64_t>> too_long;
+    in.lines = read_jsonl_lines(o.input, &too_long, [] { return caught_stop_signal() != 0; });
+    for (const auto& [n, bytes] : too_long) in.oversized.emplace_back(n, std::to_string(bytes));
+  }
+  ResumeState rs = read_resume_state(o.output, o.input, o.resume, batch,
+                                     {"generate", "its finished requests and run only the rest",
+                                      "that request runs again"});
+  in.journal_file = rs.journal_file;
+  in.kept = std::move(rs.kept);
+  in.journal_found = std::move(rs.journal);
+  in.settings_file = rs.settings_file;
+  for (const auto& [index, n] : rs.kept_line) in.kept_where[index] = o.output + ":" + std::to_string(n);
+  for (const auto& [n, text] : in.journal_found.lines) {
+    const std::string where = in.journal_file + ":" + std::to_string(n);
+    const int64_t index = output_line_index(parse_jsonl_line(text, where), where);
+    const auto [it, added] = in.kept.emplace(index, text);
+    if (added) {
+      in.from_journal.insert(index);
+      in.kept_where[index] = where;
+    } else if (it->second != text) {
+      throw Error("index " + std::to_string(index) + " is also in " +
+                      (in.from_journal.count(index) ? std::string("the journal") : "--output " + o.output) +
+                      " with a different line; are they of different runs?",
+                  where);
+    }
+  }
+  for (const auto& [index, line] : in.kept) in.kept_indices.push_back(std::to_string(index));
+}
+
+// Every input line (or --prompt) as a Request, in input order, and the positions of those
+// to run (not kept by --resume). In a batch a bad line fails alone (its Request holds the
+// error); with --prompt it is the run's error. No collective call.
+// @throws Error naming --prompt or the flag (--stop-token-ids) whose value is bad.
+struct GenerateRequests {
+  std::vector<Request> requests;  // every input line, input order
+  std::vector<size_t> todo;       // positions in `requests` still to generate
+};
+
+GenerateRequests build_requests(const GenerateOptions& o, const GenerationModel& m, const GenerateInput& in,
+                                const std::map<int, uint64_t>& oversized_bytes, const WorldConfig& w) {
+  GenerateRequests out;
+  std::vector<int64_t> skip;
+  for (const auto& s : in.kept_indices) skip.push_back(std::stoll(s));
+  std::sort(skip.begin(), skip.end());
+  // No prompt longer than this many bytes can have <= m.max_seq_len tokens: it is refused
+  // before the tokenizer sees it (the tokenizer's time and memory grow with the text).
+  const int64_t prompt_byte_limit = m.max_seq_len * prompt_bytes_per_token(*m.tokenizer);
+  std::unique_ptr<ModelChatTemplate> chat;
+  // The flags' own values fail the run, before any line (a line's keys fail that line).
+  for (const int64_t id : m.defaults.stop_token_ids) {
+    if (id >= m.files->config.vocab_size) {
+      throw Error("invalid value", "--stop-token-ids", "ids < vocab_size = " + std::to_string(m.files->config.vocab_size),
+                  std::to_string(id));
+    }
+  }
+  for (const auto& [n, text] : in.lines) {
+    Request r;
+    r.index = n - 1;
+    r.where = o.prompt ? std::string("--prompt") : o.input + ":" + std::to_string(n);
+    if (const auto big = oversized_bytes.find(n); big != oversized_bytes.end()) {
+      r.settings = m.defaults;
+      r.error = r.where + ": the line has " + std::to_string(big->second) +
+                " bytes; an --input line may have at most " + std::to_string(kMaxJsonlLineBytes) + " (64 MiB)";
+      if (!std::binary_search(skip.begin(), skip.end(), r.index)) out.todo.push_back(out.requests.size());
+      out.requests.push_back(std::move(r));
+      continue;
+    }
+    const bool done = std::binary_search(skip.begin(), skip.end(), r.index);
+    bool is_chat = false;
+    try {
+      ordered_json line;
+      if (o.prompt) {
+        line["prompt"] = text;
+      } else {
+        line = parse_jsonl_line(text, r.where);
+      }
+      read_request_line(line, m.defaults, m.files->config.vocab_size, o.chat, *m.tokenizer, m.model_dir, chat, r, is_chat);
+    } catch (const Error& e) {
+      if (o.prompt) throw;
+      // In a batch a bad line (JSON, a key, its chat template) fails alone: its output
+      // line says why (finish_reason "error"), the others run, the exit code is 3.
+      r.settings = m.defaults;
+      r.text.clear();
+      r.error = e.what();
+      if (!done) out.todo.push_back(out.requests.size());
+      out.requests.push_back(std::move(r));
+      continue;
+    }
+    if (!done && static_cast<int64_t>(r.text.size()) > prompt_byte_limit) {
+      const std::string why = "the prompt has " + std::to_string(r.text.size()) +
+                              " bytes, more than --max-seq-len = " + std::to_string(m.max_seq_len) +
+                              " tokens can hold (" + std::to_string(prompt_byte_limit / m.max_seq_len) +
+                              " bytes per token at most); it was not tokenized";
+      if (o.prompt) throw Error(why, r.where);
+      r.error = why;  // in a batch it fails alone
+      out.todo.push_back(out.requests.size());
+      out.requests.push_back(std::move(r));
+      continue;
+    }
+    if (!done) {
+      try {
+        // A rendered chat text already holds the template's BOS, so no second one is added.
+        r.ids = m.tokenizer->encode(r.text, /*add_special_tokens=*/!is_chat);
+      } catch (const Error& e) {
+        if (o.prompt) throw e.at(r.where);
+        r.error = e.at(r.where).what();  // fails alone, as a bad line
+        r.ids.clear();
+      }
+      if (o.prompt && r.ids.empty()) throw Error("the prompt has no tokens (and the tokenizer adds no BOS)", r.where);
+      // One prompt is refused now; in a batch it fails alone (its line says why).
+      if (o.prompt && static_cast<int64_t>(r.ids.size()) > m.max_seq_len) {
+        throw Error("the prompt is longer than the context", r.where,
+                    "<= --max-seq-len = " + std::to_string(m.max_seq_len) + " tokens",
+                    std::to_string(r.ids.size()) + " tokens");
+      }
+      if (static_cast<int64_t>(r.ids.size()) == m.max_seq_len && r.settings.max_new_tokens > 0 && w.world_rank == 0) {
+        warn_once(r.where + ": the prompt fills --max-seq-len = " + std::to_string(m.max_seq_len) +
+             " tokens; no room is left for new tokens");
+      }
+      out.todo.push_back(out.requests.size());
+    }
+    out.requests.push_back(std::move(r));
+  }
+  return out;
+}
+
+// The run's sampling seed, the same on every rank: --seed, else the journal's (so a
+// resumed run samples the requests still to run as the interrupted run would have), else
+// a random one drawn by world rank 0. Collective over the world.
+uint64_t choose_seed(const GenerateOptions& o, const JournalContents& found, MpiGroups& groups,
+                     std::optional<uint64_t>& journal_seed) {
+  if (found.header.is_object() && found.header.contains("seed") && found.header["seed"].is_number_unsigned()) {
+    journal_seed = found.header["seed"].get<uint64_t>();
+  }
+  uint64_t seed = 0;
+  if (o.seed) {
+    seed = *o.seed;
+  } else if (groups.world_config.world_rank == 0) {
+    seed = journal_seed ? *journal_seed : (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
+  }
+  groups.world->broadcast(&seed, sizeof seed, 0);
+  return seed;
+}
+
+// World rank 0: the sampling line (--verbose) and a warning for sampling flags that a
+// greedy run ignores.
+void report_sampling(const GenerateOptions& o, const RequestSettings& defaults, const std::vector<Request>& requests,
+                     uint64_t seed, bool& any_sampling) {
+  const SamplingParams& p = defaults.sampling;
+  char line[256];
+  std::snprintf(line, sizeof line,
+                "sampling: temperature %g, top_k %lld, top_p %g, min_p %g, repetition_penalty %g, seed %llu",
+                p.temperature, static_cast<long long>(p.top_k), p.top_p, p.min_p, p.repetition_penalty,
+                static_cast<unsigned long long>(seed));
+  info(line);
+  // Only when no request samples (an --input line may set its own temperature).
+  any_sampling = std::any_of(requests.begin(), requests.end(),
+                             [](const Request& r) { return r.settings.sampling.temperature > 0.0; });
+  std::string unused;
+  for (const auto& [given, flag] : {std::pair{o.top_k.has_value(), "--top-k"}, {o.top_p.has_value(), "--top-p"},
+                                    {o.min_p.has_value(), "--min-p"}, {o.seed.has_value(), "--seed"}}) {
+    if (given) unused += std::string(unused.empty() ? "" : ", ") + flag;
+  }
+  if (!any_sampling && !unused.empty()) {
+    warn_once("decoding is greedy (temperature 0), so " + unused +
+              (unused.find(',') == std::string::npos ? " has" : " have") +
+              " no effect; give --temperature > 0 to sample");
+  }
+}
+
+// The flags that override generation_config.json's request defaults.
+void apply_sampling_flags(const GenerateOptions& o, RequestSettings& d) {
+  SamplingParams& p = d.sampling;
+  if (o.temperature) p.temperature = *o.temperature;
+  if (o.top_k) p.top_k = *o.top_k;
+  if (o.top_p) p.top_p = *o.top_p;
+  if (o.min_p) p.min_p = *o.min_p;
+  if (o.repetition_penalty) p.repetition_penalty = *o.repetition_penalty;
+  if (o.max_new_tokens) d.max_new_tokens = *o.max_new_tokens;
+  d.stop = o.stop;
+  d.stop_token_ids = o.stop_token_ids;
+  d.top_logprobs = o.logprobs ? o.top_logprobs : -1;
+}
+
+// --prompt on every rank: dp group 0 generates (rank 0 streams it); the other groups wait
+// for its whole completion. Returns the exit code, the same on every rank.
+int run_prompt(Engine& engine, const Tokenizer& tok, const Request& r, const std::vector<int64_t>& eos, uint64_t seed,
+               MpiGroups& groups, JsonlOutput* output) {
+  const WorldConfig& w = groups.world_config;
+  float failed = 0.0f;
+  if (w.dp_rank == 0 && run_single(engine, tok, r, eos, seed, w.world_rank == 0, output)) failed = 1.0f;
+  // The other dp groups wait here for group 0's whole completion: no stall, so no
+  // timeout for them (group 0's own collectives are watched).
+  const double timeout = comm_timeout();
+  if (w.dp_rank != 0) set_comm_timeout(0);
+  groups.world->all_reduce_max(&failed, 1);  // every rank exits with the same code
+  set_comm_timeout(timeout);
+  return failed > 0.0f ? kSomeFailedExit : kOkExit;
+}
+
+std::string num(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+void invalid(const char* option, const std::string& expected, const std::string& actual) {
+  throw Error("invalid value", option, expected, actual);
+}
+
+EngineFlags generate_engine_flags() {
+  return paged_engine_flags("split the --input prompts", "With --input, prompts decoded together (continuous batching)");
+}
+
 }  // namespace
 
+// The options of `linnet-tp [generate]` besides the engine flags.
+cxxopts::Options generate_command_options() {
+  cxxopts::Options opts("linnet-tp",
+                        "Tensor-parallel inference for Llama-family models. Run it under mpirun:\n"
+                        "every rank loads its slice of the checkpoint and computes its share of\n"
+                        "each layer.\n\n"
+                        "  mpirun -np 4 linnet-tp --model DIR --prompt TEXT\n\n"
+                        "Subcommands: generate (the default), serve, loss, bench, info, tokenize, template (see SUBCOMMAND --help).\n");
+  opts.custom_help("[generate] [OPTIONS]");
+  // clang-format off
+  opts.add_options()
+    ("prompt", "Prompt text (raw, unless --chat)", cxxopts::value<std::string>())
+    ("input", "JSONL file, one {\"prompt\": ...} per line, generated with continuous batching "
+     "(instead of --prompt); a {\"messages\": [...], ...} line is rendered with the chat template. "
+     "A line may set temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty, "
+     "frequency_penalty, seed, max_new_tokens, "
+     "stop, stop_token_ids, logprobs, top_logprobs (default: the flags)",
+     cxxopts::value<std::string>())
+    ("chat", "Treat --prompt (and each {\"prompt\"} line) as one user message and render it with the "
+     "model's chat template (add_generation_prompt true)")
+    ("output", "JSONL results, one {index, prompt, completion, prompt_ids, completion_ids, "
+     "finish_reason, prompt_tokens, completion_tokens} per prompt in input order; written "
+     "atomically when the run ends (an interrupted run keeps the finished ones). With --input, "
+     "each finished request goes to OUTPUT.journal at once (kept after a crash, removed at the end)",
+     cxxopts::value<std::string>())
+    ("resume", "With --input and --output: keep the lines already in --output and in its journal "
+     "(matched by their \"index\", the 0-based input line) and generate only the missing ones")
+    ("max-new-tokens", "Most tokens to generate per prompt; prompt + new tokens never exceed "
+     "--max-seq-len. Default: generation_config.json, else 256", cxxopts::value<int64_t>())
+    ("temperature", "Sampling temperature; 0 = greedy. Default: generation_config.json "
+     "(do_sample true: its temperature or 1; else 0)", cxxopts::value<double>())
+    ("top-k", "With sampling, keep the k most probable tokens; 0 = off. Default: "
+     "generation_config.json, else 50", cxxopts::value<int64_t>())
+    ("top-p", "With sampling, keep the smallest set of most probable tokens with mass >= p. "
+     "Default: generation_config.json, else 1", cxxopts::value<double>())
+    ("min-p", "With sampling, drop tokens whose probability is below min-p times the most "
+     "probable one's; 0 = off. Default: generation_config.json, else 0", cxxopts::value<double>())
+    ("repetition-penalty", "Divide positive (multiply negative) logits of tokens already in the "
+     "prompt or completion by this; 1 = off. Default: generation_config.json, else 1",
+     cxxopts::value<double>())
+    ("stop", "Stop string (repeatable): generation ends when the completion contains it, and the "
+     "completion is cut before it", cxxopts::value<std::string>())
+    ("stop-token-ids", "Comma-separated token ids that end generation, besides the model's EOS ids",
+     cxxopts::value<std::vector<int64_t>>())
+    ("logprobs", "Record each new token's log-probability (log_softmax of the raw logits) in --output")
+    ("top-logprobs", "With --logprobs, also the N most probable alternatives per token (N <= 20; "
+     "implies --logprobs)", cxxopts::value<int64_t>())
+    ("seed", "Sampling seed (default: random, printed with --verbose; --resume takes the journal's)",
+     cxxopts::value<uint64_t>())
+    ("progress", "Draw the --input progress bar on stderr even when it is not a terminal (under mpirun a "
+     "rank's stderr is a pipe, so the bar is off unless asked for)")
+    ("version", "Print the version and exit")
+    ("h,help", "Print this help and exit");
+  // clang-format on
+  return opts;
+}
+
+// --max-new-tokens and the sampling flags, checked against the ranges a request line's
+// keys have (requests/request_settings.h).
+void read_sampling_flags(const cxxopts::ParseResult& r, GenerateOptions& g) {
+  if (r.count("max-new-tokens")) {
+    g.max_new_tokens = r["max-new-tokens"].as<int64_t>();
+    if (*g.max_new_tokens < 0) invalid("--max-new-tokens", ">= 0", std::to_string(*g.max_new_tokens));
+  }
+  if (r.count("temperature")) {
+    g.temperature = r["temperature"].as<double>();
+    if (!temperature_ok(*g.temperature)) invalid("--temperature", "a finite number >= 0", num(*g.temperature));
+  }
+  if (r.count("min-p")) {
+    g.min_p = r["min-p"].as<double>();
+    if (!min_p_ok(*g.min_p)) invalid("--min-p", "in [0, 1]", num(*g.min_p));
+  }
+  if (r.count("repetition-penalty")) {
+    g.repetition_penalty = r["repetition-penalty"].as<double>();
+    if (!penalty_ok(*g.repetition_penalty)) {
+      invalid("--repetition-penalty", "a finite number > 0", num(*g.repetition_penalty));
+    }
+  }
+  // Every --stop in order (cxxopts' vector values would split a stop string at commas).
+  for (const auto& kv : r.arguments()) {
+    if (kv.key() != "stop") continue;
+    if (kv.value().empty()) invalid("--stop", "a non-empty string", "\"\"");
+    g.stop.push_back(kv.value());
+  }
+  if (r.count("stop-token-ids")) {
+    g.stop_token_ids = r["stop-token-ids"].as<std::vector<int64_t>>();
+    for (int64_t id : g.stop_token_ids) {
+      if (id < 0) invalid("--stop-token-ids", "token ids >= 0", std::to_string(id));
+    }
+  }
+  g.logprobs = r.count("logprobs") > 0;
+  if (r.count("top-logprobs")) {
+    g.top_logprobs = r["top-logprobs"].as<int64_t>();
+    if (g.top_logprobs < 0 || g.top_logprobs > kMaxTopLogprobs) {
+      invalid("--top-logprobs", "in [0, " + std::to_string(kMaxTopLogprobs) + "]", std::to_string(g.top_logprobs));
+    }
+    g.logprobs = true;
+  }
+  if (r.count("top-k")) {
+    g.top_k = r["top-k"].as<int64_t>();
+    if (*g.top_k < 0) invalid("--top-k", ">= 0", std::to_string(*g.top_k));
+  }
+  if (r.count("top-p")) {
+    g.top_p = r["top-p"].as<double>();
+    if (!top_p_ok(*g.top_p)) invalid("--top-p", "in (0, 1]", num(*g.top_p));
+  }
+}
+
+std::optional<GenerateOptions> parse_generate_options(int argc, char** argv, std::string& help_text, bool& version) {
+  cxxopts::Options opts = generate_command_options();
+  add_engine_options(opts, generate_engine_flags());
+
+  const auto parsed = parse_options(opts, argc, argv, "generate", help_text);
+  if (!parsed) return std::nullopt;
+  const cxxopts::ParseResult& r = *parsed;
+  GenerateOptions g;
+  if (r.count("version")) {
+    version = true;
+    return g;
+  }
+  read_engine_options(r, generate_engine_flags(), g.engine);
+  if (r.count("prompt") > 1 || r.count("input") > 1) throw Error("given more than once", "--prompt/--input");
+  if (r.count("prompt")) g.prompt = r["prompt"].as<std::string>();
+  if (r.count("input")) g.input = r["input"].as<std::string>();
+  if (r.count("output")) {
+    g.output = r["output"].as<std::string>();
+    if (g.output.empty()) throw Error("is empty", "--output");
+  }
+  if (!g.prompt && g.input.empty()) throw Error("give --prompt TEXT or --input FILE.jsonl", "--prompt");
+  if (g.prompt && !g.input.empty()) throw Error("give only one of --prompt and --input", "--input");
+  read_sampling_flags(r, g);
+  g.resume = r.count("resume") > 0;
+  if (g.resume && (g.input.empty() || g.output.empty())) throw Error("needs --input and --output", "--resume");
+  if (r.count("seed")) g.seed = r["seed"].as<uint64_t>();
+  g.progress = r.count("progress") > 0;
+  g.chat = r.count("chat") > 0;
+  return g;
+}
+
 int run_generate(const GenerateOptions& o, Job& job) {
-  set_verbose(o.verbose);
-  set_comm_timeout(o.comm_timeout);
-  std::optional<MpiGroups> made = make_run_groups(job, o.tp);
+  std::optional<MpiGroups> made = start_engine_run(o.engine, job);
   if (!made) return kUsageExit;
   MpiGroups& groups = *made;
   const WorldConfig& w = groups.world_config;
@@ -300,280 +514,49 @@ int run_generate(const GenerateOptions& o, Job& job) {
 
   // Rank 0 reads the prompts (stdin and local files exist only there under mpirun), the
   // lines to keep for --resume, and checks --output; then every rank gets the lines.
-  std::vector<std::pair<int, std::string>> lines;
-  std::vector<std::pair<int, std::string>> oversized;  // line number, its byte count: each fails alone
-  std::map<int64_t, std::string> kept;  // rank 0
-  std::vector<std::string> kept_indices;
-  std::string journal_file;             // rank 0, --input with --output: <output>.journal
-  JournalContents journal_found;        // rank 0, --resume: what the journal holds (or the run record)
-  std::string settings_file;            // rank 0, --resume: where journal_found's header came from
-  std::set<int64_t> from_journal;       // rank 0: indices kept from the journal only
-  std::map<int64_t, std::string> kept_where;  // rank 0: "file:line" of each kept line
+  GenerateInput in;
   if (!job.load_phase([&] {
-        if (w.world_rank != 0) return;
-        if (o.prompt) {
-          lines = {{1, *o.prompt}};  // the text itself: JSON would mask invalid UTF-8
-        } else {
-          std::vector<std::pair<int, uint64_t>> too_long;
-          lines = read_jsonl_lines(o.input, &too_long, [] { return caught_stop_signal() != 0; });
-          for (const auto& [n, bytes] : too_long) oversized.emplace_back(n, std::to_string(bytes));
-        }
-        if (!o.output.empty()) {
-          check_output_path(o.output, o.input);
-          if (batch) journal_file = journal_path(o.output);
-        }
-        if (o.resume) {
-          wait_for_journal_writer(journal_file);  // a killed mpirun's ranks may still be at work
-          std::map<int64_t, int> numbers;
-          kept = read_output_lines(resolve_output_path(o.output), &numbers);
-          for (const auto& [index, n] : numbers) kept_where[index] = o.output + ":" + std::to_string(n);
-          journal_found = read_journal(journal_file, "generate");
-          settings_file = journal_file;
-          if (!journal_found.exists && !kept.empty()) {  // a finished run's --output: its record
-            journal_found.header = read_run_record(o.output, "generate");
-            settings_file = run_record_path(o.output);
-          }
-          if (!journal_found.dropped.empty()) {
-            warn_once("ignoring " + journal_found.dropped + "; that request runs again");
-          }
-          for (const auto& [n, text] : journal_found.lines) {
-            const std::string where = journal_file + ":" + std::to_string(n);
-            const int64_t index = output_line_index(parse_jsonl_line(text, where), where);
-            const auto [it, added] = kept.emplace(index, text);
-            if (added) {
-              from_journal.insert(index);
-              kept_where[index] = where;
-            } else if (it->second != text) {
-              throw Error("index " + std::to_string(index) + " is also in " +
-                              (from_journal.count(index) ? std::string("the journal") : "--output " + o.output) +
-                              " with a different line; are they of different runs?",
-                          where);
-            }
-          }
-        } else if (!journal_file.empty() && std::filesystem::exists(journal_file)) {
-          if (journal_in_use(journal_file)) {
-            throw Error("another linnet-tp run is writing this --output now (it holds its journal); wait for it to "
-                        "end, or stop it",
-                        journal_file);
-          }
-          throw Error("an unfinished run left its journal here: give --resume to keep its finished requests and run "
-                      "only the rest, or remove the journal to start over",
-                      journal_file);
-        }
-        for (const auto& [index, line] : kept) kept_indices.push_back(std::to_string(index));
+        if (w.world_rank == 0) read_generate_input(o, batch, in);
       })) {
     return job.load_failure_exit();  // 130 when a signal stopped the reading
   }
-  broadcast_lines(*groups.world, lines);
-  broadcast_lines(*groups.world, oversized);
-  broadcast_strings(*groups.world, kept_indices);
+  broadcast_lines(*groups.world, in.lines);
+  broadcast_lines(*groups.world, in.oversized);
+  broadcast_strings(*groups.world, in.kept_indices);
   // An oversized line takes its place in input order with no text (a real line is never
   // blank); its request fails alone below.
   std::map<int, uint64_t> oversized_bytes;
-  for (const auto& [n, bytes] : oversized) {
+  for (const auto& [n, bytes] : in.oversized) {
     oversized_bytes[n] = std::stoull(bytes);
-    lines.emplace_back(n, std::string());
+    in.lines.emplace_back(n, std::string());
   }
-  std::stable_sort(lines.begin(), lines.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::stable_sort(in.lines.begin(), in.lines.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
 
-  std::unique_ptr<ModelFiles> files;
-  std::unique_ptr<Tokenizer> tokenizer;
-  std::unique_ptr<Backend> backend;
-  std::unique_ptr<Engine> engine;
-  std::vector<Request> requests;
-  std::vector<size_t> todo;  // positions in `requests` still to generate
-  std::vector<int64_t> eos;
-  RequestSettings defaults;
+  GenerationModel m;
+  GenerateRequests reqs;
+  OpenedEngine e;
   ordered_json settings;  // what the journal's header keeps for --resume to check
   const bool loaded = job.load_phase([&] {
-    GenerationModel m = open_generation_model(o, w);
-    const std::filesystem::path& model_dir = m.model_dir;
-    const int64_t max_seq_len = m.max_seq_len;
-    files = std::move(m.files);
-    tokenizer = std::move(m.tokenizer);
-    defaults = m.defaults;
-    eos = m.eos;
-    settings = generate_settings(o, defaults, model_dir, max_seq_len);
-    if (w.world_rank == 0 && o.resume) check_journal_settings(journal_found, settings, settings_file);
-
-    std::vector<int64_t> skip;
-    for (const auto& s : kept_indices) skip.push_back(std::stoll(s));
-    std::sort(skip.begin(), skip.end());
-    // No prompt longer than this many bytes can have <= max_seq_len tokens: it is refused
-    // before the tokenizer sees it (the tokenizer's time and memory grow with the text).
-    const int64_t prompt_byte_limit = max_seq_len * prompt_bytes_per_token(*tokenizer);
-    std::unique_ptr<ModelChatTemplate> chat;
-    // The flags' own values fail the run, before any line (a line's keys fail that line).
-    for (const int64_t id : defaults.stop_token_ids) {
-      if (id >= files->config.vocab_size) {
-        throw Error("invalid value", "--stop-token-ids", "ids < vocab_size = " + std::to_string(files->config.vocab_size),
-                    std::to_string(id));
-      }
-    }
-    for (const auto& [n, text] : lines) {
-      Request r;
-      r.index = n - 1;
-      r.where = o.prompt ? std::string("--prompt") : o.input + ":" + std::to_string(n);
-      if (const auto big = oversized_bytes.find(n); big != oversized_bytes.end()) {
-        r.settings = defaults;
-        r.error = r.where + ": the line has " + std::to_string(big->second) +
-                  " bytes; an --input line may have at most " + std::to_string(kMaxJsonlLineBytes) + " (64 MiB)";
-        if (!std::binary_search(skip.begin(), skip.end(), r.index)) todo.push_back(requests.size());
-        requests.push_back(std::move(r));
-        continue;
-      }
-      const bool done = std::binary_search(skip.begin(), skip.end(), r.index);
-      bool is_chat = false;
-      try {
-        ordered_json line;
-        if (o.prompt) {
-          line["prompt"] = text;
-        } else {
-          line = parse_jsonl_line(text, r.where);
-        }
-        read_request_line(line, defaults, files->config.vocab_size, o.chat, *tokenizer, model_dir, chat, r, is_chat);
-      } catch (const Error& e) {
-        if (o.prompt) throw;
-        // In a batch a bad line (JSON, a key, its chat template) fails alone: its output
-        // line says why (finish_reason "error"), the others run, the exit code is 3.
-        r.settings = defaults;
-        r.text.clear();
-        r.error = e.what();
-        if (!done) todo.push_back(requests.size());
-        requests.push_back(std::move(r));
-        continue;
-      }
-      if (!done && static_cast<int64_t>(r.text.size()) > prompt_byte_limit) {
-        const std::string why = "the prompt has " + std::to_string(r.text.size()) +
-                                " bytes, more than --max-seq-len = " + std::to_string(max_seq_len) +
-                                " tokens can hold (" + std::to_string(prompt_byte_limit / max_seq_len) +
-                                " bytes per token at most); it was not tokenized";
-        if (o.prompt) throw Error(why, r.where);
-        r.error = why;  // in a batch it fails alone
-        todo.push_back(requests.size());
-        requests.push_back(std::move(r));
-        continue;
-      }
-      if (!done) {
-        try {
-          // A rendered chat text already holds the template's BOS, so no second one is added.
-          r.ids = tokenizer->encode(r.text, /*add_special_tokens=*/!is_chat);
-        } catch (const Error& e) {
-          if (o.prompt) throw e.at(r.where);
-          r.error = e.at(r.where).what();  // fails alone, as a bad line
-          r.ids.clear();
-        }
-        if (o.prompt && r.ids.empty()) throw Error("the prompt has no tokens (and the tokenizer adds no BOS)", r.where);
-        // One prompt is refused now; in a batch it fails alone (its line says why).
-        if (o.prompt && static_cast<int64_t>(r.ids.size()) > max_seq_len) {
-          throw Error("the prompt is longer than the context", r.where,
-                      "<= --max-seq-len = " + std::to_string(max_seq_len) + " tokens",
-                      std::to_string(r.ids.size()) + " tokens");
-        }
-        if (static_cast<int64_t>(r.ids.size()) == max_seq_len && r.settings.max_new_tokens > 0 && w.world_rank == 0) {
-          warn_once(r.where + ": the prompt fills --max-seq-len = " + std::to_string(max_seq_len) +
-               " tokens; no room is left for new tokens");
-        }
-        todo.push_back(requests.size());
-      }
-      requests.push_back(std::move(r));
-    }
+    m = open_generation_model(o.engine, w, [&](RequestSettings& d) { apply_sampling_flags(o, d); });
+    settings = generate_settings(o, m.defaults, m.model_dir, m.max_seq_len);
+    if (w.world_rank == 0 && o.resume) check_journal_settings(in.journal_found, settings, in.settings_file);
+    reqs = build_requests(o, m, in, oversized_bytes, w);
     // Rank 0: a kept line must belong to this input (its index and its prompt).
-    for (const auto& [index, line] : kept) {
-      const auto it = std::find_if(requests.begin(), requests.end(), [&](const Request& r) { return r.index == index; });
-      const std::string where = kept_where[index] + " (index " + std::to_string(index) + ")";
-      if (it == requests.end()) throw Error("no input line has this index; is it the output of another input?", where);
-      const ordered_json j = ordered_json::parse(line);
-      // Only the keys linnet-tp writes: a line edited by hand would end up in --output.
-      for (const auto& [key, value] : j.items()) {
-        static const std::set<std::string> written = {"index", "prompt", "completion", "prompt_ids", "completion_ids",
-                                                      "finish_reason", "error", "prompt_tokens", "completion_tokens",
-                                                      "logprobs"};
-        if (!written.count(key)) {
-          throw Error("a kept line has a key linnet-tp does not write: \"" + key + "\"; is it linnet-tp's output?",
-                      where);
-        }
+    for (const auto& [index, line] : in.kept) {
+      const auto it = std::find_if(reqs.requests.begin(), reqs.requests.end(),
+                                   [&](const Request& r) { return r.index == index; });
+      const std::string where = in.kept_where[index] + " (index " + std::to_string(index) + ")";
+      if (it == reqs.requests.end()) {
+        throw Error("no input line has this index; is it the output of another input?", where);
       }
-      if (!j.contains("prompt") || j["prompt"] != it->text) {
-        throw Error("its prompt differs from " + it->where + "; is it the output of another input?", where);
-      }
-      for (const char* key : {"completion", "finish_reason"}) {
-        if (!j.contains(key) || !j[key].is_string()) {
-          throw Error(std::string("a kept line needs a string \"") + key + "\" (as linnet-tp writes it)", where);
-        }
-      }
-      // Its values too, as an input line's are: ids of this model, a finish reason
-      // linnet-tp writes, counts and a completion text that are those of its ids (an
-      // edited id or text would reach --output).
-      const int64_t vocab = files->config.vocab_size;
-      auto ids_of = [&](const char* key) {
-        if (!j.contains(key) || !j[key].is_array()) {
-          throw Error(std::string("a kept line needs a \"") + key + "\" list (as linnet-tp writes it)", where);
-        }
-        std::vector<int32_t> ids;
-        for (const auto& v : j[key]) {
-          if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= vocab) {
-            throw Error(std::string("its \"") + key + "\" holds " + v.dump() + ", not a token id of this model (0 to " +
-                            std::to_string(vocab - 1) + "); was the line edited?",
-                        where);
-          }
-          ids.push_back(v.get<int32_t>());
-        }
-        return ids;
-      };
-      Request probe;
-      probe.ids = ids_of("prompt_ids");
-      probe.settings = it->settings;
-      const std::vector<int32_t> completion_ids = ids_of("completion_ids");
-      const std::string finish = j["finish_reason"].get<std::string>();
-      if (finish != "stop" && finish != "length" && finish != "error") {
-        throw Error("its \"finish_reason\" is \"" + finish + "\" (linnet-tp writes stop, length or error)", where);
-      }
-      if ((finish == "error") != (j.contains("error") && j["error"].is_string())) {
-        throw Error("a kept line has a string \"error\" exactly when its finish_reason is \"error\"", where);
-      }
-      for (const auto& [key, n] : {std::pair<const char*, size_t>{"prompt_tokens", probe.ids.size()},
-                                   {"completion_tokens", completion_ids.size()}}) {
-        if (j.contains(key) && !(j[key].is_number_unsigned() && j[key].get<uint64_t>() == n)) {
-          throw Error(std::string("its \"") + key + "\" is " + j[key].dump() + ", not the " + std::to_string(n) +
-                          " ids it lists; was the line edited?",
-                      where);
-        }
-      }
-      std::string text;
-      bool stopped = false;
-      try {
-        text = completion_text(*tokenizer, probe, completion_ids, stopped);
-      } catch (const Error&) {
-        text.clear();
-      }
-      if (text != j["completion"].get<std::string>()) {
-        throw Error("its \"completion\" is not the text of its \"completion_ids\"; was the line edited?", where);
-      }
-      // A finish reason its ids bear out: "length" at the request's limit (its
-      // max_new_tokens, or the context), "stop" at an EOS / stop token id or a stop string.
-      if (finish != "error") {
-        const int64_t n = static_cast<int64_t>(completion_ids.size());
-        const int64_t limit =
-            std::min<int64_t>(it->settings.max_new_tokens, max_seq_len - static_cast<int64_t>(probe.ids.size()));
-        const int64_t last = completion_ids.empty() ? -1 : completion_ids.back();
-        const bool stop_id = last >= 0 && (std::find(eos.begin(), eos.end(), last) != eos.end() ||
-                                           std::find(it->settings.stop_token_ids.begin(),
-                                                     it->settings.stop_token_ids.end(), last) !=
-                                               it->settings.stop_token_ids.end());
-        const bool ok = n <= limit && (finish == "length" ? n == limit : stop_id || stopped);
-        if (!ok) {
-          throw Error("its finish_reason \"" + finish + "\" does not fit its " + std::to_string(n) +
-                          " completion ids (the limit is " + std::to_string(limit) + "); was the line edited?",
-                      where);
-        }
-      }
+      check_kept_output_line(line, where, *it, *m.tokenizer, m.files->config.vocab_size, m.max_seq_len, m.eos);
     }
-
-    const int64_t share = static_cast<int64_t>((todo.size() + static_cast<size_t>(w.dp_size) - 1 -
+    const int64_t share = static_cast<int64_t>((reqs.todo.size() + static_cast<size_t>(w.dp_size) - 1 -
                                                 static_cast<size_t>(w.dp_rank)) / static_cast<size_t>(w.dp_size));
-    const int64_t batch_rows = std::max<int64_t>(1, std::min<int64_t>(o.max_batch, share));
-    build_generation_engine(o, *files, m.plan, max_seq_len, groups, batch_rows, backend, engine);
+    const int64_t batch_rows = std::max<int64_t>(1, std::min<int64_t>(o.engine.max_batch, share));
+    e = open_engine(o.engine, m.files->config, m.files.get(), m.plan, groups,
+                    {EngineSizing::Kv::kPaged, m.max_seq_len, batch_rows});
+    report_engine(e, *m.files, m.plan, m.max_seq_len, batch_rows, w);
   });
   if (!loaded) return kLoadErrorExit;
 
@@ -582,47 +565,16 @@ int run_generate(const GenerateOptions& o, Job& job) {
   ordered_json journal_header;       // rank 0: its first line, and the run record at the end
   int code = 0;
   try {
-    if (w.world_rank == 0 && !files->unused_tensors.empty()) {
+    if (w.world_rank == 0 && !m.files->unused_tensors.empty()) {
       std::string names;
-      for (const auto& n : files->unused_tensors) names += (names.empty() ? "" : ", ") + n;
+      for (const auto& n : m.files->unused_tensors) names += (names.empty() ? "" : ", ") + n;
       warn_once("checkpoint tensors the model does not use: " + names);
     }
-    // The journal's seed, so that a resumed run without --seed samples the requests
-    // still to run as the interrupted run would have.
     std::optional<uint64_t> journal_seed;
-    if (journal_found.header.is_object() && journal_found.header.contains("seed") &&
-        journal_found.header["seed"].is_number_unsigned()) {
-      journal_seed = journal_found.header["seed"].get<uint64_t>();
-    }
-    uint64_t seed = 0;
-    if (o.seed) {
-      seed = *o.seed;
-    } else if (w.world_rank == 0) {
-      seed = journal_seed ? *journal_seed
-                          : (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
-    }
-    groups.world->broadcast(&seed, sizeof seed, 0);
+    const uint64_t seed = choose_seed(o, in.journal_found, groups, journal_seed);
     if (w.world_rank == 0) {
-      const SamplingParams& p = defaults.sampling;
-      char line[256];
-      std::snprintf(line, sizeof line,
-                    "sampling: temperature %g, top_k %lld, top_p %g, min_p %g, repetition_penalty %g, seed %llu",
-                    p.temperature, static_cast<long long>(p.top_k), p.top_p, p.min_p, p.repetition_penalty,
-                    static_cast<unsigned long long>(seed));
-      info(line);
-      // Only when no request samples (an --input line may set its own temperature).
-      const bool any_sampling = std::any_of(requests.begin(), requests.end(),
-                                            [](const Request& r) { return r.settings.sampling.temperature > 0.0; });
-      std::string unused;
-      for (const auto& [given, flag] : {std::pair{o.top_k.has_value(), "--top-k"}, {o.top_p.has_value(), "--top-p"},
-                                        {o.min_p.has_value(), "--min-p"}, {o.seed.has_value(), "--seed"}}) {
-        if (given) unused += std::string(unused.empty() ? "" : ", ") + flag;
-      }
-      if (!any_sampling && !unused.empty()) {
-        warn_once("decoding is greedy (temperature 0), so " + unused +
-                  (unused.find(',') == std::string::npos ? " has" : " have") +
-                  " no effect; give --temperature > 0 to sample");
-      }
+      bool any_sampling = false;
+      report_sampling(o, m.defaults, reqs.requests, seed, any_sampling);
       if (!o.output.empty()) output = std::make_unique<JsonlOutput>(o.output);
       if (batch && !o.output.empty()) {
         if (journal_seed && *journal_seed != seed && any_sampling) {
@@ -633,7 +585,7 @@ int run_generate(const GenerateOptions& o, Job& job) {
         journal_header["linnet-tp journal"] = "generate";
         journal_header["seed"] = seed;
         journal_header["settings"] = settings;
-        journal = std::make_unique<Journal>(journal_file, journal_header, o.resume ? &journal_found : nullptr);
+        journal = std::make_unique<Journal>(in.journal_file, journal_header, o.resume ? &in.journal_found : nullptr);
         std::remove(run_record_path(o.output).c_str());  // written again once --output is
         std::fprintf(stderr, "[linnet-tp] journal: %s (each finished request is kept there until --output is "
                      "written; after a crash, rerun with --resume)\n", journal->path().c_str());
@@ -643,23 +595,12 @@ int run_generate(const GenerateOptions& o, Job& job) {
     }
 
     if (batch) {
-      BatchRun run{groups, *tokenizer, requests, kept, todo, o.prefix_caching, o.progress};
-      run.kept_from_journal = from_journal.size();
+      BatchRun run{groups, *m.tokenizer, reqs.requests, in.kept, reqs.todo, o.engine.prefix_caching, o.progress};
+      run.kept_from_journal = in.from_journal.size();
       run.journal = journal.get();
-      code = run_batch(*engine, run, eos, seed, output);
+      code = run_batch(*e.engine, run, m.eos, seed, output);
     } else {
-      float failed = 0.0f;
-      if (w.dp_rank == 0 && run_single(*engine, *tokenizer, requests.at(0), eos, seed, w.world_rank == 0,
-                                       output.get())) {
-        failed = 1.0f;
-      }
-      // The other dp groups wait here for group 0's whole completion: no stall, so no
-      // timeout for them (group 0's own collectives are watched).
-      const double timeout = comm_timeout();
-      if (w.dp_rank != 0) set_comm_timeout(0);
-      groups.world->all_reduce_max(&failed, 1);  // every rank exits with the same code
-      set_comm_timeout(timeout);
-      if (failed > 0.0f) code = kSomeFailedExit;
+      code = run_prompt(*e.engine, *m.tokenizer, reqs.requests.at(0), m.eos, seed, groups, output.get());
     }
     if (w.world_rank == 0 && (std::fflush(stdout) != 0 || std::ferror(stdout))) {
       throw Error(std::string("cannot write the completion: ") + std::strerror(errno), "stdout");
@@ -667,13 +608,10 @@ int run_generate(const GenerateOptions& o, Job& job) {
     if (output) output->commit();
     // Every finished line is in --output now (an interrupted run keeps the journal); the
     // run record keeps its settings for a later --resume over it.
-    if (journal && code != kInterruptedExit) {
-      write_run_record(o.output, journal_header);
-      journal->remove();
-    }
-  } catch (const std::exception& e) {
+    retire_journal(journal.get(), o.output, journal_header, code);
+  } catch (const std::exception& ex) {
     const std::string note = journal_note(journal.get());
-    job.abort(e.what() + note, [&] { output.reset(); });
+    job.abort(ex.what() + note, [&] { output.reset(); });
   }
   return code;
 }

@@ -9,12 +9,13 @@
 
 #include "common/error.h"
 #include "launch/cli_parse.h"
-#include "launch/job.h"
-#include "launch/model_path.h"
+#include "driver/job.h"
+#include "loader/model_path.h"
 #include "loader/checkpoint.h"
 #include "loader/model_config.h"
 #include "loader/weight_table.h"
 #include "parallel/shard_plan.h"
+#include "launch/engine_setup.h"
 #include "runtime/backend_factory.h"
 #include "runtime/model_loader.h"
 #include "runtime/weights.h"
@@ -90,13 +91,13 @@ int run_info(const InfoOptions& o, Job& job) {
     if (c.fused_projections) std::printf(", fused qkv_proj / gate_up_proj");
     std::printf("\n");
 
-    ScalarType held = config_weight_dtype(c);
+    DType held = config_weight_dtype(c);
     if (has_checkpoint(dir)) {
       const Checkpoint ckpt = Checkpoint::open(dir);  // headers only
-      held = from_dtype(ckpt.dominant_dtype());
+      held = ckpt.dominant_dtype();
       const std::vector<std::string> unused = ckpt.validate(tensor_specs(weight_table(c)));
       std::map<std::string, int> dtypes;
-      for (const WeightEntry& e : weight_table(c)) dtypes[dtype_name(ckpt.find(e.name).first->dtype)]++;
+      for (const WeightEntry& e : weight_table(c)) dtypes[safetensors_dtype_name(ckpt.find(e.name).first->dtype)]++;
       std::string d;
       for (const auto& [name, n] : dtypes) d += (d.empty() ? "" : ", ") + std::to_string(n) + " " + name;
       std::printf("checkpoint: %s of tensor data; the model's tensors: %s; all names and shapes match%s\n",
@@ -106,7 +107,11 @@ int run_info(const InfoOptions& o, Job& job) {
       std::printf("checkpoint: none in this directory; sizes below come from config.json\n");
     }
 
-    held = held_weight_dtype(o.weight_dtype, "cpu", held);
+    EngineOptions eo;  // what info plans for: the CPU backend, an f32 KV cache
+    eo.backend = "cpu";
+    eo.weight_dtype = o.weight_dtype;
+    const DType auto_dtype = held;
+    held = held_weight_dtype(o.weight_dtype, "cpu", auto_dtype);
     const int64_t max_seq_len = resolve_max_seq_len(c, o.max_seq_len);
     const ShardPlan first = ShardPlan::make(c, 0, o.tp);  // throws with the tp sizes that work
     std::printf("tp %d (tp sizes that work: %s), KV cache of one sequence of %lld positions (generate --input "
@@ -119,10 +124,10 @@ int run_info(const InfoOptions& o, Job& job) {
       std::printf(", vocabulary padded to %lld", static_cast<long long>(first.vocab_padded));
     }
     std::printf("\n%-5s %-14s %-12s %-18s %-20s %-14s %-12s\n", "rank", "q heads", "KV heads", "MLP units",
-                "vocab rows", (std::string("weights(") + scalar_type_name(held) + ")").c_str(), "KV cache");
+                "vocab rows", (std::string("weights(") + dtype_name(held) + ")").c_str(), "KV cache");
     for (int r = 0; r < o.tp; ++r) {
       const ShardPlan p = ShardPlan::make(c, r, o.tp);
-      const RankMemory m = rank_memory(c, p, max_seq_len, 1, held);
+      const RankMemory m = plan_engine(eo, c, p, auto_dtype, {EngineSizing::Kv::kPacked, max_seq_len, 1}, -1, 1).need;
       std::printf("%-5d %-14s %-12s %-18s %-20s %-14s %-12s\n", r, range(p.head_begin, p.num_heads_local).c_str(),
                   range(p.kv_head_begin, p.num_kv_heads_local).c_str(),
                   range(p.intermediate_begin, p.intermediate_local).c_str(),

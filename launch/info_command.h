@@ -14,7 +14,7 @@ class Job;
 
 /// Options of `linnet-tp info`.
 struct InfoOptions {
-  std::string model;        // --model: a directory or a model name (launch/model_path.h)
+  std::string model;        // --model: a directory or a model name (loader/model_path.h)
   int tp = 1;               // --tp: tensor-parallel size to plan for
   int64_t max_seq_len = 0;  // --max-seq-len: KV cache length (0: the generate default)
   std::string weight_dtype = "auto";  // --weight-dtype: the dtype the weights column counts (CPU backend)

@@ -4,7 +4,7 @@
 // scored on its own), the packs are dealt round-robin to the dp groups, each group runs
 // loss_packed (vocab-parallel cross-entropy). tp rank 0 of a group sends each pack's
 // per-document sums to world rank 0 as soon as it is scored, which journals them
-// (launch/journal.h) and at the end adds them up per document, in pack order, so a
+// (driver/journal.h) and at the end adds them up per document, in pack order, so a
 // resumed run's sums equal an uninterrupted run's bit for bit.
 #pragma once
 
@@ -12,24 +12,18 @@
 #include <optional>
 #include <string>
 
+#include "launch/engine_options.h"
+
 namespace linnet {
 
 class Job;
 
 /// Options of `linnet-tp loss`.
 struct LossOptions {
-  std::string model;        // --model: directory or name
+  EngineOptions engine;     // --model, --tp, --max-seq-len (tokens per packed sequence), ... (launch/engine_options.h)
   std::string input;        // --input: JSONL, {"text": ...} or {"ids": [...], "labels": [...]} per line
   std::string output;       // --output: per-document JSONL {"index", "tokens", "nll_sum", "mean_nll"}; a journal beside it meanwhile
   bool resume = false;      // --resume: keep the documents in --output and its journal, score the rest
-  int64_t max_seq_len = 0;  // --max-seq-len: tokens per packed sequence (0: min(max_position_embeddings, 8192))
-  int tp = 0;               // --tp: ranks per tensor-parallel group (0: all ranks); dp = world / tp
-  double comm_timeout = 600;  // --comm-timeout: seconds without progress of a wait (0: none)
-  int threads = 0;          // --threads: kernel (OpenMP) threads per rank (0: cores / ranks on the node)
-  std::string backend;      // --backend cpu|cuda; empty: cuda when a device is visible, else cpu
-  std::string weight_dtype = "auto";  // --weight-dtype auto|f32|bf16|f16 (held_weight_dtype)
-  std::string kv_cache_dtype = "f32";  // --kv-cache-dtype f32|bf16 (held_kv_cache_dtype)
-  bool verbose = false;
 };
 
 /// Parses `argv` after the word "loss". Sets `help_text` and returns nullopt for --help.

@@ -1,6 +1,6 @@
 // linnet-tp: the executable. Initializes MPI and the watch over waits for other ranks
 // (parallel/comm_watch.h), parses the command line, runs the subcommand, and makes every
-// rank exit non-zero together on an error (launch/job.h).
+// rank exit non-zero together on an error (driver/job.h).
 #include <mpi.h>
 
 #include <cstdio>
@@ -12,7 +12,7 @@
 #include "launch/generate_command.h"
 #include "launch/info_command.h"
 #include "launch/loss_command.h"
-#include "launch/job.h"
+#include "driver/job.h"
 #include "launch/serve_command.h"
 #include "parallel/comm_watch.h"
 
@@ -38,7 +38,7 @@ void prefer_isolated_singleton_start() {
 int main(int argc, char** argv) {
   prefer_isolated_singleton_start();
   // serve's HTTP threads never call MPI: only the main thread does (FUNNELED).
-  // A stop signal during start-up is recorded, not fatal (launch/job.h).
+  // A stop signal during start-up is recorded, not fatal (driver/job.h).
   linnet::install_stop_handlers();
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);

@@ -13,13 +13,13 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "launch/cli_parse.h"
-#include "launch/generate_requests.h"
-#include "launch/job.h"
+#include "requests/request.h"
+#include "driver/job.h"
 #include "parallel/comm_watch.h"
-#include "launch/model_setup.h"
-#include "launch/rank_watch.h"
-#include "launch/serve_engine.h"
-#include "launch/serve_http.h"
+#include "launch/engine_setup.h"
+#include "driver/rank_watch.h"
+#include "driver/serve_loop.h"
+#include "server/api_server.h"
 #include "loader/chat/chat_template.h"
 
 namespace linnet {
@@ -62,13 +62,13 @@ std::optional<ServeOptions> parse_serve_options(int argc, char** argv, std::stri
      cxxopts::value<double>()->default_value("10"))
     ("h,help", "Print this help and exit");
   // clang-format on
-  add_engine_options(opts, "dp groups take the requests (each to the group with the fewest in flight)",
-                     "Requests decoded together per dp group (continuous batching)");
-  const auto parsed = parse_options(opts, argc, argv, "serve", help_text);
+  const EngineFlags engine_flags =
+      paged_engine_flags("take the requests (each to the group with the fewest in flight)",
+                         "Requests decoded together per dp group (continuous batching)");
+  ServeOptions o;
+  const auto parsed = parse_engine_command(opts, engine_flags, argc, argv, "serve", help_text, o.engine);
   if (!parsed) return std::nullopt;
   const cxxopts::ParseResult& r = *parsed;
-  ServeOptions o;
-  read_engine_options(r, o.engine);
   o.host = r["host"].as<std::string>();
   if (o.host.empty()) throw Error("is empty", "--host");
   read_in_range(r, "port", 0, 65535, o.port);
@@ -101,11 +101,78 @@ std::optional<ServeOptions> parse_serve_options(int argc, char** argv, std::stri
   return o;
 }
 
+namespace {
+
+// The HTTP front's settings from the flags.
+HttpConfig http_config(const ServeOptions& o) {
+  HttpConfig hc;
+  hc.host = o.host;
+  hc.port = o.port;
+  hc.api_key = o.api_key;
+  hc.max_body_bytes = o.max_body_bytes;
+  hc.threads = o.max_connections;
+  hc.timeout_s = o.timeout_s;
+  hc.header_timeout_s = o.header_timeout_s;
+  hc.keep_alive_timeout_s = o.keep_alive_timeout_s;
+  hc.max_open_connections = o.max_open_connections;
+  return hc;
+}
+
+// What the API says of the model (its name, template, defaults, limits), for world rank 0's
+// server. `chat` receives the chat template the server refers to.
+ServedModel served_model(const ServeOptions& o, const GenerationModel& m, std::unique_ptr<ModelChatTemplate>& chat) {
+  ServedModel sm;
+  sm.api.tokenizer = m.tokenizer.get();
+  sm.api.model_dir = m.model_dir;
+  try {
+    chat = std::make_unique<ModelChatTemplate>(load_chat_template(*m.tokenizer, m.model_dir));
+    sm.api.chat = chat.get();
+  } catch (const Error& e) {
+    sm.api.chat_error = std::string("this model has no usable chat template: ") + e.what();
+  }
+  sm.api.served_name = o.served_model_name.empty()
+                           ? std::filesystem::absolute(m.model_dir).lexically_normal().filename().string()
+                           : o.served_model_name;
+  if (sm.api.served_name.empty()) sm.api.served_name = m.model_dir.parent_path().filename().string();
+  sm.api.defaults = m.defaults;
+  sm.api.vocab_size = m.files->config.vocab_size;
+  sm.limits.max_seq_len = m.max_seq_len;
+  sm.limits.max_n = o.max_n;
+  sm.limits.max_choices = std::max<int64_t>(o.max_n, 64);
+  sm.limits.prompt_byte_limit = m.max_seq_len * prompt_bytes_per_token(*m.tokenizer);
+  sm.eos = m.eos;
+  return sm;
+}
+
+// A rank whose process ends (kill -9, the OOM killer) is seen within milliseconds
+// (driver/rank_watch.h): world rank 0 names it and ends every open response with an
+// error, another rank learns that rank 0 is gone; either exits non-zero 2 s later
+// unless mpirun, which ends the job about a second after it notices, is first.
+std::unique_ptr<RankWatch> watch_ranks(const WorldConfig& w, ServeHealth& health) {
+  const bool root = w.world_rank == 0;
+  const int me = w.world_rank;
+  return std::make_unique<RankWatch>(MPI_COMM_WORLD, [&health, root, me](int, const std::string& who) {
+    if (root) {
+      const std::string why = who + " is gone (its process ended)";
+      std::fprintf(stderr, "[linnet-tp] serve: %s: every open request ends with an error; exiting\n", why.c_str());
+      health.fail(why);
+    } else {
+      std::fprintf(stderr, "[rank %d] serve: %s is gone (its process ended); exiting\n", me, who.c_str());
+    }
+    std::fflush(stderr);
+    std::thread([] {
+      std::this_thread::sleep_for(std::chrono::seconds(2));  // the error responses are written
+      std::_Exit(kLoadErrorExit);
+    }).detach();
+  });
+}
+
+}  // namespace
+
 int run_serve(const ServeOptions& o, Job& job) {
-  set_verbose(o.engine.verbose);
-  // Collectives of a step; the idle waits between steps are the loop's own, untimed.
-  set_comm_timeout(o.engine.comm_timeout);
-  std::optional<MpiGroups> made = make_run_groups(job, o.engine.tp);
+  // --comm-timeout watches the collectives of a step; the idle waits between steps are
+  // the loop's own, untimed.
+  std::optional<MpiGroups> made = start_engine_run(o.engine, job);
   if (!made) return kUsageExit;
   MpiGroups& groups = *made;
   const WorldConfig& w = groups.world_config;
@@ -113,23 +180,13 @@ int run_serve(const ServeOptions& o, Job& job) {
   const bool root = w.world_rank == 0;
 
   // Rank 0 listens first, so /health says 503 while the model loads.
-  ServeQueue queue(o.engine.max_batch * w.dp_size + o.max_queue);
+  RequestQueue queue(o.engine.max_batch * w.dp_size + o.max_queue);
   ServeMetrics metrics;
   ServeHealth health(o.health_timeout_s);
   std::unique_ptr<ApiServer> server;
   if (!job.load_phase([&] {
         if (!root) return;
-        HttpConfig hc;
-        hc.host = o.host;
-        hc.port = o.port;
-        hc.api_key = o.api_key;
-        hc.max_body_bytes = o.max_body_bytes;
-        hc.threads = o.max_connections;
-        hc.timeout_s = o.timeout_s;
-        hc.header_timeout_s = o.header_timeout_s;
-        hc.keep_alive_timeout_s = o.keep_alive_timeout_s;
-        hc.max_open_connections = o.max_open_connections;
-        server = std::make_unique<ApiServer>(hc, queue, metrics, &health);
+        server = std::make_unique<ApiServer>(http_config(o), queue, metrics, &health);
         const int port = server->bind();
         server->start();
         std::fprintf(stderr, "[linnet-tp] serve: listening on http://%s:%d (pid %d, loading the model)\n", o.host.c_str(),
@@ -139,11 +196,12 @@ int run_serve(const ServeOptions& o, Job& job) {
   }
 
   GenerationModel m;
-  std::unique_ptr<Backend> backend;
-  std::unique_ptr<Engine> engine;
+  OpenedEngine e;
   const bool loaded = job.load_phase([&] {
-    m = open_generation_model(o.engine, w);
-    build_generation_engine(o.engine, *m.files, m.plan, m.max_seq_len, groups, o.engine.max_batch, backend, engine);
+    m = open_generation_model(o.engine, w, {});  // requests set their own sampling
+    e = open_engine(o.engine, m.files->config, m.files.get(), m.plan, groups,
+                    {EngineSizing::Kv::kPaged, m.max_seq_len, o.engine.max_batch});
+    report_engine(e, *m.files, m.plan, m.max_seq_len, o.engine.max_batch, w);
   });
   if (!loaded) {
     if (server) server->stop();
@@ -152,58 +210,21 @@ int run_serve(const ServeOptions& o, Job& job) {
 
   std::unique_ptr<ModelChatTemplate> chat;
   if (root) {
-    ServedModel sm;
-    sm.api.tokenizer = m.tokenizer.get();
-    sm.api.model_dir = m.model_dir;
-    try {
-      chat = std::make_unique<ModelChatTemplate>(load_chat_template(*m.tokenizer, m.model_dir));
-      sm.api.chat = chat.get();
-    } catch (const Error& e) {
-      sm.api.chat_error = std::string("this model has no usable chat template: ") + e.what();
-    }
-    sm.api.served_name = o.served_model_name.empty()
-                             ? std::filesystem::absolute(m.model_dir).lexically_normal().filename().string()
-                             : o.served_model_name;
-    if (sm.api.served_name.empty()) sm.api.served_name = m.model_dir.parent_path().filename().string();
-    sm.api.defaults = m.defaults;
-    sm.api.vocab_size = m.files->config.vocab_size;
-    sm.limits.max_seq_len = m.max_seq_len;
-    sm.limits.max_n = o.max_n;
-    sm.limits.max_choices = std::max<int64_t>(o.max_n, 64);
-    sm.limits.prompt_byte_limit = m.max_seq_len * prompt_bytes_per_token(*m.tokenizer);
-    sm.eos = m.eos;
+    ServedModel sm = served_model(o, m, chat);
     const std::string name = sm.api.served_name;
     server->ready(std::move(sm));
     std::fprintf(stderr,
                  "[linnet-tp] serve: ready, model \"%s\", %d dp group(s) x tp %d, up to %lld requests at once per "
                  "group, %lld KV pages per group\n",
                  name.c_str(), w.dp_size, w.tp_size, static_cast<long long>(o.engine.max_batch),
-                 static_cast<long long>(engine->num_pages()));
+                 static_cast<long long>(e.engine->num_pages()));
   }
 
-  // A rank whose process ends (kill -9, the OOM killer) is seen within milliseconds
-  // (launch/rank_watch.h): world rank 0 names it and ends every open response with an
-  // error, another rank learns that rank 0 is gone; either exits non-zero 2 s later
-  // unless mpirun, which ends the job about a second after it notices, is first.
   std::unique_ptr<RankWatch> watch;
   try {
-    const int me = w.world_rank;
-    watch = std::make_unique<RankWatch>(MPI_COMM_WORLD, [&health, root, me](int, const std::string& who) {
-      if (root) {
-        const std::string why = who + " is gone (its process ended)";
-        std::fprintf(stderr, "[linnet-tp] serve: %s: every open request ends with an error; exiting\n", why.c_str());
-        health.fail(why);
-      } else {
-        std::fprintf(stderr, "[rank %d] serve: %s is gone (its process ended); exiting\n", me, who.c_str());
-      }
-      std::fflush(stderr);
-      std::thread([] {
-        std::this_thread::sleep_for(std::chrono::seconds(2));  // the error responses are written
-        std::_Exit(kLoadErrorExit);
-      }).detach();
-    });
-  } catch (const std::exception& e) {
-    job.abort(e.what());
+    watch = watch_ranks(w, health);
+  } catch (const std::exception& ex) {
+    job.abort(ex.what());
   }
 
   try {
@@ -220,7 +241,7 @@ int run_serve(const ServeOptions& o, Job& job) {
     };
     lc.shutdown_grace_s = o.shutdown_grace_s;
     lc.prefix_caching = o.engine.prefix_caching;
-    run_serve_loop(*engine, lc);
+    run_serve_loop(*e.engine, lc);
     // Every request has ended in the engine; let their responses finish writing.
     if (server) server->stop(std::chrono::milliseconds(static_cast<int64_t>(1000.0 * std::min(o.shutdown_grace_s, 5.0) + 1000)));
   } catch (const std::exception& e) {

@@ -13,9 +13,9 @@
 
 #include "common/error.h"
 #include "launch/cli_parse.h"
-#include "launch/job.h"
-#include "launch/jsonl_input.h"
-#include "launch/model_path.h"
+#include "driver/job.h"
+#include "requests/jsonl_input.h"
+#include "loader/model_path.h"
 #include "loader/chat/chat_template.h"
 #include "loader/tokenizer/tokenizer.h"
 

@@ -13,8 +13,8 @@
 
 #include "common/error.h"
 #include "launch/cli_parse.h"
-#include "launch/job.h"
-#include "launch/model_path.h"
+#include "driver/job.h"
+#include "loader/model_path.h"
 #include "loader/tokenizer/tokenizer.h"
 
 namespace linnet {

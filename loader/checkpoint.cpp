@@ -156,14 +156,20 @@ std::vector<std::string> Checkpoint::validate(const std::vector<TensorSpec>& spe
 }
 
 void Checkpoint::read_f32(std::string_view name, const Slice2D& slice, float* out) const {
-  read(name, slice, DType::F32, out);
+  read(name, slice, DType::kF32, out);
 }
 
 DType Checkpoint::dominant_dtype() const {
+  // The dtypes a header may hold, in the order that breaks a tie.
+  const DType kinds[3] = {DType::kF32, DType::kF16, DType::kBF16};
   uint64_t bytes[3] = {0, 0, 0};
-  for (const auto& [name, entry] : index_) bytes[static_cast<int>(entry.first->dtype)] += entry.first->end - entry.first->begin;
+  for (const auto& [name, entry] : index_) {
+    for (int i = 0; i < 3; ++i) {
+      if (entry.first->dtype == kinds[i]) bytes[i] += entry.first->end - entry.first->begin;
+    }
+  }
   const int best = static_cast<int>(std::max_element(bytes, bytes + 3) - bytes);
-  return bytes[best] == 0 ? DType::F32 : static_cast<DType>(best);
+  return bytes[best] == 0 ? DType::kF32 : kinds[best];
 }
 
 void Checkpoint::read(std::string_view name, const Slice2D& slice, DType out_dtype, void* out) const {

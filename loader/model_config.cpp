@@ -144,75 +144,45 @@ class Fields {
   const std::string& source_;
 };
 
-}  // namespace
-
-ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
-  if (!j.is_object()) throw Error("config is not a JSON object", source, "object", j.type_name());
-  const Fields f(j, source);
-  ModelConfig c;
-
-  // Refusals first: a config for another architecture should say so, not complain
-  // about a missing field.
-  const char* kTypes = "\"llama\", \"mistral\", \"qwen3\" or \"phi3\"";
-  const std::optional<std::string> model_type = f.opt_string("model_type");
-  if (!model_type) f.fail("model_type", "missing required field", kTypes, "absent");
-  if (*model_type != "llama" && *model_type != "mistral" && *model_type != "qwen3" && *model_type != "phi3")
-    f.not_implemented("model_type", kTypes, j["model_type"]);
-  c.model_type = *model_type;
-  c.qk_norm = c.model_type == "qwen3";
-  c.fused_projections = c.model_type == "phi3";
-
-  // RoPE: transformers 4 writes rope_theta + rope_scaling, transformers 5 rope_parameters
-  // (rope_type, rope_theta and the scaling fields in one object). A config may carry both:
-  // rope_parameters is the one used, but a scaling we do not implement in either (under
-  // "rope_type" or the older "type") is refused rather than silently ignored.
-  double theta_from_parameters = 0.0;
-  const auto parse_rope = [&](const char* rope_field, const json& rs) -> std::optional<RopeScaling> {
-    if (!rs.is_object()) f.type_error(rope_field, "an object or null", rs);
-    const std::string nested_source = source + " " + rope_field;
-    const Fields r(rs, nested_source);
-    const std::optional<std::string> rope_type = r.opt_string("rope_type");
-    const std::optional<std::string> old_type = r.opt_string("type");
-    if (rope_type && old_type && *rope_type != *old_type) {
-      f.fail(rope_field, "\"rope_type\" and \"type\" disagree", *rope_type, *old_type);
-    }
-    const std::string type = rope_type.value_or(old_type.value_or("default"));
-    if (std::string(rope_field) == "rope_parameters") {
-      theta_from_parameters = r.positive_double_or("rope_theta", 0.0);
-    }
-    if (type == "default") return std::nullopt;
-    if (type != "llama3") f.not_implemented(rope_field, "null, \"default\" or rope_type \"llama3\"", rs);
-    RopeScaling s;
-    s.rope_type = type;
-    s.factor = r.positive_double_or("factor", 0.0);
-    s.low_freq_factor = r.positive_double_or("low_freq_factor", 0.0);
-    s.high_freq_factor = r.positive_double_or("high_freq_factor", 0.0);
-    s.original_max_position_embeddings = r.positive_int_or("original_max_position_embeddings", 0);
-    if (s.factor == 0.0 || s.low_freq_factor == 0.0 || s.high_freq_factor == 0.0 ||
-        s.original_max_position_embeddings == 0) {
-      f.fail(rope_field, "llama3 rope scaling needs factor, low_freq_factor, high_freq_factor and "
-                         "original_max_position_embeddings", "all four > 0", json_brief(rs));
-    }
-    if (!(s.high_freq_factor > s.low_freq_factor)) {
-      f.fail(rope_field, "high_freq_factor must exceed low_freq_factor", "high > low", json_brief(rs));
-    }
-    return s;
-  };
-  std::optional<RopeScaling> from_scaling;
-  if (const json* rs = f.get("rope_scaling")) from_scaling = parse_rope("rope_scaling", *rs);
-  if (const json* rp = f.get("rope_parameters")) {
-    c.rope_scaling = parse_rope("rope_parameters", *rp);
-  } else {
-    c.rope_scaling = from_scaling;
+// One RoPE object of config.json: "rope_scaling" (transformers 4) or "rope_parameters"
+// (transformers 5; its "rope_theta" into `theta`). nullopt for the default RoPE; llama3
+// scaling checked whole; any other type refused by name.
+std::optional<RopeScaling> read_rope(const Fields& f, const std::string& source, const char* rope_field,
+                                     const json& rs, double& theta) {
+  if (!rs.is_object()) f.type_error(rope_field, "an object or null", rs);
+  const std::string nested_source = source + " " + rope_field;
+  const Fields r(rs, nested_source);
+  const std::optional<std::string> rope_type = r.opt_string("rope_type");
+  const std::optional<std::string> old_type = r.opt_string("type");
+  if (rope_type && old_type && *rope_type != *old_type) {
+    f.fail(rope_field, "\"rope_type\" and \"type\" disagree", *rope_type, *old_type);
   }
-  if (f.opt_bool("attention_bias").value_or(false))
-    f.not_implemented("attention_bias", "false", j["attention_bias"]);
-  if (f.opt_bool("mlp_bias").value_or(false)) f.not_implemented("mlp_bias", "false", j["mlp_bias"]);
-  for (const char* act : {"hidden_act", "hidden_activation"}) {
-    const std::optional<std::string> a = f.opt_string(act);
-    if (a && *a != "silu") f.not_implemented(act, "\"silu\"", j[act]);
+  const std::string type = rope_type.value_or(old_type.value_or("default"));
+  if (std::string(rope_field) == "rope_parameters") {
+    theta = r.positive_double_or("rope_theta", 0.0);
   }
+  if (type == "default") return std::nullopt;
+  if (type != "llama3") f.not_implemented(rope_field, "null, \"default\" or rope_type \"llama3\"", rs);
+  RopeScaling s;
+  s.rope_type = type;
+  s.factor = r.positive_double_or("factor", 0.0);
+  s.low_freq_factor = r.positive_double_or("low_freq_factor", 0.0);
+  s.high_freq_factor = r.positive_double_or("high_freq_factor", 0.0);
+  s.original_max_position_embeddings = r.positive_int_or("original_max_position_embeddings", 0);
+  if (s.factor == 0.0 || s.low_freq_factor == 0.0 || s.high_freq_factor == 0.0 ||
+      s.original_max_position_embeddings == 0) {
+    f.fail(rope_field, "llama3 rope scaling needs factor, low_freq_factor, high_freq_factor and "
+                       "original_max_position_embeddings", "all four > 0", json_brief(rs));
+  }
+  if (!(s.high_freq_factor > s.low_freq_factor)) {
+    f.fail(rope_field, "high_freq_factor must exceed low_freq_factor", "high > low", json_brief(rs));
+  }
+  return s;
+}
 
+// The layer dimensions (hidden_size, intermediate_size, layers, heads, KV heads,
+// head_dim), each positive and bounded; heads a multiple of KV heads; head_dim even.
+void read_dimensions(const Fields& f, ModelConfig& c) {
   c.hidden_size = f.positive_int("hidden_size");
   f.check_at_most("hidden_size", c.hidden_size, kMaxDimension);
   c.intermediate_size = f.positive_int("intermediate_size");
@@ -245,6 +215,47 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
            f.get("head_dim") ? "odd; RoPE needs an even head_dim"
                              : "odd (hidden_size / num_attention_heads); RoPE needs an even head_dim",
            "an even number", std::to_string(c.head_dim));
+}
+
+}  // namespace
+
+ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
+  if (!j.is_object()) throw Error("config is not a JSON object", source, "object", j.type_name());
+  const Fields f(j, source);
+  ModelConfig c;
+
+  // Refusals first: a config for another architecture should say so, not complain
+  // about a missing field.
+  const char* kTypes = "\"llama\", \"mistral\", \"qwen3\" or \"phi3\"";
+  const std::optional<std::string> model_type = f.opt_string("model_type");
+  if (!model_type) f.fail("model_type", "missing required field", kTypes, "absent");
+  if (*model_type != "llama" && *model_type != "mistral" && *model_type != "qwen3" && *model_type != "phi3")
+    f.not_implemented("model_type", kTypes, j["model_type"]);
+  c.model_type = *model_type;
+  c.qk_norm = c.model_type == "qwen3";
+  c.fused_projections = c.model_type == "phi3";
+
+  // RoPE: transformers 4 writes rope_theta + rope_scaling, transformers 5 rope_parameters
+  // (rope_type, rope_theta and the scaling fields in one object). A config may carry both:
+  // rope_parameters is the one used, but a scaling we do not implement in either (under
+  // "rope_type" or the older "type") is refused rather than silently ignored.
+  double theta_from_parameters = 0.0;
+  std::optional<RopeScaling> from_scaling;
+  if (const json* rs = f.get("rope_scaling")) from_scaling = read_rope(f, source, "rope_scaling", *rs, theta_from_parameters);
+  if (const json* rp = f.get("rope_parameters")) {
+    c.rope_scaling = read_rope(f, source, "rope_parameters", *rp, theta_from_parameters);
+  } else {
+    c.rope_scaling = from_scaling;
+  }
+  if (f.opt_bool("attention_bias").value_or(false))
+    f.not_implemented("attention_bias", "false", j["attention_bias"]);
+  if (f.opt_bool("mlp_bias").value_or(false)) f.not_implemented("mlp_bias", "false", j["mlp_bias"]);
+  for (const char* act : {"hidden_act", "hidden_activation"}) {
+    const std::optional<std::string> a = f.opt_string(act);
+    if (a && *a != "silu") f.not_implemented(act, "\"silu\"", j[act]);
+  }
+
+  read_dimensions(f, c);
   c.vocab_size = f.positive_int("vocab_size");
   f.check_at_most("vocab_size", c.vocab_size, kMaxDimension);
   c.max_position_embeddings = f.positive_int_or("max_position_embeddings", 2048);

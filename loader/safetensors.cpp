@@ -28,24 +28,6 @@ namespace linnet {
 static_assert(std::endian::native == std::endian::little,
               "safetensors data is little-endian; big-endian hosts are not supported");
 
-const char* dtype_name(DType dtype) {
-  switch (dtype) {
-    case DType::F32: return "F32";
-    case DType::F16: return "F16";
-    case DType::BF16: return "BF16";
-  }
-  return "?";
-}
-
-std::size_t dtype_size(DType dtype) {
-  switch (dtype) {
-    case DType::F32: return 4;
-    case DType::F16: return 2;
-    case DType::BF16: return 2;
-  }
-  return 0;
-}
-
 int64_t TensorInfo::numel() const {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
@@ -65,34 +47,35 @@ namespace {
 
 using nlohmann::json;
 
-
 /// Converts `n` little-endian elements at `src` (any alignment) to f32.
 void convert_to_f32(DType dtype, const std::byte* src, int64_t n, float* out) {
   switch (dtype) {
-    case DType::F32:
+    case DType::kF32:
       std::memcpy(out, src, static_cast<std::size_t>(n) * 4);
       return;
-    case DType::F16:
+    case DType::kF16:
       for (int64_t i = 0; i < n; ++i) {
         uint16_t h;
         std::memcpy(&h, src + 2 * i, 2);
         out[i] = half_to_float(h);
       }
       return;
-    case DType::BF16:
+    case DType::kBF16:
       for (int64_t i = 0; i < n; ++i) {
         uint16_t b;
         std::memcpy(&b, src + 2 * i, 2);
         out[i] = bf16_to_float(b);
       }
       return;
+    case DType::kI32:
+      break;  // never in a validated header
   }
 }
 
 }  // namespace
 
 void narrow_f32(const float* src, int64_t n, DType to, uint16_t* out) {
-  const bool bf16 = to == DType::BF16;
+  const bool bf16 = to == DType::kBF16;
   for (int64_t i = 0; i < n; ++i) out[i] = bf16 ? float_to_bf16(src[i]) : float_to_half(src[i]);
 }
 
@@ -105,7 +88,7 @@ void convert(DType from, const std::byte* src, int64_t n, DType to, void* out) {
     std::memcpy(out, src, static_cast<std::size_t>(n) * dtype_size(to));
     return;
   }
-  if (to == DType::F32) return convert_to_f32(from, src, n, static_cast<float*>(out));
+  if (to == DType::kF32) return convert_to_f32(from, src, n, static_cast<float*>(out));
   float buf[1024];
   auto* dst = static_cast<uint16_t*>(out);
   for (int64_t i = 0; i < n; i += 1024) {
@@ -178,11 +161,11 @@ class HeaderParser {
     if (!dt.is_string()) fail(t + ": dtype is not a string", "string", dt.type_name());
     const std::string ds = dt.get<std::string>();
     if (ds == "F32") {
-      info.dtype = DType::F32;
+      info.dtype = DType::kF32;
     } else if (ds == "F16") {
-      info.dtype = DType::F16;
+      info.dtype = DType::kF16;
     } else if (ds == "BF16") {
-      info.dtype = DType::BF16;
+      info.dtype = DType::kBF16;
     } else {
       fail("unsupported dtype " + ds + " for " + t + "; supported: F32, F16, BF16");
     }
@@ -341,7 +324,7 @@ const TensorInfo* SafetensorsFile::find(std::string_view name) const {
 }
 
 void SafetensorsFile::read_f32(const TensorInfo& info, const Slice2D& slice, float* out) const {
-  read(info, slice, DType::F32, out);
+  read(info, slice, DType::kF32, out);
 }
 
 void SafetensorsFile::read(const TensorInfo& info, const Slice2D& slice, DType out_dtype, void* out_raw) const {

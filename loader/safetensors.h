@@ -18,15 +18,12 @@
 #include <string_view>
 #include <vector>
 
+#include "common/dtype.h"
+
 namespace linnet {
 
-/// Element types the loader accepts. Anything else in a header is an error naming it.
-enum class DType { F32, F16, BF16 };
-
-/// "F32" / "F16" / "BF16", as safetensors spells them.
-const char* dtype_name(DType dtype);
-/// Bytes per element: 4, 2, 2.
-std::size_t dtype_size(DType dtype);
+// The element types the loader accepts in a header: F32, F16, BF16 (common/dtype.h);
+// anything else is an error naming it.
 
 /// out[i] = float_to_bf16(src[i]) (common/float16.h) (to == BF16) or float_to_half(src[i]) (to == F16),
 /// i < n.
@@ -35,7 +32,7 @@ void narrow_f32(const float* src, int64_t n, DType to, uint16_t* out);
 /// One tensor's header entry. begin/end are byte offsets into the data area.
 struct TensorInfo {
   std::string name;
-  DType dtype = DType::F32;
+  DType dtype = DType::kF32;
   std::vector<int64_t> shape;  // row-major; empty = scalar
   uint64_t begin = 0;
   uint64_t end = 0;

@@ -60,34 +60,25 @@ void MpiCommunicator::agree_on_count(std::size_t count, const char* op, int64_t 
   }
 }
 
-void MpiCommunicator::all_reduce_sum(float* data, std::size_t count) {
+void MpiCommunicator::all_reduce(void* data, std::size_t count, MPI_Datatype type, MPI_Op op, const char* name) {
   if (size_ == 1) return;
   const int64_t n = watch_.enter();
-  agree_on_count(count, "all_reduce_sum", n);
+  agree_on_count(count, name, n);
   MPI_Request req;
-  LINNET_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, data, to_int_count(count, "all_reduce_sum"), MPI_FLOAT, MPI_SUM,
-                                  comm_, &req));
-  wait(req, "all_reduce_sum", n);
+  LINNET_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, data, to_int_count(count, name), type, op, comm_, &req));
+  wait(req, name, n);
+}
+
+void MpiCommunicator::all_reduce_sum(float* data, std::size_t count) {
+  all_reduce(data, count, MPI_FLOAT, MPI_SUM, "all_reduce_sum");
 }
 
 void MpiCommunicator::all_reduce_sum(double* data, std::size_t count) {
-  if (size_ == 1) return;
-  const int64_t n = watch_.enter();
-  agree_on_count(count, "all_reduce_sum", n);
-  MPI_Request req;
-  LINNET_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, data, to_int_count(count, "all_reduce_sum"), MPI_DOUBLE, MPI_SUM,
-                                  comm_, &req));
-  wait(req, "all_reduce_sum", n);
+  all_reduce(data, count, MPI_DOUBLE, MPI_SUM, "all_reduce_sum");
 }
 
 void MpiCommunicator::all_reduce_max(float* data, std::size_t count) {
-  if (size_ == 1) return;
-  const int64_t n = watch_.enter();
-  agree_on_count(count, "all_reduce_max", n);
-  MPI_Request req;
-  LINNET_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, data, to_int_count(count, "all_reduce_max"), MPI_FLOAT, MPI_MAX,
-                                  comm_, &req));
-  wait(req, "all_reduce_max", n);
+  all_reduce(data, count, MPI_FLOAT, MPI_MAX, "all_reduce_max");
 }
 
 void MpiCommunicator::all_gather(const float* send, std::size_t count, float* recv) {

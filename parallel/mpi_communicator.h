@@ -63,6 +63,8 @@ class MpiCommunicator final : public Communicator {
  private:
   void agree_on_count(std::size_t count, const char* op, int64_t number);
   void wait(MPI_Request& request, const char* op, int64_t number) { watch_.wait(request, op, number); }
+  // In-place MPI_Iallreduce of `count` elements of `type` with `op`, watched as `name`.
+  void all_reduce(void* data, std::size_t count, MPI_Datatype type, MPI_Op op, const char* name);
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;

@@ -30,7 +30,7 @@ class Backend {
   /// "cpu" or "cuda:N", for messages.
   virtual std::string name() const = 0;
   /// A zero-filled tensor on this backend's device.
-  virtual Tensor zeros(std::vector<int64_t> shape, ScalarType dtype = ScalarType::kF32) = 0;
+  virtual Tensor zeros(std::vector<int64_t> shape, DType dtype = DType::kF32) = 0;
 
   /// A weight matrix (host [n, k] row-major, e.g. from load_weights) in this backend's
   /// weight dtype, memory and layout: the CPU backend converts an f32 one to its dtype
@@ -40,10 +40,10 @@ class Backend {
   virtual Tensor upload_matrix(const Tensor& host) = 0;
   /// The dtype load_weights should read matrices in for upload_matrix: the CPU
   /// backend's weight dtype (--weight-dtype); f32 on CUDA (converted on the device).
-  virtual ScalarType host_weight_dtype() const { return ScalarType::kF32; }
+  virtual DType host_weight_dtype() const { return DType::kF32; }
   /// The dtype of the KV cache tensors the Engine makes on this backend (kv_cache.h):
   /// f32, or bf16 on the CPU backend with --kv-cache-dtype bf16.
-  virtual ScalarType kv_cache_dtype() const { return ScalarType::kF32; }
+  virtual DType kv_cache_dtype() const { return DType::kF32; }
   /// A weight vector (norm weights, rotary inverse frequencies; host f32) kept f32 in
   /// this backend's memory.
   virtual Tensor upload_vector(const Tensor& host) = 0;
@@ -135,7 +135,7 @@ int kernel_threads_per_rank(int requested, int ranks_on_node);
 /// `weight_dtype` (kF32, kBF16 or kF16), the KV cache in `kv_cache_dtype` (kF32 or
 /// kBF16); activations and sums stay f32.
 /// @throws Error for another dtype.
-std::unique_ptr<Backend> make_cpu_backend(int num_threads, ScalarType weight_dtype = ScalarType::kF32,
-                                          ScalarType kv_cache_dtype = ScalarType::kF32);
+std::unique_ptr<Backend> make_cpu_backend(int num_threads, DType weight_dtype = DType::kF32,
+                                          DType kv_cache_dtype = DType::kF32);
 
 }  // namespace linnet

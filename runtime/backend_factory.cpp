@@ -12,7 +12,7 @@ namespace linnet {
 std::string default_backend_kind() { return cuda_device_count() > 0 ? "cuda" : "cpu"; }
 
 std::unique_ptr<Backend> make_backend(const std::string& kind_in, int threads, int local_rank, int local_size,
-                                      ScalarType weight_dtype, ScalarType kv_cache_dtype) {
+                                      DType weight_dtype, DType kv_cache_dtype) {
   const std::string kind = kind_in.empty() ? default_backend_kind() : kind_in;
   if (kind == "cpu") {
     const int n = kernel_threads_per_rank(threads, local_size);
@@ -29,16 +29,16 @@ std::unique_ptr<Backend> make_backend(const std::string& kind_in, int threads, i
       throw Error("no CUDA device (" + cuda_device_error() + ")", "--backend cuda", "a visible CUDA device",
                   "none (use --backend cpu)");
     }
-    if (kv_cache_dtype != ScalarType::kF32) {
+    if (kv_cache_dtype != DType::kF32) {
       throw Error("the CUDA backend keeps an f32 KV cache", "--kv-cache-dtype", "f32 with --backend cuda",
-                  scalar_type_name(kv_cache_dtype));
+                  dtype_name(kv_cache_dtype));
     }
     return make_cuda_backend(local_rank % n);
   }
   throw Error("unknown backend", "--backend", "cpu or cuda", kind);
 }
 
-ScalarType held_weight_dtype(const std::string& flag, const std::string& backend_kind, ScalarType auto_dtype) {
+DType held_weight_dtype(const std::string& flag, const std::string& backend_kind, DType auto_dtype) {
   const std::string kind = backend_kind.empty() ? default_backend_kind() : backend_kind;
   if (flag != "auto" && !flag.empty() && flag != "f32" && flag != "bf16" && flag != "f16") {
     throw Error("unknown weight dtype", "--weight-dtype", "auto, f32, bf16 or f16", flag);
@@ -48,22 +48,22 @@ ScalarType held_weight_dtype(const std::string& flag, const std::string& backend
       throw Error("the CUDA backend holds weight matrices in bf16", "--weight-dtype",
                   "auto or bf16 with --backend cuda", flag);
     }
-    return ScalarType::kBF16;
+    return DType::kBF16;
   }
-  if (flag == "f32") return ScalarType::kF32;
-  if (flag == "bf16") return ScalarType::kBF16;
-  if (flag == "f16") return ScalarType::kF16;
+  if (flag == "f32") return DType::kF32;
+  if (flag == "bf16") return DType::kBF16;
+  if (flag == "f16") return DType::kF16;
   return auto_dtype;
 }
 
-ScalarType held_kv_cache_dtype(const std::string& flag, const std::string& backend_kind) {
-  if (flag.empty() || flag == "f32") return ScalarType::kF32;
+DType held_kv_cache_dtype(const std::string& flag, const std::string& backend_kind) {
+  if (flag.empty() || flag == "f32") return DType::kF32;
   if (flag != "bf16") throw Error("unknown KV cache dtype", "--kv-cache-dtype", "f32 or bf16", flag);
   const std::string kind = backend_kind.empty() ? default_backend_kind() : backend_kind;
   if (kind == "cuda") {
     throw Error("the CUDA backend keeps an f32 KV cache", "--kv-cache-dtype", "f32 with --backend cuda", flag);
   }
-  return ScalarType::kBF16;
+  return DType::kBF16;
 }
 
 Communicator& tp_communicator(Backend& backend, MpiCommunicator& tp, int local_size) {

@@ -25,20 +25,20 @@ std::string default_backend_kind();
 /// cache (held_kv_cache_dtype); CUDA keeps f32.
 /// @throws Error naming --backend on an unknown kind, or cuda without a device.
 std::unique_ptr<Backend> make_backend(const std::string& kind, int threads, int local_rank, int local_size,
-                                      ScalarType weight_dtype = ScalarType::kF32,
-                                      ScalarType kv_cache_dtype = ScalarType::kF32);
+                                      DType weight_dtype = DType::kF32,
+                                      DType kv_cache_dtype = DType::kF32);
 
 /// The dtype a rank holds weight matrices in: on the CPU backend --weight-dtype `flag`
 /// ("auto" or "": `auto_dtype`, the checkpoint's own or config.json's torch_dtype for
 /// random weights; "f32", "bf16", "f16"); on CUDA ("cuda", or "" with a visible device)
 /// bf16, which "auto" and "bf16" name.
 /// @throws Error naming --weight-dtype for an unknown value, or f32 / f16 on CUDA.
-ScalarType held_weight_dtype(const std::string& flag, const std::string& backend_kind, ScalarType auto_dtype);
+DType held_weight_dtype(const std::string& flag, const std::string& backend_kind, DType auto_dtype);
 
 /// The dtype of the KV cache: --kv-cache-dtype `flag` "f32" (or "": the default) or
 /// "bf16" (half the bytes; CPU backend only, where attention widens each element exactly).
 /// @throws Error naming --kv-cache-dtype for an unknown value, or bf16 on CUDA.
-ScalarType held_kv_cache_dtype(const std::string& flag, const std::string& backend_kind);
+DType held_kv_cache_dtype(const std::string& flag, const std::string& backend_kind);
 
 /// The communicator an Engine on `backend` uses for the tp group `tp`: `tp` itself on
 /// the CPU backend; on CUDA, cuda_communicator(backend, tp, local_size) (NCCL or

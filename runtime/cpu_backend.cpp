@@ -14,36 +14,32 @@
 namespace linnet {
 namespace {
 
-cpu::WeightType weight_type(const Tensor& w, const char* op) {
-  switch (w.dtype()) {
-    case ScalarType::kF32: return cpu::WeightType::kF32;
-    case ScalarType::kBF16: return cpu::WeightType::kBF16;
-    case ScalarType::kF16: return cpu::WeightType::kF16;
-    case ScalarType::kI32: break;
-  }
-  throw Error("an i32 tensor is not a weight matrix", std::string("CpuBackend::") + op);
+// The dtype of weight matrix `w`: f32, bf16 or f16.
+DType weight_type(const Tensor& w, const char* op) {
+  if (w.dtype() == DType::kI32) throw Error("an i32 tensor is not a weight matrix", std::string("CpuBackend::") + op);
+  return w.dtype();
 }
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(int num_threads, ScalarType weight_dtype, ScalarType kv_cache_dtype)
+  CpuBackend(int num_threads, DType weight_dtype, DType kv_cache_dtype)
       : weight_dtype_(weight_dtype), kv_cache_dtype_(kv_cache_dtype) {
-    if (weight_dtype == ScalarType::kI32) throw Error("i32 is not a weight dtype", "make_cpu_backend");
-    if (kv_cache_dtype != ScalarType::kF32 && kv_cache_dtype != ScalarType::kBF16) {
-      throw Error(std::string("the CPU KV cache is f32 or bf16, not ") + scalar_type_name(kv_cache_dtype),
+    if (weight_dtype == DType::kI32) throw Error("i32 is not a weight dtype", "make_cpu_backend");
+    if (kv_cache_dtype != DType::kF32 && kv_cache_dtype != DType::kBF16) {
+      throw Error(std::string("the CPU KV cache is f32 or bf16, not ") + dtype_name(kv_cache_dtype),
                   "--kv-cache-dtype");
     }
     cpu::set_num_threads(num_threads);
   }
   Device device() const override { return Device::kCpu; }
   std::string name() const override { return "cpu"; }
-  Tensor zeros(std::vector<int64_t> shape, ScalarType dtype) override { return Tensor::zeros(std::move(shape), dtype); }
+  Tensor zeros(std::vector<int64_t> shape, DType dtype) override { return Tensor::zeros(std::move(shape), dtype); }
 
   // Every matrix is held packed (kernels/cpu/gemm.h: panels of 16 output columns) in
   // the weight dtype; the Tensor keeps the logical shape [n, k].
   Tensor upload_matrix(const Tensor& host) override {
     if (host.shape().size() != 2) throw Error("a weight matrix must be 2-D", "CpuBackend::upload_matrix");
-    if (host.dtype() != weight_dtype_ && host.dtype() != ScalarType::kF32) {
+    if (host.dtype() != weight_dtype_ && host.dtype() != DType::kF32) {
       throw Error("a weight matrix must be f32 or in the backend's weight dtype", "CpuBackend::upload_matrix",
                   "f32 or the --weight-dtype", "another dtype");
     }
@@ -51,7 +47,7 @@ class CpuBackend final : public Backend {
     Tensor src = host;
     if (host.dtype() != weight_dtype_) {  // f32 -> bf16 / f16, rounded to nearest even
       src = Tensor::zeros(host.shape(), weight_dtype_);
-      narrow_f32(host.data(), host.numel(), to_dtype(weight_dtype_), static_cast<uint16_t*>(src.raw()));
+      narrow_f32(host.data(), host.numel(), weight_dtype_, static_cast<uint16_t*>(src.raw()));
     }
     const int64_t bytes = cpu::packed_elements(n, k) * element_size(weight_dtype_);
     auto storage = std::make_shared<std::vector<uint32_t>>(static_cast<size_t>((bytes + 3) / 4));
@@ -59,8 +55,8 @@ class CpuBackend final : public Backend {
     void* data = storage->data();
     return Tensor::wrap(host.shape(), weight_dtype_, Device::kCpu, std::move(storage), data);
   }
-  ScalarType host_weight_dtype() const override { return weight_dtype_; }
-  ScalarType kv_cache_dtype() const override { return kv_cache_dtype_; }
+  DType host_weight_dtype() const override { return weight_dtype_; }
+  DType kv_cache_dtype() const override { return kv_cache_dtype_; }
   Tensor upload_vector(const Tensor& host) override { return host; }
   Tensor upload_i32(std::span<const int32_t> values) override {
     return Tensor::from_i32(std::vector<int32_t>(values.begin(), values.end()));
@@ -93,7 +89,7 @@ class CpuBackend final : public Backend {
                  int64_t max_pages, int64_t page_size, const int32_t* key_begin, const int32_t* key_end) override {
     check_cache(k_cache, "attention");
     check_cache(v_cache, "attention");
-    if (kv_cache_dtype_ == ScalarType::kBF16) {
+    if (kv_cache_dtype_ == DType::kBF16) {
       cpu::attention(q, q_stride, static_cast<const uint16_t*>(k_cache.raw()),
                      static_cast<const uint16_t*>(v_cache.raw()), out, rows, n_heads, n_kv_heads, head_dim,
                      page_table, max_pages, page_size, key_begin, key_end);
@@ -110,7 +106,7 @@ class CpuBackend final : public Backend {
   void store_rows(const float* src, int64_t src_stride, Tensor& cache, int64_t row_elems,
                   const int32_t* slots, int64_t rows) override {
     check_cache(cache, "store_rows");
-    if (kv_cache_dtype_ == ScalarType::kBF16) {
+    if (kv_cache_dtype_ == DType::kBF16) {
       cpu::store_rows(src, src_stride, static_cast<uint16_t*>(cache.raw()), row_elems, slots, rows);
     } else {
       cpu::store_rows(src, src_stride, cache.data(), row_elems, slots, rows);
@@ -123,14 +119,14 @@ class CpuBackend final : public Backend {
  private:
   void check_cache(const Tensor& cache, const char* op) const {
     if (cache.dtype() != kv_cache_dtype_) {
-      throw Error(std::string("a KV cache tensor in ") + scalar_type_name(cache.dtype()) + ", the backend's is " +
-                      scalar_type_name(kv_cache_dtype_),
+      throw Error(std::string("a KV cache tensor in ") + dtype_name(cache.dtype()) + ", the backend's is " +
+                      dtype_name(kv_cache_dtype_),
                   std::string("CpuBackend::") + op);
     }
   }
 
-  ScalarType weight_dtype_;
-  ScalarType kv_cache_dtype_;
+  DType weight_dtype_;
+  DType kv_cache_dtype_;
 };
 
 }  // namespace
@@ -141,7 +137,7 @@ int kernel_threads_per_rank(int requested, int ranks_on_node) {
   return std::max(1, cores / std::max(1, ranks_on_node));
 }
 
-std::unique_ptr<Backend> make_cpu_backend(int num_threads, ScalarType weight_dtype, ScalarType kv_cache_dtype) {
+std::unique_ptr<Backend> make_cpu_backend(int num_threads, DType weight_dtype, DType kv_cache_dtype) {
   return std::make_unique<CpuBackend>(num_threads, weight_dtype, kv_cache_dtype);
 }
 

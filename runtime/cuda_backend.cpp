@@ -104,18 +104,18 @@ class CudaBackend final : public Backend {
   Device device() const override { return Device::kCuda; }
   std::string name() const override { return "cuda:" + std::to_string(device_); }
 
-  Tensor zeros(std::vector<int64_t> shape, ScalarType dtype) override {
+  Tensor zeros(std::vector<int64_t> shape, DType dtype) override {
     Tensor t = alloc(std::move(shape), dtype);
     LINNET_CUDA_CHECK(cudaMemsetAsync(t.raw(), 0, static_cast<size_t>(t.bytes()), stream_));
     return t;
   }
 
   Tensor upload_matrix(const Tensor& host) override {
-    if (host.device() == Device::kCuda && host.dtype() == ScalarType::kBF16) return host;
-    if (host.dtype() != ScalarType::kF32) {
+    if (host.device() == Device::kCuda && host.dtype() == DType::kBF16) return host;
+    if (host.dtype() != DType::kF32) {
       throw Error("a weight matrix must be f32 (or bf16 already on the device)", "CudaBackend::upload_matrix");
     }
-    Tensor out = alloc(host.shape(), ScalarType::kBF16);
+    Tensor out = alloc(host.shape(), DType::kBF16);
     auto* dst = static_cast<__nv_bfloat16*>(out.raw());
     if (host.device() == Device::kCuda) {
       cuda::launch_f32_to_bf16(host.data(), dst, host.numel(), stream_);
@@ -124,7 +124,7 @@ class CudaBackend final : public Backend {
     // Host f32 in chunks through one device f32 buffer, converted on the device.
     constexpr int64_t kChunk = int64_t{16} << 20;  // elements
     const int64_t n = host.numel();
-    Tensor staging = alloc({std::min(n, kChunk)}, ScalarType::kF32);
+    Tensor staging = alloc({std::min(n, kChunk)}, DType::kF32);
     for (int64_t i = 0; i < n; i += kChunk) {
       const int64_t m = std::min(kChunk, n - i);
       LINNET_CUDA_CHECK(cudaMemcpyAsync(staging.data(), host.data() + i, static_cast<size_t>(m) * sizeof(float),
@@ -136,15 +136,15 @@ class CudaBackend final : public Backend {
 
   Tensor upload_vector(const Tensor& host) override {
     if (host.device() == Device::kCuda) return host;
-    if (host.dtype() != ScalarType::kF32) throw Error("a weight vector must be f32", "CudaBackend::upload_vector");
-    Tensor out = alloc(host.shape(), ScalarType::kF32);
+    if (host.dtype() != DType::kF32) throw Error("a weight vector must be f32", "CudaBackend::upload_vector");
+    Tensor out = alloc(host.shape(), DType::kF32);
     LINNET_CUDA_CHECK(cudaMemcpyAsync(out.raw(), host.raw(), static_cast<size_t>(host.bytes()),
                                       cudaMemcpyHostToDevice, stream_));
     return out;
   }
 
   Tensor upload_i32(std::span<const int32_t> values) override {
-    Tensor out = alloc({static_cast<int64_t>(values.size())}, ScalarType::kI32);
+    Tensor out = alloc({static_cast<int64_t>(values.size())}, DType::kI32);
     const size_t bytes = values.size() * sizeof(int32_t);
     if (bytes == 0) return out;
     if (bytes > kPinnedBytes) {  // rare: straight from pageable memory (the copy stages it)
@@ -163,11 +163,11 @@ class CudaBackend final : public Backend {
     }
     const float* src = t.data();
     Tensor converted;
-    if (t.dtype() == ScalarType::kBF16) {
-      converted = alloc(t.shape(), ScalarType::kF32);
+    if (t.dtype() == DType::kBF16) {
+      converted = alloc(t.shape(), DType::kF32);
       cuda::launch_bf16_to_f32(static_cast<const __nv_bfloat16*>(t.raw()), converted.data(), t.numel(), stream_);
       src = converted.data();
-    } else if (t.dtype() != ScalarType::kF32) {
+    } else if (t.dtype() != DType::kF32) {
       throw Error("to_host copies f32 (or bf16) tensors", "CudaBackend::to_host");
     }
     // Wait first (polling the communicator), so a copy into pageable memory, which blocks
@@ -220,7 +220,7 @@ class CudaBackend final : public Backend {
     const int splits = cuda::attention_num_splits(rows, n_kv_heads, max_pages * page_size, num_sms_);
     const size_t ws = cuda::attention_workspace_floats(rows, n_heads, head_dim, splits);
     Tensor workspace;
-    if (ws > 0) workspace = alloc({static_cast<int64_t>(ws)}, ScalarType::kF32);
+    if (ws > 0) workspace = alloc({static_cast<int64_t>(ws)}, DType::kF32);
     cuda::launch_attention(q, q_stride, k_cache, v_cache, out, rows, n_heads, n_kv_heads, head_dim, page_table,
                            max_pages, page_size, key_begin, key_end, splits, ws > 0 ? workspace.data() : nullptr,
                            stream_);
@@ -240,7 +240,7 @@ class CudaBackend final : public Backend {
   }
 
   Tensor random_matrix(std::vector<int64_t> shape, float stddev, uint64_t seed) override {
-    Tensor t = alloc(std::move(shape), ScalarType::kBF16);
+    Tensor t = alloc(std::move(shape), DType::kBF16);
     cuda::launch_fill_normal_bf16(static_cast<__nv_bfloat16*>(t.raw()), t.numel(), seed, stddev, stream_);
     return t;
   }
@@ -285,7 +285,7 @@ class CudaBackend final : public Backend {
   }
 
   void copy_i32(std::span<const int32_t> values, Tensor& dst) override {
-    if (dst.device() != Device::kCuda || dst.dtype() != ScalarType::kI32 ||
+    if (dst.device() != Device::kCuda || dst.dtype() != DType::kI32 ||
         dst.numel() < static_cast<int64_t>(values.size())) {
       throw Error("the destination is not a large enough i32 device tensor", "CudaBackend::copy_i32");
     }
@@ -350,8 +350,8 @@ class CudaBackend final : public Backend {
   // The CUDA backend keeps an f32 KV cache (kv_cache_dtype() is f32: --kv-cache-dtype
   // bf16 is refused for it before anything is built).
   static const float* f32_cache(const Tensor& cache, const char* op) {
-    if (cache.dtype() != ScalarType::kF32) {
-      throw Error(std::string("the CUDA KV cache is f32, not ") + scalar_type_name(cache.dtype()),
+    if (cache.dtype() != DType::kF32) {
+      throw Error(std::string("the CUDA KV cache is f32, not ") + dtype_name(cache.dtype()),
                   std::string("CudaBackend::") + op);
     }
     return cache.data();
@@ -367,7 +367,7 @@ class CudaBackend final : public Backend {
     return src;
   }
 
-  Tensor alloc(std::vector<int64_t> shape, ScalarType dtype) {
+  Tensor alloc(std::vector<int64_t> shape, DType dtype) {
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
     const size_t bytes = static_cast<size_t>(std::max<int64_t>(n * element_size(dtype), 4));
@@ -392,7 +392,7 @@ class CudaBackend final : public Backend {
   }
 
   static const __nv_bfloat16* bf16(const Tensor& w, const char* op) {
-    if (w.device() != Device::kCuda || w.dtype() != ScalarType::kBF16) {
+    if (w.device() != Device::kCuda || w.dtype() != DType::kBF16) {
       throw Error("weight matrix is not a bf16 device tensor (use upload_matrix)", std::string("CudaBackend::") + op);
     }
     return static_cast<const __nv_bfloat16*>(w.raw());

@@ -28,7 +28,7 @@ Engine::DecodeGraph* Engine::graph_for(int64_t tokens, std::span<const int32_t> 
   if (!graphs_[b]) {
     auto g = std::make_unique<DecodeGraph>();
     g->rows = int64_t{1} << b;
-    g->inputs = backend_.zeros({g->rows * (5 + graph_max_pages_)}, ScalarType::kI32);
+    g->inputs = backend_.zeros({g->rows * (5 + graph_max_pages_)}, DType::kI32);
     g->gathered = backend_.zeros({comm_.size() * g->rows * plan_.vocab_local});
     graphs_[b] = std::move(g);
   }

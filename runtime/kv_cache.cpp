@@ -6,7 +6,7 @@ namespace linnet {
 
 KvCache KvCache::make(Backend& backend, int64_t num_layers, int64_t page_size, int64_t num_pages,
                       int64_t num_kv_heads_local, int64_t head_dim, int64_t extra_rows) {
-  const ScalarType dtype = backend.kv_cache_dtype();
+  const DType dtype = backend.kv_cache_dtype();
   KvCache c;
   c.page_size = page_size;
   c.num_pages = num_pages;
@@ -27,7 +27,7 @@ int64_t KvCache::bytes() const {
 }
 
 int64_t KvCache::bytes_for(int64_t num_layers, int64_t tokens, int64_t num_kv_heads_local, int64_t head_dim,
-                           ScalarType dtype) {
+                           DType dtype) {
   // Saturates instead of wrapping: a huge --kv-cache-tokens must read as too big for
   // the memory preflight, never as a small (or negative) size.
   int64_t bytes = 2 * static_cast<int64_t>(element_size(dtype));

@@ -38,7 +38,7 @@ struct KvCache {
   /// Bytes a cache of `tokens` positions will hold in `dtype`, before allocating it;
   /// INT64_MAX when the product does not fit in int64 (or a factor is negative).
   static int64_t bytes_for(int64_t num_layers, int64_t tokens, int64_t num_kv_heads_local, int64_t head_dim,
-                           ScalarType dtype = ScalarType::kF32);
+                           DType dtype = DType::kF32);
 };
 
 }  // namespace linnet

@@ -46,7 +46,7 @@ int64_t resolve_max_seq_len(const ModelConfig& config, int64_t requested) {
 }
 
 RankMemory rank_memory(const ModelConfig& config, const ShardPlan& plan, int64_t max_seq_len,
-                       int64_t batch_rows, ScalarType weight_dtype, ScalarType kv_cache_dtype) {
+                       int64_t batch_rows, DType weight_dtype, DType kv_cache_dtype) {
   int64_t positions = 0;
   return RankMemory{weight_bytes_local(config, plan, weight_dtype),
                     KvCache::bytes_for(config.num_hidden_layers,
@@ -58,7 +58,7 @@ RankMemory rank_memory(const ModelConfig& config, const ShardPlan& plan, int64_t
 int64_t resolve_kv_cache_tokens(const ModelConfig& config, const ShardPlan& plan, int64_t max_seq_len,
                                 int64_t batch_rows, std::optional<int64_t> tokens,
                                 std::optional<double> memory_fraction, int64_t node_available_bytes,
-                                int ranks_on_node, ScalarType weight_dtype, ScalarType kv_cache_dtype) {
+                                int ranks_on_node, DType weight_dtype, DType kv_cache_dtype) {
   const int64_t page = kKvPageSize;
   if (max_seq_len < 1 || max_seq_len > kMaxSeqLenLimit) {
     throw Error("invalid value", "--max-seq-len", "in [1, " + std::to_string(kMaxSeqLenLimit) + "]",
@@ -135,7 +135,7 @@ void check_memory(const RankMemory& need, int64_t node_available_bytes, int rank
   const int64_t available_bytes = node_available_bytes / std::max(1, ranks_on_node);
   if (need.total() <= available_bytes) return;
   throw Error("not enough memory for this rank: it needs " + format_bytes(need.total()) + " (weights " +
-                  format_bytes(need.weight_bytes) + " in " + scalar_type_name(need.weight_dtype) + ", KV cache " + format_bytes(need.kv_cache_bytes) +
+                  format_bytes(need.weight_bytes) + " in " + dtype_name(need.weight_dtype) + ", KV cache " + format_bytes(need.kv_cache_bytes) +
                   ") but has " + format_bytes(available_bytes) + " (available memory / " +
                   std::to_string(ranks_on_node) +
                   " ranks on this node); use more ranks over more nodes, or a shorter --max-seq-len",

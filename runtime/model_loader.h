@@ -40,8 +40,8 @@ int64_t resolve_max_seq_len(const ModelConfig& config, int64_t requested);
 struct RankMemory {
   int64_t weight_bytes = 0;
   int64_t kv_cache_bytes = 0;
-  ScalarType weight_dtype = ScalarType::kF32;
-  ScalarType kv_cache_dtype = ScalarType::kF32;
+  DType weight_dtype = DType::kF32;
+  DType kv_cache_dtype = DType::kF32;
   /// weight_bytes + kv_cache_bytes, INT64_MAX when the sum does not fit.
   int64_t total() const {
     int64_t t = 0;
@@ -52,8 +52,8 @@ struct RankMemory {
 /// The bytes a rank under `plan` will allocate for a `max_seq_len` KV cache in
 /// `kv_cache_dtype` and weight matrices in `weight_dtype`.
 RankMemory rank_memory(const ModelConfig& config, const ShardPlan& plan, int64_t max_seq_len,
-                       int64_t batch_rows = 1, ScalarType weight_dtype = ScalarType::kF32,
-                       ScalarType kv_cache_dtype = ScalarType::kF32);
+                       int64_t batch_rows = 1, DType weight_dtype = DType::kF32,
+                       DType kv_cache_dtype = DType::kF32);
 
 /// Most positions of a paged KV pool (--kv-cache-tokens): 2^48, far above any memory
 /// (a position takes kilobytes), low enough that no size computed from it overflows int64.
@@ -79,8 +79,8 @@ inline constexpr int64_t kMaxSeqLenLimit = INT32_MAX;
 int64_t resolve_kv_cache_tokens(const ModelConfig& config, const ShardPlan& plan, int64_t max_seq_len,
                                 int64_t batch_rows, std::optional<int64_t> tokens,
                                 std::optional<double> memory_fraction, int64_t node_available_bytes,
-                                int ranks_on_node, ScalarType weight_dtype = ScalarType::kF32,
-                                ScalarType kv_cache_dtype = ScalarType::kF32);
+                                int ranks_on_node, DType weight_dtype = DType::kF32,
+                                DType kv_cache_dtype = DType::kF32);
 
 /// Memory preflight: refuses, before anything is loaded, when `need` exceeds this rank's
 /// share of `node_available_bytes` (the node's available memory, split evenly over its

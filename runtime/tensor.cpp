@@ -11,17 +11,9 @@
 
 namespace linnet {
 
-int64_t element_size(ScalarType dtype) {
-  switch (dtype) {
-    case ScalarType::kF32: return 4;
-    case ScalarType::kBF16: return 2;
-    case ScalarType::kF16: return 2;
-    case ScalarType::kI32: return 4;
-  }
-  return 4;
-}
+int64_t element_size(DType dtype) { return static_cast<int64_t>(dtype_size(dtype)); }
 
-Tensor Tensor::zeros(std::vector<int64_t> shape, ScalarType dtype) {
+Tensor Tensor::zeros(std::vector<int64_t> shape, DType dtype) {
   Tensor t;
   t.shape_ = std::move(shape);
   t.dtype_ = dtype;
@@ -55,12 +47,12 @@ int64_t peak_resident_bytes() {
 }
 
 Tensor Tensor::from_i32(const std::vector<int32_t>& values) {
-  Tensor t = zeros({static_cast<int64_t>(values.size())}, ScalarType::kI32);
+  Tensor t = zeros({static_cast<int64_t>(values.size())}, DType::kI32);
   if (!values.empty()) std::memcpy(t.data_, values.data(), values.size() * sizeof(int32_t));
   return t;
 }
 
-Tensor Tensor::wrap(std::vector<int64_t> shape, ScalarType dtype, Device device, std::shared_ptr<void> storage,
+Tensor Tensor::wrap(std::vector<int64_t> shape, DType dtype, Device device, std::shared_ptr<void> storage,
                     void* data) {
   Tensor t;
   t.shape_ = std::move(shape);

@@ -7,16 +7,17 @@
 #include <memory>
 #include <vector>
 
+#include "common/dtype.h"
+
 namespace linnet {
 
 /// Where a tensor's storage lives.
 enum class Device { kCpu, kCuda };
 
-/// Element type of a tensor's storage. Activations and the KV cache are f32 on every
-/// backend; weight matrices are f32, bf16 or f16 on the CPU backend (--weight-dtype) and
-/// bf16 on the CUDA backend;
-/// token ids, positions and page tables are i32.
-enum class ScalarType { kF32, kBF16, kI32, kF16 };
+// A tensor's storage holds one DType (common/dtype.h). Activations and the KV cache are
+// f32 on every backend (the CPU backend's KV cache bf16 with --kv-cache-dtype); weight
+// matrices are f32, bf16 or f16 on the CPU backend (--weight-dtype) and bf16 on the CUDA
+// backend; token ids, positions and page tables are i32.
 
 /// Size from which Tensor::zeros maps its storage lazily: 32 MiB, glibc's largest mmap
 /// threshold, so the per-pass activations below it keep reusing the heap (no fresh pages
@@ -28,7 +29,7 @@ inline constexpr int64_t kLazyZeroBytes = int64_t{32} << 20;
 int64_t peak_resident_bytes();
 
 /// Bytes of one element of `dtype`.
-int64_t element_size(ScalarType dtype);
+int64_t element_size(DType dtype);
 
 /// Row-major storage with a shape and an element type. Empty (numel 0, data nullptr)
 /// when default constructed.
@@ -39,11 +40,11 @@ class Tensor {
   /// anonymous mapping whose pages are committed when first written (resident memory
   /// follows use: a KV pool costs what its used pages hold).
   /// @throws Error when the address space cannot be reserved.
-  static Tensor zeros(std::vector<int64_t> shape, ScalarType dtype = ScalarType::kF32);
+  static Tensor zeros(std::vector<int64_t> shape, DType dtype = DType::kF32);
   /// Host i32 tensor holding `values` (shape [values.size()]).
   static Tensor from_i32(const std::vector<int32_t>& values);
   /// A tensor over `data`, kept alive by `storage` (a backend's allocation).
-  static Tensor wrap(std::vector<int64_t> shape, ScalarType dtype, Device device, std::shared_ptr<void> storage,
+  static Tensor wrap(std::vector<int64_t> shape, DType dtype, Device device, std::shared_ptr<void> storage,
                      void* data);
 
   /// The storage as f32 (valid when dtype() is kF32).
@@ -62,7 +63,7 @@ class Tensor {
   int64_t numel() const;
   int64_t bytes() const { return numel() * element_size(dtype_); }
   Device device() const { return device_; }
-  ScalarType dtype() const { return dtype_; }
+  DType dtype() const { return dtype_; }
   bool empty() const { return data_ == nullptr; }
 
  private:
@@ -70,7 +71,7 @@ class Tensor {
   std::shared_ptr<void> storage_;
   void* data_ = nullptr;
   Device device_ = Device::kCpu;
-  ScalarType dtype_ = ScalarType::kF32;
+  DType dtype_ = DType::kF32;
 };
 
 }  // namespace linnet

@@ -40,19 +40,19 @@ Tensor read_vector(const Checkpoint& ckpt, const std::string& name, int64_t n) {
 // Vocab-parallel rows [vocab_begin, vocab_begin + vocab_local), those past vocab_size
 // left zero (padding).
 Tensor read_vocab_rows(const Checkpoint& ckpt, const std::string& name, const ModelConfig& c,
-                       const ShardPlan& p, ScalarType dtype) {
+                       const ShardPlan& p, DType dtype) {
   Tensor t = Tensor::zeros({p.vocab_local, c.hidden_size}, dtype);
   const int64_t end = std::min(p.vocab_begin + p.vocab_local, c.vocab_size);
   if (end > p.vocab_begin) {
-    ckpt.read(name, Slice2D{p.vocab_begin, end, 0, c.hidden_size}, to_dtype(dtype), t.raw());
+    ckpt.read(name, Slice2D{p.vocab_begin, end, 0, c.hidden_size}, dtype, t.raw());
   }
   return t;
 }
 
 }  // namespace
 
-ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& c, const ShardPlan& p, ScalarType dt) {
-  const DType file_dt = to_dtype(dt);
+ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& c, const ShardPlan& p, DType dt) {
+  const DType file_dt = dt;
   const int64_t elem = element_size(dt);
   const int64_t h = c.hidden_size;
   const int64_t hd = c.head_dim;
@@ -127,7 +127,7 @@ ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& c, const Sh
   return w;
 }
 
-int64_t weight_bytes_local(const ModelConfig& c, const ShardPlan& p, ScalarType matrix_dtype) {
+int64_t weight_bytes_local(const ModelConfig& c, const ShardPlan& p, DType matrix_dtype) {
   const int64_t h = c.hidden_size;
   const int64_t hd = c.head_dim;
   const int64_t vectors = (2 * h + (c.qk_norm ? 2 * hd : 0)) * c.num_hidden_layers + h;  // norms
@@ -139,34 +139,10 @@ int64_t weight_bytes_local(const ModelConfig& c, const ShardPlan& p, ScalarType 
          static_cast<int64_t>(sizeof(float)) * vectors;
 }
 
-DType to_dtype(ScalarType t) {
-  switch (t) {
-    case ScalarType::kF32: return DType::F32;
-    case ScalarType::kBF16: return DType::BF16;
-    case ScalarType::kF16: return DType::F16;
-    case ScalarType::kI32: break;
-  }
-  throw Error("i32 is not a weight dtype", "to_dtype");
-}
-
-const char* scalar_type_name(ScalarType t) {
-  switch (t) {
-    case ScalarType::kF32: return "f32";
-    case ScalarType::kBF16: return "bf16";
-    case ScalarType::kF16: return "f16";
-    case ScalarType::kI32: return "i32";
-  }
-  return "?";
-}
-
-ScalarType from_dtype(DType d) {
-  return d == DType::BF16 ? ScalarType::kBF16 : d == DType::F16 ? ScalarType::kF16 : ScalarType::kF32;
-}
-
-ScalarType config_weight_dtype(const ModelConfig& c) {
-  if (c.torch_dtype == "bfloat16") return ScalarType::kBF16;
-  if (c.torch_dtype == "float16") return ScalarType::kF16;
-  return ScalarType::kF32;
+DType config_weight_dtype(const ModelConfig& c) {
+  if (c.torch_dtype == "bfloat16") return DType::kBF16;
+  if (c.torch_dtype == "float16") return DType::kF16;
+  return DType::kF32;
 }
 
 }  // namespace linnet

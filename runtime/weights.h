@@ -41,26 +41,16 @@ struct ModelWeights {
 /// segment is sharded. The checkpoint must already be validated against the table.
 /// @throws Error from the loader on read failures.
 ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& config, const ShardPlan& plan,
-                          ScalarType matrix_dtype = ScalarType::kF32);
+                          DType matrix_dtype = DType::kF32);
 
 /// Bytes of weights this rank holds under `plan` with matrices in `matrix_dtype` and
 /// vectors in f32 (for the memory preflight, `linnet-tp info` and the start-up line);
 /// counts a tied lm_head once.
 int64_t weight_bytes_local(const ModelConfig& config, const ShardPlan& plan,
-                           ScalarType matrix_dtype = ScalarType::kF32);
-
-/// The DType of a weight storage ScalarType (kF32, kBF16, kF16).
-/// @throws Error for kI32.
-DType to_dtype(ScalarType t);
-
-/// "f32", "bf16", "f16" (or "i32").
-const char* scalar_type_name(ScalarType t);
-
-/// The weight ScalarType of a checkpoint DType (F32 -> kF32, BF16 -> kBF16, F16 -> kF16).
-ScalarType from_dtype(DType dtype);
+                           DType matrix_dtype = DType::kF32);
 
 /// The weight dtype config.json's torch_dtype names ("bfloat16" -> kBF16, "float16" ->
 /// kF16, else kF32): what auto means for random weights.
-ScalarType config_weight_dtype(const ModelConfig& config);
+DType config_weight_dtype(const ModelConfig& config);
 
 }  // namespace linnet

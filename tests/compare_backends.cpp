@@ -95,8 +95,8 @@ Run run_random(const std::string& kind, const Options& o, uint64_t seed, const M
                const std::vector<int32_t>& prompt, std::vector<int32_t>& feed, bool own_feed, std::string& name) {
   MpiCommunicator self(MPI_COMM_SELF);
   const ShardPlan plan = ShardPlan::make(config, 0, 1);
-  auto backend = make_backend(kind, kernel_threads_per_rank(o.threads, 1), 0, 1, ScalarType::kBF16);
-  name = backend->name() + " (" + scalar_type_name(backend->host_weight_dtype()) + " weights)";
+  auto backend = make_backend(kind, kernel_threads_per_rank(o.threads, 1), 0, 1, DType::kBF16);
+  name = backend->name() + " (" + dtype_name(backend->host_weight_dtype()) + " weights)";
   Communicator& comm = tp_communicator(*backend, self, 1);
   const int64_t P = static_cast<int64_t>(prompt.size()), N = o.decode_steps, V = config.vocab_size;
   auto t0 = std::chrono::steady_clock::now();
@@ -227,7 +227,7 @@ int dump_logits(const Options& o) {
   MpiCommunicator self(MPI_COMM_SELF);
   const ModelFiles files = open_model(o.model);
   const ShardPlan plan = ShardPlan::make(files.config, 0, 1);
-  auto backend = make_backend(o.backend, kernel_threads_per_rank(o.threads, 1), 0, 1, ScalarType::kBF16);
+  auto backend = make_backend(o.backend, kernel_threads_per_rank(o.threads, 1), 0, 1, DType::kBF16);
   Communicator& comm = tp_communicator(*backend, self, 1);
   auto engine = make_engine(files, plan, *backend, comm, static_cast<int64_t>(ids.size()));
   const std::vector<float> logits = engine->forward(ids);
@@ -237,7 +237,7 @@ int dump_logits(const Options& o) {
   if (!out) throw Error("cannot write", o.logits_out);
   std::printf("logits: %zu positions x %lld to %s (%s, %s weights)\n", ids.size(),
               static_cast<long long>(files.config.vocab_size), o.logits_out.c_str(), backend->name().c_str(),
-              scalar_type_name(backend->host_weight_dtype()));
+              dtype_name(backend->host_weight_dtype()));
   return 0;
 }
 

@@ -21,21 +21,16 @@
 #include "loader/tokenizer/tokenizer.h"
 #include "tests/cli_harness.h"
 #include "tests/test_data.h"
+#include "tests/test_helpers.h"
 
 namespace linnet {
 namespace {
 
+using linnet::test::read_file;
+
 using ojson = nlohmann::ordered_json;
 
 std::filesystem::path golden_dir() { return test::test_data_dir() / "chat_templates"; }
-
-std::string read_file(const std::filesystem::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) throw std::runtime_error("cannot open " + p.string());
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 std::vector<ojson> read_jsonl(const std::filesystem::path& p) {
   std::vector<ojson> rows;

@@ -534,7 +534,7 @@ TEST_F(Cli, BadPerLineValuesNameTheLineAndKey) {
   EXPECT_NE(r.err.find("requests: 3 (2 failed)"), std::string::npos) << r.err;
   // The flag's own value fails the run, naming the flag.
   fs::remove(tmp_ / "out.jsonl");
-  fs::remove(tmp_ / "out.jsonl.run.json");  // the finished runs' record (launch/journal.h)
+  fs::remove(tmp_ / "out.jsonl.run.json");  // the finished runs' record (driver/journal.h)
   expect_clean_failure("--model " + quote(test::stories_dir().string()) + " --input " + quote(in.string()) +
                            " --stop-token-ids 100000",
                        "--stop-token-ids");

@@ -19,6 +19,7 @@
 #include "common/error.h"
 #include "loader/generation_config.h"
 #include "loader/model_config.h"
+#include "tests/test_helpers.h"
 
 namespace fs = std::filesystem;
 using linnet::GenerationConfig;
@@ -27,19 +28,7 @@ using nlohmann::json;
 
 namespace {
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const linnet::Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "threw a non-linnet exception: " << e.what();
-    return {};
-  }
-  ADD_FAILURE() << "no linnet::Error thrown";
-  return {};
-}
+using linnet::test::error_of;
 
 #define EXPECT_CONTAINS(haystack, needle)                                          \
   EXPECT_NE(std::string(haystack).find(needle), std::string::npos)                 \

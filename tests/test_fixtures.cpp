@@ -30,13 +30,13 @@ struct Fixture {
   std::string variant;    // f32, bf16, f32_sharded
   std::string logits_key; // golden logits of that checkpoint
   std::string greedy_key;
-  ScalarType held = ScalarType::kF32;  // the CPU backend's --weight-dtype
-  ScalarType kv = ScalarType::kF32;    // the CPU backend's --kv-cache-dtype
+  DType held = DType::kF32;  // the CPU backend's --weight-dtype
+  DType kv = DType::kF32;    // the CPU backend's --kv-cache-dtype
 };
 
 std::ostream& operator<<(std::ostream& os, const Fixture& f) {
-  return os << f.name << "/" << f.variant << (f.held == ScalarType::kBF16 ? " held in bf16" : "")
-            << (f.kv == ScalarType::kBF16 ? " with a bf16 KV cache" : "");
+  return os << f.name << "/" << f.variant << (f.held == DType::kBF16 ? " held in bf16" : "")
+            << (f.kv == DType::kBF16 ? " with a bf16 KV cache" : "");
 }
 
 std::vector<Fixture> all_fixtures() {
@@ -48,12 +48,12 @@ std::vector<Fixture> all_fixtures() {
     out.push_back({name, "bf16", "logits_bf16_weights", "output_ids_bf16_weights"});
     // ... and kept in bf16 in memory (--weight-dtype auto on a bf16 checkpoint): the
     // kernels widen each weight exactly, so the same golden holds.
-    out.push_back({name, "bf16", "logits_bf16_weights", "output_ids_bf16_weights", ScalarType::kBF16});
+    out.push_back({name, "bf16", "logits_bf16_weights", "output_ids_bf16_weights", DType::kBF16});
     // f32 weights, bf16 KV cache (--kv-cache-dtype bf16): transformers in f32 with every
     // attention layer's key and value states rounded to bf16 ("logits_bf16_kv"), held to
     // the golden's "tolerance_bf16_kv" (2 x the spread f32-level noise before that
     // rounding makes in transformers itself; at least 1e-4).
-    out.push_back({name, "f32", "logits_bf16_kv", "output_ids_bf16_kv", ScalarType::kF32, ScalarType::kBF16});
+    out.push_back({name, "f32", "logits_bf16_kv", "output_ids_bf16_kv", DType::kF32, DType::kBF16});
   }
   out.push_back({"phi3", "f32_sharded", "logits_f32", "output_ids_f32"});
   return out;
@@ -84,7 +84,7 @@ class FixtureTest : public testing::TestWithParam<Fixture> {
     vocab_ = files_->config.vocab_size;
     for (const auto& row : golden_[f.logits_key]) expected_.push_back(row.get<std::vector<float>>());
     prompt_ = golden_["prompt_ids"].get<std::vector<int32_t>>();
-    if (f.kv == ScalarType::kBF16) atol_ = std::max(kAtol, golden_["tolerance_bf16_kv"].get<float>());
+    if (f.kv == DType::kBF16) atol_ = std::max(kAtol, golden_["tolerance_bf16_kv"].get<float>());
   }
 
   nlohmann::json golden_;
@@ -128,8 +128,8 @@ TEST_P(FixtureTest, GreedyContinuationMatchesTransformers) {
 INSTANTIATE_TEST_SUITE_P(Seeds, FixtureTest, testing::ValuesIn(all_fixtures()),
                          [](const testing::TestParamInfo<Fixture>& i) {
                            return i.param.name + "_" + i.param.variant +
-                                  (i.param.held == ScalarType::kBF16 ? "_held_bf16" : "") +
-                                  (i.param.kv == ScalarType::kBF16 ? "_kv_bf16" : "");
+                                  (i.param.held == DType::kBF16 ? "_held_bf16" : "") +
+                                  (i.param.kv == DType::kBF16 ? "_kv_bf16" : "");
                          });
 
 TEST(Llama3Rope, InverseFrequenciesOfTheRealConfigMatchTransformers) {

@@ -45,15 +45,15 @@ struct Weights {
   std::vector<double> value;   // what each element is
 };
 
-Weights make_weights(WeightType wt, size_t n, uint32_t seed) {
+Weights make_weights(DType wt, size_t n, uint32_t seed) {
   std::mt19937 g(seed);
   std::normal_distribution<float> d(0.0f, 1.0f);
   Weights w;
   w.value.resize(n + 1);
-  if (wt == WeightType::kF32) {
+  if (wt == DType::kF32) {
     w.f32.resize(n + 1);
     for (size_t i = 0; i < n + 1; ++i) w.value[i] = w.f32[i] = d(g);
-  } else if (wt == WeightType::kBF16) {
+  } else if (wt == DType::kBF16) {
     w.half.resize(n + 1);
     for (size_t i = 0; i < n + 1; ++i) w.value[i] = from_bf16(w.half[i] = to_bf16(d(g)));
   } else {
@@ -81,26 +81,26 @@ Weights make_weights(WeightType wt, size_t n, uint32_t seed) {
   return w;
 }
 
-const void* data_at(const Weights& w, WeightType wt, size_t offset) {
-  return wt == WeightType::kF32 ? static_cast<const void*>(w.f32.data() + offset)
+const void* data_at(const Weights& w, DType wt, size_t offset) {
+  return wt == DType::kF32 ? static_cast<const void*>(w.f32.data() + offset)
                                 : static_cast<const void*>(w.half.data() + offset);
 }
 
 // matmul_nt_packed_isa over a copy of row-major `w` packed one element past an aligned
 // start (so no panel is aligned).
-void matmul_nt_isa(Isa isa, const float* x, const void* w, WeightType wt, float* out, int64_t m, int64_t k,
+void matmul_nt_isa(Isa isa, const float* x, const void* w, DType wt, float* out, int64_t m, int64_t k,
                    int64_t n) {
-  const int64_t es = weight_type_size(wt);
+  const int64_t es = static_cast<int64_t>(dtype_size(wt));
   std::vector<char> buf(static_cast<size_t>((packed_elements(n, k) + 1) * es));
   pack_weight(w, wt, n, k, buf.data() + es);
   matmul_nt_packed_isa(isa, x, buf.data() + es, wt, out, m, k, n);
 }
 
-const char* name(WeightType wt) { return wt == WeightType::kF32 ? "f32" : wt == WeightType::kBF16 ? "bf16" : "f16"; }
+const char* name(DType wt) { return wt == DType::kF32 ? "f32" : wt == DType::kBF16 ? "bf16" : "f16"; }
 
 TEST(Gemm, MatchesADoubleReferenceOnOddShapes) {
   for (Isa isa : paths()) {
-    for (WeightType wt : {WeightType::kF32, WeightType::kBF16, WeightType::kF16}) {
+    for (DType wt : {DType::kF32, DType::kBF16, DType::kF16}) {
       for (int64_t m : {1, 2, 3, 4, 5, 7, 8, 13, 31, 32, 33}) {
         for (auto [k, n] : {std::pair<int64_t, int64_t>{37, 23}, {64, 12}, {7, 5}, {129, 40}, {16, 33}}) {
           std::mt19937 g(static_cast<uint32_t>(m * 1000 + k));
@@ -139,7 +139,7 @@ TEST(Gemm, ARowAloneEqualsTheSameRowAmongOthersAndThreadsChangeNoBit) {
   std::vector<float> x(m * k);
   for (auto& v : x) v = d(g);
   for (Isa isa : paths()) {
-    for (WeightType wt : {WeightType::kF32, WeightType::kBF16, WeightType::kF16}) {
+    for (DType wt : {DType::kF32, DType::kBF16, DType::kF16}) {
       const Weights w = make_weights(wt, n * k, 9);
       set_num_threads(1);
       std::vector<float> all(m * n), all2(m * n);
@@ -170,9 +170,9 @@ TEST(Gemm, ThreadSplitOfALargeGemmChangesNoBit) {
   for (Isa isa : paths()) {
     std::vector<float> a(m * n), b(m * n);
     set_num_threads(1);
-    matmul_nt_isa(isa, x.data(), w.data(), WeightType::kF32, a.data(), m, k, n);
+    matmul_nt_isa(isa, x.data(), w.data(), DType::kF32, a.data(), m, k, n);
     set_num_threads(3);
-    matmul_nt_isa(isa, x.data(), w.data(), WeightType::kF32, b.data(), m, k, n);
+    matmul_nt_isa(isa, x.data(), w.data(), DType::kF32, b.data(), m, k, n);
     set_num_threads(1);
     EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4)) << isa_name(isa);
   }
@@ -189,7 +189,7 @@ TEST(Gemm, KBlocksKeepOneChainPerElement) {
   std::vector<float> x(m * k);
   for (auto& v : x) v = d(g);
   for (Isa isa : paths()) {
-    for (WeightType wt : {WeightType::kF32, WeightType::kBF16, WeightType::kF16}) {
+    for (DType wt : {DType::kF32, DType::kBF16, DType::kF16}) {
       const Weights w = make_weights(wt, n * k, 21);
       std::vector<float> all(m * n);
       matmul_nt_isa(isa, x.data(), data_at(w, wt, 0), wt, all.data(), m, k, n);
@@ -217,10 +217,10 @@ TEST(Gemm, KBlocksKeepOneChainPerElement) {
 
 // The packed layout: unpack_row and the embedding lookup read back each row exactly.
 TEST(Gemm, PackedRowsReadBackExactly) {
-  for (WeightType wt : {WeightType::kF32, WeightType::kBF16, WeightType::kF16}) {
+  for (DType wt : {DType::kF32, DType::kBF16, DType::kF16}) {
     const int64_t n = 37, k = 11;
     const Weights w = make_weights(wt, n * k, 3);
-    const int64_t es = weight_type_size(wt);
+    const int64_t es = static_cast<int64_t>(dtype_size(wt));
     std::vector<char> packed(static_cast<size_t>(packed_elements(n, k) * es));
     pack_weight(data_at(w, wt, 0), wt, n, k, packed.data());
     std::vector<float> row(k);

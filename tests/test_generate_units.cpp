@@ -14,11 +14,11 @@
 
 #include "common/error.h"
 #include "launch/cli_options.h"
-#include "launch/generate_requests.h"
-#include "launch/jsonl_input.h"
-#include "launch/jsonl_output.h"
-#include "launch/loss_document.h"
-#include "launch/progress.h"
+#include "requests/request.h"
+#include "requests/jsonl_input.h"
+#include "driver/jsonl_output.h"
+#include "requests/loss_document.h"
+#include "driver/progress.h"
 #include "runtime/kv_cache.h"
 #include "runtime/model_loader.h"
 #include "tests/test_data.h"
@@ -41,7 +41,7 @@ RequestSettings defaults() {
 }
 
 // The message of the Error that apply_request_keys throws for `line`, or "".
-std::string error_of(const std::string& line) {
+std::string request_keys_error(const std::string& line) {
   try {
     apply_request_keys(ordered_json::parse(line), defaults(), "in.jsonl:3");
   } catch (const Error& e) {
@@ -114,7 +114,7 @@ TEST(RequestKeys, BadValuesNameTheLineAndTheKey) {
            {R"({"logprobs": 1})", "logprobs"},
            {R"({"top_logprobs": 21})", "top_logprobs"},
            {R"({"top_logprobs": -1})", "top_logprobs"}}) {
-    const std::string e = error_of(line);
+    const std::string e = request_keys_error(line);
     EXPECT_NE(e.find("in.jsonl:3"), std::string::npos) << line << ": " << e;
     EXPECT_NE(e.find("\"" + key + "\""), std::string::npos) << line << ": " << e;
   }
@@ -195,7 +195,7 @@ TEST(KvCacheSize, HugePoolsSaturateAndTheMemoryPreflightRefusesThem) {
   EXPECT_EQ(KvCache::bytes_for(2, 1, 4, 8), 2 * 2 * 1 * 4 * 8 * 4);
   EXPECT_EQ(KvCache::bytes_for(32, int64_t{1} << 54, 8, 128), INT64_MAX);
   EXPECT_EQ(KvCache::bytes_for(32, int64_t{1} << 62, 8, 128), INT64_MAX);
-  const RankMemory need{1 << 20, KvCache::bytes_for(32, int64_t{1} << 54, 8, 128), ScalarType::kF32};
+  const RankMemory need{1 << 20, KvCache::bytes_for(32, int64_t{1} << 54, 8, 128), DType::kF32};
   EXPECT_EQ(need.total(), INT64_MAX);
   try {
     check_memory(need, int64_t{8} << 30, 1);

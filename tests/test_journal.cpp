@@ -1,4 +1,4 @@
-// The journal of generate --input / loss (launch/journal.h) without a model: read back
+// The journal of generate --input / loss (driver/journal.h) without a model: read back
 // with a torn or damaged last line, refused when damaged elsewhere or of another
 // command, continued after its last whole line, and moved to the temp folder when its
 // folder vanishes mid-run.
@@ -20,21 +20,17 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
-#include "launch/journal.h"
-#include "launch/jsonl_output.h"
+#include "driver/journal.h"
+#include "driver/jsonl_output.h"
+#include "tests/test_helpers.h"
 
 namespace linnet {
 namespace {
 
+using linnet::test::read_file;
+
 namespace fs = std::filesystem;
 using nlohmann::ordered_json;
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 class JournalTest : public testing::Test {
  protected:
@@ -86,7 +82,7 @@ TEST_F(JournalTest, LinesComeBackInOrderAfterTheHeader) {
   EXPECT_EQ(c.lines[0], (std::pair<int, std::string>{2, R"({"index":3,"completion":"a"})"}));
   EXPECT_EQ(c.lines[1].second, R"({"index":0,"completion":"b"})");
   EXPECT_TRUE(c.dropped.empty());
-  EXPECT_EQ(c.whole_bytes, slurp(path_).size());
+  EXPECT_EQ(c.whole_bytes, read_file(path_).size());
 }
 
 // A resume must have the settings of the run that wrote the journal: every key equal,
@@ -165,7 +161,7 @@ TEST_F(JournalTest, DamageBeforeTheLastLineOrAnotherCommandIsRefused) {
 TEST_F(JournalTest, AFreshJournalNeverReplacesAnExistingOne) {
   std::ofstream(path_) << "{}\n";
   EXPECT_THROW(Journal(path_, header("generate")), Error);
-  EXPECT_EQ(slurp(path_), "{}\n");
+  EXPECT_EQ(read_file(path_), "{}\n");
 }
 
 TEST_F(JournalTest, AResumedJournalContinuesAfterItsLastWholeLine) {
@@ -176,7 +172,7 @@ TEST_F(JournalTest, AResumedJournalContinuesAfterItsLastWholeLine) {
     Journal j(path_, header("loss"), &c);
     j.append("{\"pack\":1}");
   }
-  EXPECT_EQ(slurp(path_), whole + "{\"pack\":1}\n");
+  EXPECT_EQ(read_file(path_), whole + "{\"pack\":1}\n");
   // A file holding not even its header gets one.
   std::ofstream(path_, std::ios::binary) << "{\"linn";
   const JournalContents empty = read_journal(path_, "loss");
@@ -184,7 +180,7 @@ TEST_F(JournalTest, AResumedJournalContinuesAfterItsLastWholeLine) {
     Journal j(path_, header("loss"), &empty);
     j.append("{\"pack\":0}");
   }
-  EXPECT_EQ(slurp(path_), header("loss").dump() + "\n{\"pack\":0}\n");
+  EXPECT_EQ(read_file(path_), header("loss").dump() + "\n{\"pack\":0}\n");
 }
 
 // A run whose mpirun was killed goes on appending for a few seconds: a second writer is
@@ -262,7 +258,7 @@ TEST_F(JournalTest, AnOutputThroughADanglingLinkWritesItsTargetUnderOneLock) {
   }
   EXPECT_TRUE(fs::is_symlink(link)) << "the link is kept";
   EXPECT_TRUE(fs::is_regular_file(fs::symlink_status(target)));
-  EXPECT_NE(slurp(target).find("\"completion\":\"c\""), std::string::npos);
+  EXPECT_NE(read_file(target).find("\"completion\":\"c\""), std::string::npos);
   Journal first(journal_path(target.string()), header("generate"));
   first.append("{\"index\":0}");
   // A second run through the link: without --resume the journal it finds stops it; with
@@ -328,7 +324,7 @@ TEST_F(JournalTest, AJournalOnAFullDiskMovesToTheTempFolder) {
               std::string::npos)
         << journal_note(&j);
     j.sync();
-    EXPECT_EQ(slurp(j.path()), want);
+    EXPECT_EQ(read_file(j.path()), want);
   }
   ::umount(small.c_str());
   if (old) {
@@ -357,7 +353,7 @@ TEST_F(JournalTest, AJournalWhoseFolderVanishesMovesToTheTempFolder) {
     EXPECT_NE(journal_note(&j).find("put it back as " + path_ + " and rerun with --resume"), std::string::npos);
     const std::string moved = j.path();
     j.sync();
-    EXPECT_EQ(slurp(moved), header("generate").dump() + "\n{\"index\":0}\n{\"index\":1}\n");
+    EXPECT_EQ(read_file(moved), header("generate").dump() + "\n{\"index\":0}\n{\"index\":1}\n");
   }
   if (old) {
     ::setenv("TMPDIR", saved.c_str(), 1);

@@ -9,7 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "common/error.h"
-#include "launch/model_path.h"
+#include "loader/model_path.h"
 
 namespace linnet {
 namespace {

@@ -267,20 +267,20 @@ TEST(MemoryPreflight, CountsThisRanksSlices) {
   EXPECT_EQ(one.kv_cache_bytes, 2 * 5 * 512 * 4 * 8 * 4);
   EXPECT_EQ(two.kv_cache_bytes * 2, one.kv_cache_bytes);
   EXPECT_LT(two.weight_bytes, one.weight_bytes / 2 + 4096);
-  const RankMemory bf16 = rank_memory(c, ShardPlan::make(c, 0, 1), 512, 1, ScalarType::kF32, ScalarType::kBF16);
+  const RankMemory bf16 = rank_memory(c, ShardPlan::make(c, 0, 1), 512, 1, DType::kF32, DType::kBF16);
   EXPECT_EQ(bf16.kv_cache_bytes * 2, one.kv_cache_bytes);
   EXPECT_EQ(bf16.weight_bytes, one.weight_bytes);
   // --kv-cache-memory-fraction fits twice the positions in a bf16 cache.
   const ShardPlan p = ShardPlan::make(c, 0, 1);
   const int64_t avail = one.weight_bytes + 64 * one.kv_cache_bytes;
-  EXPECT_EQ(resolve_kv_cache_tokens(c, p, 512, 1, std::nullopt, 1.0, avail, 1, ScalarType::kF32, ScalarType::kBF16),
+  EXPECT_EQ(resolve_kv_cache_tokens(c, p, 512, 1, std::nullopt, 1.0, avail, 1, DType::kF32, DType::kBF16),
             2 * resolve_kv_cache_tokens(c, p, 512, 1, std::nullopt, 1.0, avail, 1));
 }
 
 TEST(KvCacheDtype, Bf16OnCpuOnlyAndNamedInErrors) {
-  EXPECT_EQ(held_kv_cache_dtype("", "cpu"), ScalarType::kF32);
-  EXPECT_EQ(held_kv_cache_dtype("f32", "cuda"), ScalarType::kF32);
-  EXPECT_EQ(held_kv_cache_dtype("bf16", "cpu"), ScalarType::kBF16);
+  EXPECT_EQ(held_kv_cache_dtype("", "cpu"), DType::kF32);
+  EXPECT_EQ(held_kv_cache_dtype("f32", "cuda"), DType::kF32);
+  EXPECT_EQ(held_kv_cache_dtype("bf16", "cpu"), DType::kBF16);
   for (const auto& [flag, kind] : {std::pair{"bf16", "cuda"}, {"fp8", "cpu"}}) {
     try {
       held_kv_cache_dtype(flag, kind);
@@ -289,7 +289,7 @@ TEST(KvCacheDtype, Bf16OnCpuOnlyAndNamedInErrors) {
       EXPECT_NE(std::string(e.what()).find("--kv-cache-dtype"), std::string::npos) << e.what();
     }
   }
-  EXPECT_THROW(make_cpu_backend(1, ScalarType::kF32, ScalarType::kF16), Error);
+  EXPECT_THROW(make_cpu_backend(1, DType::kF32, DType::kF16), Error);
 }
 
 TEST(Sampler, RejectsBadParameters) {

@@ -21,6 +21,7 @@
 #include "common/error.h"
 #include "loader/checkpoint.h"
 #include "loader/safetensors.h"
+#include "tests/test_helpers.h"
 
 namespace fs = std::filesystem;
 using linnet::Checkpoint;
@@ -30,6 +31,8 @@ using linnet::Slice2D;
 using linnet::TensorSpec;
 
 namespace {
+
+using linnet::test::error_of;
 
 /// A fresh directory under the system temp dir, removed at scope end.
 struct TempDir {
@@ -84,21 +87,6 @@ struct FileBuilder {
   }
   std::string bytes() const { return raw_file(header.dump(), data); }
 };
-
-/// The message of the linnet::Error `f` throws ("" plus a test failure if none).
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const linnet::Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "threw a non-linnet exception: " << e.what();
-    return {};
-  }
-  ADD_FAILURE() << "no linnet::Error thrown";
-  return {};
-}
 
 #define EXPECT_CONTAINS(haystack, needle)                                              \
   EXPECT_NE(std::string(haystack).find(needle), std::string::npos)                     \
@@ -156,7 +144,7 @@ TEST(Safetensors, RoundTripF32WithSlices) {
   EXPECT_EQ(f.find("nope"), nullptr);
   const linnet::TensorInfo* mi = f.find("m");
   ASSERT_NE(mi, nullptr);
-  EXPECT_EQ(mi->dtype, DType::F32);
+  EXPECT_EQ(mi->dtype, DType::kF32);
   EXPECT_EQ(mi->shape, (std::vector<int64_t>{3, 4}));
   EXPECT_EQ(mi->numel(), 12);
   EXPECT_EQ(mi->begin, 0u);
@@ -186,7 +174,7 @@ TEST(Safetensors, F16ConvertsIeeeHalfIncludingSpecials) {
   const fs::path p = dir.path / "f16.safetensors";
   write_file(p, b.bytes());
   SafetensorsFile f(p);
-  EXPECT_EQ(f.find("h")->dtype, DType::F16);
+  EXPECT_EQ(f.find("h")->dtype, DType::kF16);
   const std::vector<float> v = read_all(f, "h", {0, 2, 0, 6});
   EXPECT_EQ(v[0], 1.0f);
   EXPECT_EQ(v[1], -2.0f);
@@ -218,7 +206,7 @@ TEST(Safetensors, BF16ConvertsTopHalfOfF32) {
   const fs::path p = dir.path / "bf16.safetensors";
   write_file(p, b.bytes());
   SafetensorsFile f(p);
-  EXPECT_EQ(f.find("b")->dtype, DType::BF16);
+  EXPECT_EQ(f.find("b")->dtype, DType::kBF16);
   const std::vector<float> v = read_all(f, "b", {0, 3, 0, 2});
   EXPECT_EQ(v[0], 1.0f);
   EXPECT_EQ(v[1], -2.5f);
@@ -231,12 +219,12 @@ TEST(Safetensors, BF16ConvertsTopHalfOfF32) {
 }
 
 TEST(Safetensors, DTypeNamesAndSizes) {
-  EXPECT_STREQ(linnet::dtype_name(DType::F32), "F32");
-  EXPECT_STREQ(linnet::dtype_name(DType::F16), "F16");
-  EXPECT_STREQ(linnet::dtype_name(DType::BF16), "BF16");
-  EXPECT_EQ(linnet::dtype_size(DType::F32), 4u);
-  EXPECT_EQ(linnet::dtype_size(DType::F16), 2u);
-  EXPECT_EQ(linnet::dtype_size(DType::BF16), 2u);
+  EXPECT_STREQ(linnet::safetensors_dtype_name(DType::kF32), "F32");
+  EXPECT_STREQ(linnet::safetensors_dtype_name(DType::kF16), "F16");
+  EXPECT_STREQ(linnet::safetensors_dtype_name(DType::kBF16), "BF16");
+  EXPECT_EQ(linnet::dtype_size(DType::kF32), 4u);
+  EXPECT_EQ(linnet::dtype_size(DType::kF16), 2u);
+  EXPECT_EQ(linnet::dtype_size(DType::kBF16), 2u);
   EXPECT_EQ(linnet::shape_str({2, 3}), "[2, 3]");
   EXPECT_EQ(linnet::shape_str({}), "[]");
 }
@@ -531,7 +519,7 @@ TEST(Checkpoint, ShardedStories260k) {
   // Compare a column slice with the bytes read straight from the shard file.
   const auto [info, file] = ck.find("model.layers.2.self_attn.o_proj.weight");
   ASSERT_EQ(info->shape, (std::vector<int64_t>{64, 64}));
-  ASSERT_EQ(info->dtype, DType::F32);
+  ASSERT_EQ(info->dtype, DType::kF32);
   std::ifstream raw(file->path(), std::ios::binary);
   uint64_t n = 0;
   raw.read(reinterpret_cast<char*>(&n), 8);

@@ -7,11 +7,12 @@
 #include <thread>
 
 #include "common/utf8.h"
-#include "launch/generate_requests.h"
-#include "launch/http_framing.h"
-#include "launch/jsonl_input.h"
-#include "launch/openai_api.h"
-#include "launch/serve_engine.h"
+#include "requests/request.h"
+#include "server/http/http_framing.h"
+#include "requests/jsonl_input.h"
+#include "server/openai_api.h"
+#include "requests/request_queue.h"
+#include "requests/serve_metrics.h"
 #include "tests/test_data.h"
 
 namespace linnet {
@@ -580,16 +581,16 @@ TEST_F(ServeUnits, TextOffsetsAreCharacterPositionsInTheText) {
 }
 
 TEST(ServeEngine, QueueBoundsInFlightChoices) {
-  ServeQueue q(3);
+  RequestQueue q(3);
   auto ch = std::make_shared<ServeChannel>();
-  EXPECT_EQ(q.submit(std::vector<ServeChoice>(2), ch), ServeQueue::Admit::kOk);
-  EXPECT_EQ(q.submit(std::vector<ServeChoice>(2), ch), ServeQueue::Admit::kFull);
-  EXPECT_EQ(q.submit(std::vector<ServeChoice>(4), ch), ServeQueue::Admit::kTooMany);  // never fits
+  EXPECT_EQ(q.submit(std::vector<ServeChoice>(2), ch), RequestQueue::Admit::kOk);
+  EXPECT_EQ(q.submit(std::vector<ServeChoice>(2), ch), RequestQueue::Admit::kFull);
+  EXPECT_EQ(q.submit(std::vector<ServeChoice>(4), ch), RequestQueue::Admit::kTooMany);  // never fits
   EXPECT_EQ(q.take(std::chrono::milliseconds(0)).size(), 1u);
   q.finished(2);
-  EXPECT_EQ(q.submit(std::vector<ServeChoice>(3), ch), ServeQueue::Admit::kOk);
+  EXPECT_EQ(q.submit(std::vector<ServeChoice>(3), ch), RequestQueue::Admit::kOk);
   q.close();
-  EXPECT_EQ(q.submit(std::vector<ServeChoice>(1), ch), ServeQueue::Admit::kClosed);
+  EXPECT_EQ(q.submit(std::vector<ServeChoice>(1), ch), RequestQueue::Admit::kClosed);
 }
 
 TEST(ServeEngine, MetricsText) {

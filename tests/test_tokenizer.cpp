@@ -12,9 +12,13 @@
 #include "common/error.h"
 #include "loader/tokenizer/tokenizer.h"
 #include "tests/test_data.h"
+#include "tests/test_helpers.h"
 
 namespace linnet {
 namespace {
+
+using linnet::test::error_of;
+using linnet::test::valid_utf8;
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -50,30 +54,6 @@ class TempDir {
 };
 
 json stories_json() { return test::read_json(test::stories_dir() / "tokenizer.json"); }
-
-/// The error message of `f()`, or "" when it does not throw linnet::Error.
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
-bool valid_utf8(const std::string& s) {
-  for (std::size_t i = 0; i < s.size();) {
-    const auto b = static_cast<unsigned char>(s[i]);
-    const std::size_t len = b < 0x80 ? 1 : b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : b >= 0xC0 ? 2 : 0;
-    if (len == 0 || i + len > s.size()) return false;
-    for (std::size_t k = 1; k < len; ++k) {
-      if ((static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) return false;
-    }
-    i += len;
-  }
-  return true;
-}
 
 struct Streamed {
   std::string text;

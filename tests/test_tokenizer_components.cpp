@@ -12,9 +12,12 @@
 #include "loader/tokenizer/tokenizer.h"
 #include "loader/tokenizer/tokenizer_regex.h"
 #include "tests/test_data.h"
+#include "tests/test_helpers.h"
 
 namespace linnet {
 namespace {
+
+using linnet::test::error_of;
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -31,16 +34,6 @@ Tokenizer load_json(const json& j) {
     ~Cleanup() { fs::remove_all(p); }
   } cleanup{dir};
   return Tokenizer::from_files(dir / "tokenizer.json", dir / "none.json");
-}
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 TEST(TokenizerComponents, SyntheticTokenizersMatchHuggingFace) {

@@ -10,9 +10,12 @@
 #include "common/error.h"
 #include "loader/tokenizer/tokenizer.h"
 #include "tests/test_data.h"
+#include "tests/test_helpers.h"
 
 namespace linnet {
 namespace {
+
+using linnet::test::valid_utf8;
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -35,19 +38,6 @@ const Model& model(const std::string& name) {
 }
 
 const char* const kModels[] = {"llama-3.1", "qwen3", "phi-3"};
-
-bool valid_utf8(const std::string& s) {
-  for (std::size_t i = 0; i < s.size();) {
-    const auto b = static_cast<unsigned char>(s[i]);
-    const std::size_t len = b < 0x80 ? 1 : b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : b >= 0xC0 ? 2 : 0;
-    if (len == 0 || i + len > s.size()) return false;
-    for (std::size_t k = 1; k < len; ++k) {
-      if ((static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) return false;
-    }
-    i += len;
-  }
-  return true;
-}
 
 /// Streams `generated` after `prompt`; returns every chunk (the last one from flush()).
 std::vector<std::string> stream_chunks(const Tokenizer& tok, const std::vector<int32_t>& prompt,

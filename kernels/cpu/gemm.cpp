@@ -16,10 +16,9 @@
 
 namespace linnet::cpu {
 
-int weight_type_size(WeightType t) { return t == WeightType::kF32 ? 4 : 2; }
 
-void pack_weight(const void* w, WeightType wt, int64_t n, int64_t k, void* packed) {
-  const int64_t es = weight_type_size(wt);
+void pack_weight(const void* w, DType wt, int64_t n, int64_t k, void* packed) {
+  const int64_t es = static_cast<int64_t>(dtype_size(wt));
   const auto* src = static_cast<const char*>(w);
   auto* dst = static_cast<char*>(packed);
   std::memset(dst, 0, static_cast<size_t>(packed_elements(n, k) * es));
@@ -32,7 +31,7 @@ void pack_weight(const void* w, WeightType wt, int64_t n, int64_t k, void* packe
   }
 }
 
-void matmul_nt_packed_isa(Isa isa, const float* x, const void* packed, WeightType wt, float* out, int64_t m,
+void matmul_nt_packed_isa(Isa isa, const float* x, const void* packed, DType wt, float* out, int64_t m,
                           int64_t k, int64_t n) {
   if (m <= 0 || n <= 0) return;
   if (k <= 0) {
@@ -72,31 +71,31 @@ void matmul_nt_packed_isa(Isa isa, const float* x, const void* packed, WeightTyp
     panels_fn(x, packed, wt, out, m, k, n, c * chunk, std::min(panels, (c + 1) * chunk));
 }
 
-void matmul_nt_packed(const float* x, const void* packed, WeightType wt, float* out, int64_t m, int64_t k,
+void matmul_nt_packed(const float* x, const void* packed, DType wt, float* out, int64_t m, int64_t k,
                       int64_t n) {
   matmul_nt_packed_isa(active_isa(), x, packed, wt, out, m, k, n);
 }
 
-void matmul_nt(const float* x, const void* w, WeightType wt, float* out, int64_t m, int64_t k, int64_t n) {
-  std::vector<char> packed(static_cast<size_t>(packed_elements(n, k) * weight_type_size(wt)));
+void matmul_nt(const float* x, const void* w, DType wt, float* out, int64_t m, int64_t k, int64_t n) {
+  std::vector<char> packed(static_cast<size_t>(packed_elements(n, k) * static_cast<int64_t>(dtype_size(wt))));
   pack_weight(w, wt, n, k, packed.data());
   matmul_nt_packed(x, packed.data(), wt, out, m, k, n);
 }
 
-void widen_to_f32(const void* w, WeightType wt, int64_t n, float* out) {
-  if (wt == WeightType::kF32) {
+void widen_to_f32(const void* w, DType wt, int64_t n, float* out) {
+  if (wt == DType::kF32) {
     std::memcpy(out, w, static_cast<size_t>(n) * sizeof(float));
     return;
   }
   for (int64_t i = 0; i < n; ++i) out[i] = detail::load_weight(w, wt, i);
 }
 
-void unpack_row(const void* packed, WeightType wt, int64_t k, int64_t row, float* out) {
+void unpack_row(const void* packed, DType wt, int64_t k, int64_t row, float* out) {
   const int64_t base = (row / kPanel) * kPanel * k + row % kPanel;
   for (int64_t c = 0; c < k; ++c) out[c] = detail::load_weight(packed, wt, base + c * kPanel);
 }
 
-void embedding_lookup_packed(const void* table, WeightType wt, int64_t vocab_begin, int64_t vocab_local,
+void embedding_lookup_packed(const void* table, DType wt, int64_t vocab_begin, int64_t vocab_local,
                              int64_t hidden, const int32_t* ids, int64_t n, float* out) {
   for (int64_t i = 0; i < n; ++i) {
     const int64_t row = static_cast<int64_t>(ids[i]) - vocab_begin;

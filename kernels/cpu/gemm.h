@@ -31,20 +31,34 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
+
+#include "common/dtype.h"
+#include "common/error.h"
 
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/threads.h"
 
 namespace linnet::cpu {
 
-/// Storage type of a weight matrix.
-enum class WeightType { kF32, kBF16, kF16 };
+/// Calls `f(std::integral_constant<DType, D>{})` with D = `wt` (kF32, kBF16 or kF16): the
+/// one place a weight matrix's run-time dtype (common/dtype.h) picks a kernel
+/// instantiation; each ISA's panel kernel is a template over it.
+/// @throws Error for kI32 (not a weight dtype).
+template <class F>
+decltype(auto) dispatch_weight_dtype(DType wt, F&& f) {
+  switch (wt) {
+    case DType::kF32: return f(std::integral_constant<DType, DType::kF32>{});
+    case DType::kBF16: return f(std::integral_constant<DType, DType::kBF16>{});
+    case DType::kF16: return f(std::integral_constant<DType, DType::kF16>{});
+    case DType::kI32: break;
+  }
+  throw Error("i32 is not a weight dtype (f32, bf16 or f16)", "dispatch_weight_dtype");
+}
 
 /// Output columns per packed panel.
 inline constexpr int64_t kPanel = 16;
 
-/// Bytes per element of `t`.
-int weight_type_size(WeightType t);
 
 /// Elements of the packed form of an [n, k] matrix: n rounded up to kPanel, times k.
 /// (static: see detail::row_block.)
@@ -52,44 +66,44 @@ static inline int64_t packed_elements(int64_t n, int64_t k) { return (n + kPanel
 
 /// Repacks `w` [n, k] row-major (type `wt`) into `packed` (packed_elements(n, k)
 /// elements of `wt`, the layout of the file comment; padding columns are zero).
-void pack_weight(const void* w, WeightType wt, int64_t n, int64_t k, void* packed);
+void pack_weight(const void* w, DType wt, int64_t n, int64_t k, void* packed);
 
 /// out[m, n] = x[m, k] * w[n, k]^T from a packed weight (pack_weight), in f32 with the
 /// fixed reduction order of the file comment, on the active ISA path. x, packed and out
 /// need no alignment; out must not overlap x or packed.
-void matmul_nt_packed(const float* x, const void* packed, WeightType wt, float* out, int64_t m, int64_t k, int64_t n);
+void matmul_nt_packed(const float* x, const void* packed, DType wt, float* out, int64_t m, int64_t k, int64_t n);
 
 /// matmul_nt_packed on a chosen path (tests compare each path with a double reference).
 /// @throws Error when this CPU cannot run `isa`.
-void matmul_nt_packed_isa(Isa isa, const float* x, const void* packed, WeightType wt, float* out, int64_t m,
+void matmul_nt_packed_isa(Isa isa, const float* x, const void* packed, DType wt, float* out, int64_t m,
                           int64_t k, int64_t n);
 
 /// out[m, n] = x[m, k] * w[n, k]^T with `w` row-major [n, k]: packs a copy, then
 /// matmul_nt_packed (for tests and references; the backend packs once at load).
-void matmul_nt(const float* x, const void* w, WeightType wt, float* out, int64_t m, int64_t k, int64_t n);
+void matmul_nt(const float* x, const void* w, DType wt, float* out, int64_t m, int64_t k, int64_t n);
 
 /// matmul_nt with f32 weights.
 inline void matmul_nt(const float* x, const float* w, float* out, int64_t m, int64_t k, int64_t n) {
-  matmul_nt(x, w, WeightType::kF32, out, m, k, n);
+  matmul_nt(x, w, DType::kF32, out, m, k, n);
 }
 
 /// out[i] = w[i] as f32 for i < n (bf16 / f16 widened exactly).
-void widen_to_f32(const void* w, WeightType wt, int64_t n, float* out);
+void widen_to_f32(const void* w, DType wt, int64_t n, float* out);
 
 /// Row `row` of a packed [n, k] matrix, widened to f32: out[c] = w[row, c], c < k.
-void unpack_row(const void* packed, WeightType wt, int64_t k, int64_t row, float* out);
+void unpack_row(const void* packed, DType wt, int64_t k, int64_t row, float* out);
 
 /// embedding_lookup (ops.h) over a packed table [vocab_local, hidden] stored as `wt`.
-void embedding_lookup_packed(const void* table, WeightType wt, int64_t vocab_begin, int64_t vocab_local,
+void embedding_lookup_packed(const void* table, DType wt, int64_t vocab_begin, int64_t vocab_local,
                              int64_t hidden, const int32_t* ids, int64_t n, float* out);
 
 namespace detail {
 // One thread's share: out[:, 16 p0 : 16 p1) (clipped to n) over every row, one path.
-void gemm_panels_generic(const float* x, const void* packed, WeightType wt, float* out, int64_t m, int64_t k,
+void gemm_panels_generic(const float* x, const void* packed, DType wt, float* out, int64_t m, int64_t k,
                          int64_t n, int64_t p0, int64_t p1);
-void gemm_panels_avx2(const float* x, const void* packed, WeightType wt, float* out, int64_t m, int64_t k,
+void gemm_panels_avx2(const float* x, const void* packed, DType wt, float* out, int64_t m, int64_t k,
                       int64_t n, int64_t p0, int64_t p1);
-void gemm_panels_avx512(const float* x, const void* packed, WeightType wt, float* out, int64_t m, int64_t k,
+void gemm_panels_avx512(const float* x, const void* packed, DType wt, float* out, int64_t m, int64_t k,
                         int64_t n, int64_t p0, int64_t p1);
 // Rows of x per block, so a block's slice of x (rows * k floats) stays in L2. static:
 // each ISA file gets its own copy (an inline one would be shared across them).
@@ -99,7 +113,7 @@ static inline int64_t row_block(int64_t k) {
   return rows < 12 ? 12 : rows / 12 * 12;
 }
 // Element i of a weight array of type wt, as f32.
-float load_weight(const void* w, WeightType wt, int64_t i);
+float load_weight(const void* w, DType wt, int64_t i);
 }  // namespace detail
 
 }  // namespace linnet::cpu

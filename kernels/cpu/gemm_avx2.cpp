@@ -13,16 +13,16 @@
 namespace linnet::cpu::detail {
 namespace {
 
-template <WeightType WT>
+template <DType WT>
 inline void load16(const void* w, int64_t i, __m256& lo, __m256& hi) {
-  if constexpr (WT == WeightType::kF32) {
+  if constexpr (WT == DType::kF32) {
     const float* p = static_cast<const float*>(w) + i;
     lo = _mm256_loadu_ps(p);
     hi = _mm256_loadu_ps(p + 8);
   } else {
     const auto* p = reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(w) + i);
     const __m128i a = _mm_loadu_si128(p), b = _mm_loadu_si128(p + 1);
-    if constexpr (WT == WeightType::kBF16) {
+    if constexpr (WT == DType::kBF16) {
       lo = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(a), 16));
       hi = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(b), 16));
     } else {
@@ -32,7 +32,7 @@ inline void load16(const void* w, int64_t i, __m256& lo, __m256& hi) {
   }
 }
 
-template <WeightType WT, int R, int P>
+template <DType WT, int R, int P>
 inline void tile(const float* x, const void* packed, float* out, int64_t k, int64_t n, int64_t r0, int64_t p) {
   __m256 acc[R][2 * P];
   for (int i = 0; i < R; ++i)
@@ -67,7 +67,7 @@ inline void tile(const float* x, const void* packed, float* out, int64_t k, int6
   }
 }
 
-template <WeightType WT, int P>
+template <DType WT, int P>
 inline void rows(const float* x, const void* packed, float* out, int64_t k, int64_t n, int64_t r0, int64_t r1,
                  int64_t p) {
   int64_t r = r0;
@@ -82,7 +82,7 @@ inline void rows(const float* x, const void* packed, float* out, int64_t k, int6
   }
 }
 
-template <WeightType WT>
+template <DType WT>
 void panels(const float* x, const void* packed, float* out, int64_t m, int64_t k, int64_t n, int64_t p0,
             int64_t p1) {
   if (m <= 2) {  // GEMV-sized: two panels a tile, enough chains in flight for DRAM
@@ -106,13 +106,9 @@ void panels(const float* x, const void* packed, float* out, int64_t m, int64_t k
 
 }  // namespace
 
-void gemm_panels_avx2(const float* x, const void* packed, WeightType wt, float* out, int64_t m, int64_t k,
+void gemm_panels_avx2(const float* x, const void* packed, DType wt, float* out, int64_t m, int64_t k,
                       int64_t n, int64_t p0, int64_t p1) {
-  switch (wt) {
-    case WeightType::kF32: return panels<WeightType::kF32>(x, packed, out, m, k, n, p0, p1);
-    case WeightType::kBF16: return panels<WeightType::kBF16>(x, packed, out, m, k, n, p0, p1);
-    case WeightType::kF16: return panels<WeightType::kF16>(x, packed, out, m, k, n, p0, p1);
-  }
+  dispatch_weight_dtype(wt, [&](auto d) { panels<decltype(d)::value>(x, packed, out, m, k, n, p0, p1); });
 }
 
 }  // namespace linnet::cpu::detail

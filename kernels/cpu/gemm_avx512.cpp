@@ -20,13 +20,13 @@
 namespace linnet::cpu::detail {
 namespace {
 
-template <WeightType WT>
+template <DType WT>
 inline __m512 load16(const void* w, int64_t i) {
-  if constexpr (WT == WeightType::kF32) {
+  if constexpr (WT == DType::kF32) {
     return _mm512_loadu_ps(static_cast<const float*>(w) + i);
   } else {
     const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(w) + i));
-    if constexpr (WT == WeightType::kBF16) {
+    if constexpr (WT == DType::kBF16) {
       return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
     } else {
       return _mm512_cvtph_ps(h);
@@ -34,7 +34,7 @@ inline __m512 load16(const void* w, int64_t i) {
   }
 }
 
-template <WeightType WT, int R, int P>
+template <DType WT, int R, int P>
 inline void tile(const float* x, const void* packed, float* out, int64_t k, int64_t n, int64_t r0, int64_t p) {
   __m512 acc[R][P];
   for (int i = 0; i < R; ++i)
@@ -57,7 +57,7 @@ inline void tile(const float* x, const void* packed, float* out, int64_t k, int6
   }
 }
 
-template <WeightType WT, int P>
+template <DType WT, int P>
 inline void rows(const float* x, const void* packed, float* out, int64_t k, int64_t n, int64_t r0, int64_t r1,
                  int64_t p) {
   int64_t r = r0;
@@ -120,7 +120,7 @@ struct Prefetch {
 // 16 per k). The accumulators start at zero (first block) or at the partial sums the
 // previous block left in out (exact f32 values), so each element stays one chain in
 // ascending k, the same bits as an unblocked pass.
-template <WeightType WT, int R, int P>
+template <DType WT, int R, int P>
 inline void tile_block(const float* xp, int64_t xs, const void* w, int64_t wstride, float* out, int64_t n, int64_t j0,
                        int64_t kc, bool first, const Prefetch& pf) {
   __m512 acc[R][P];
@@ -150,7 +150,7 @@ inline void tile_block(const float* xp, int64_t xs, const void* w, int64_t wstri
     for (int i = 0; i < R; ++i) _mm512_mask_storeu_ps(out + i * n + j0 + q * kPanel, mask[q], acc[i][q]);
 }
 
-template <WeightType WT, int P>
+template <DType WT, int P>
 inline void tile_rows(int64_t R, const float* xp, int64_t xs, const void* w, int64_t wstride, float* out, int64_t n, int64_t j0,
                       int64_t kc, bool first, const Prefetch& pf) {
   switch (R) {
@@ -177,16 +177,16 @@ inline void tile_rows(int64_t R, const float* xp, int64_t xs, const void* w, int
 // tile of a block prefetches the next block into L2. bf16 / f16 weights of a block are
 // widened to f32 once (exactly) into a per-thread buffer when the row block has more
 // than one tile, so the tiles run the f32 kernel without the conversion's shuffles.
-template <WeightType WT>
+template <DType WT>
 void panels_blocked(const float* x, const void* packed, float* out, int64_t m, int64_t k, int64_t n, int64_t p0,
                     int64_t p1) {
-  using Raw = std::conditional_t<WT == WeightType::kF32, float, uint16_t>;
+  using Raw = std::conditional_t<WT == DType::kF32, float, uint16_t>;
   const Raw* wp = static_cast<const Raw*>(packed);
   const int64_t mb = rows_per_block(k);
-  float* wf = WT == WeightType::kF32 ? nullptr : t_w.get(2 * kPanel * kKc);  // widen: kb <= kKc
+  float* wf = WT == DType::kF32 ? nullptr : t_w.get(2 * kPanel * kKc);  // widen: kb <= kKc
   for (int64_t r0 = 0; r0 < m; r0 += mb) {
     const int64_t r1 = r0 + mb < m ? r0 + mb : m;
-    const bool widen = WT != WeightType::kF32 && r1 - r0 > 12;
+    const bool widen = WT != DType::kF32 && r1 - r0 > 12;
     // k blocks of at most kKc, as even as k allows; one block when the row block is one
     // tile (nothing reuses a weight block then).
     const int64_t kb = r1 - r0 <= 12 ? k : (k + (k + kKc - 1) / kKc - 1) / ((k + kKc - 1) / kKc);
@@ -222,9 +222,9 @@ void panels_blocked(const float* x, const void* packed, float* out, int64_t m, i
           const Prefetch& pf = t0 == r0 ? next : none;
           if (widen) {
             if (P == 2) {
-              tile_rows<WeightType::kF32, 2>(R, xt, k, wf, kPanel * kc, ot, n, j0, kc, c0 == 0, pf);
+              tile_rows<DType::kF32, 2>(R, xt, k, wf, kPanel * kc, ot, n, j0, kc, c0 == 0, pf);
             } else {
-              tile_rows<WeightType::kF32, 1>(R, xt, k, wf, kPanel * kc, ot, n, j0, kc, c0 == 0, pf);
+              tile_rows<DType::kF32, 1>(R, xt, k, wf, kPanel * kc, ot, n, j0, kc, c0 == 0, pf);
             }
           } else if (P == 2) {
             tile_rows<WT, 2>(R, xt, k, wb, kPanel * k, ot, n, j0, kc, c0 == 0, pf);
@@ -238,7 +238,7 @@ void panels_blocked(const float* x, const void* packed, float* out, int64_t m, i
   }
 }
 
-template <WeightType WT>
+template <DType WT>
 void panels(const float* x, const void* packed, float* out, int64_t m, int64_t k, int64_t n, int64_t p0,
             int64_t p1) {
   int64_t p = p0;
@@ -258,13 +258,9 @@ void panels(const float* x, const void* packed, float* out, int64_t m, int64_t k
 
 }  // namespace
 
-void gemm_panels_avx512(const float* x, const void* packed, WeightType wt, float* out, int64_t m, int64_t k,
+void gemm_panels_avx512(const float* x, const void* packed, DType wt, float* out, int64_t m, int64_t k,
                         int64_t n, int64_t p0, int64_t p1) {
-  switch (wt) {
-    case WeightType::kF32: return panels<WeightType::kF32>(x, packed, out, m, k, n, p0, p1);
-    case WeightType::kBF16: return panels<WeightType::kBF16>(x, packed, out, m, k, n, p0, p1);
-    case WeightType::kF16: return panels<WeightType::kF16>(x, packed, out, m, k, n, p0, p1);
-  }
+  dispatch_weight_dtype(wt, [&](auto d) { panels<decltype(d)::value>(x, packed, out, m, k, n, p0, p1); });
 }
 
 }  // namespace linnet::cpu::detail

@@ -6,16 +6,16 @@
 
 namespace linnet::cpu::detail {
 
-float load_weight(const void* w, WeightType wt, int64_t i) {
+float load_weight(const void* w, DType wt, int64_t i) {
   switch (wt) {
-    case WeightType::kF32: return static_cast<const float*>(w)[i];
-    case WeightType::kBF16: {
+    case DType::kF32: return static_cast<const float*>(w)[i];
+    case DType::kBF16: {
       const uint32_t bits = static_cast<uint32_t>(static_cast<const uint16_t*>(w)[i]) << 16;
       float f;
       std::memcpy(&f, &bits, 4);
       return f;
     }
-    case WeightType::kF16: {
+    case DType::kF16: {
       const uint16_t h = static_cast<const uint16_t*>(w)[i];
       const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
       uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, bits;
@@ -37,11 +37,12 @@ float load_weight(const void* w, WeightType wt, int64_t i) {
       std::memcpy(&f, &bits, 4);
       return f;
     }
+    case DType::kI32: break;  // not a weight dtype: the packed weight never holds it
   }
   return 0.0f;
 }
 
-void gemm_panels_generic(const float* x, const void* packed, WeightType wt, float* out, int64_t m, int64_t k,
+void gemm_panels_generic(const float* x, const void* packed, DType wt, float* out, int64_t m, int64_t k,
                          int64_t n, int64_t p0, int64_t p1) {
   const int64_t mb = row_block(k);
   float wrow[kPanel];

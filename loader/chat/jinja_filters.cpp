@@ -82,6 +82,121 @@ const std::set<std::string>& filter_names() {
   return k;
 }
 
+// tojson(ensure_ascii, indent, separators, sort_keys), as Jinja2's htmlsafe_json_dumps
+// without the HTML escaping (transformers' chat templates call it so).
+Value filter_tojson(Evaluator& ev, const Value& v, Args& args, Kwargs& kwargs, int line) {
+  using T = Value::Type;
+  const Value* ensure_ascii = arg(args, kwargs, 0, "ensure_ascii");
+  const Value* indent = arg(args, kwargs, 1, "indent");
+  const Value* separators = arg(args, kwargs, 2, "separators");
+  const Value* sort_keys = arg(args, kwargs, 3, "sort_keys");
+  int ind = -1;
+  if (indent && !indent->is_none()) {
+    if (indent->type != T::kInt) ev.fail(line, "tojson: indent must be an integer");
+    ind = static_cast<int>(std::clamp<int64_t>(indent->i, 0, static_cast<int64_t>(kMaxOutputBytes)));
+  }
+  std::string item_sep = ind >= 0 ? "," : ", ";
+  std::string key_sep = ": ";
+  if (separators && !separators->is_none()) {
+    if (separators->type != T::kList || separators->list->size() != 2 || !(*separators->list)[0].is_string() ||
+        !(*separators->list)[1].is_string()) {
+      ev.fail(line, "tojson: separators must be a pair of strings");
+    }
+    item_sep = (*separators->list)[0].s;
+    key_sep = (*separators->list)[1].s;
+  }
+  std::string out;
+  bool too_long = false;
+  if (!to_json(v, ensure_ascii && ensure_ascii->truthy(), ind, item_sep, key_sep, sort_keys && sort_keys->truthy(),
+               out, &too_long)) {
+    if (v.is_undefined()) ev.fail_undefined(line, v);
+    if (too_long) ev.check_size(kMaxOutputBytes + 1, line, "the result of tojson");
+    ev.fail(line, std::string("tojson: a value of type '") + v.type_name() + "' (or inside it) is not JSON serializable");
+  }
+  return Value::string(std::move(out));
+}
+
+// join(d, attribute): the items' strings with separator d, bounded like every output.
+Value filter_join(Evaluator& ev, const Value& v, Args& args, Kwargs& kwargs, int line) {
+  const Value* sep = arg(args, kwargs, 0, "d");
+  const Value* attr = arg(args, kwargs, 1, "attribute");
+  std::string out;
+  bool first = true;
+  const std::string separator = sep ? to_str(*sep) : "";
+  for (const Value& item : iterate(ev, v, line)) {
+    const std::string text = to_str(attr ? attribute_of(item, to_str(*attr)) : item);
+    ev.check_size(out.size() + (first ? 0 : separator.size()) + text.size(), line, "the result of join");
+    if (!first) out += separator;
+    first = false;
+    out += text;
+  }
+  return Value::string(std::move(out));
+}
+
+// map(attribute=, default=) or map('filter', args...): each item's attribute, or each
+// item through another supported filter.
+Value filter_map(Evaluator& ev, const Value& v, Args& args, Kwargs& kwargs, int line) {
+  const Value* attr = arg({}, kwargs, 0, "attribute");
+  List out;
+  for (const Value& item : iterate(ev, v, line)) {
+    if (attr) {
+      Value x = attribute_of(item, to_str(*attr));
+      const Value* def = arg({}, kwargs, 0, "default");
+      out.push_back(x.is_undefined() && def ? *def : x);
+    } else {
+      if (args.empty() || !args[0].is_string() || !has_filter(args[0].s)) {
+        ev.fail(line, "filter 'map' needs attribute= or the name of a supported filter");
+      }
+      Args rest(args.begin() + 1, args.end());
+      Kwargs none;
+      out.push_back(apply_filter(ev, args[0].s, item, rest, none, line));
+    }
+  }
+  return Value::make_list(std::move(out));
+}
+
+// int(default) / float(default): a number as Jinja2 converts it; an unparsable string
+// gives the default (0).
+Value filter_number(Evaluator& ev, bool is_int, const Value& v, Args& args, Kwargs& kwargs, int line) {
+  using T = Value::Type;
+  if (v.type == T::kInt || v.type == T::kBool) return is_int ? Value::integer(v.type == T::kBool ? v.b : v.i) : Value::real(static_cast<double>(v.type == T::kBool ? v.b : v.i));
+  if (v.type == T::kFloat) {
+    if (!is_int) return v;
+    // [-2^63, 2^63): the floats int64 holds (the cast of any other is undefined).
+    if (!(std::trunc(v.f) >= -9223372036854775808.0 && std::trunc(v.f) < 9223372036854775808.0)) {
+      ev.fail(line, "filter 'int': " + float_repr(v.f) + " does not fit in 64 bits");
+    }
+    return Value::integer(static_cast<int64_t>(std::trunc(v.f)));
+  }
+  const Value* def = arg(args, kwargs, 0, "default");
+  if (v.is_string()) {
+    try {
+      std::size_t used = 0;
+      if (is_int) {
+        const int64_t x = std::stoll(v.s, &used);
+        if (used == v.s.size()) return Value::integer(x);
+      } else {
+        const double x = std::stod(v.s, &used);
+        if (used == v.s.size()) return Value::real(x);
+      }
+    } catch (const std::exception&) {
+    }
+  }
+  return def ? *def : (is_int ? Value::integer(0) : Value::real(0.0));
+}
+
+// abs: of an int (INT64_MIN has no int64 absolute value: an overflow error) or a float.
+Value filter_abs(Evaluator& ev, const Value& v, int line) {
+  using T = Value::Type;
+  if (v.type == T::kInt || v.type == T::kBool) {
+    const int64_t x = v.type == T::kBool ? v.b : v.i;
+    if (x == INT64_MIN) ev.fail_overflow(line, "abs");
+    return Value::integer(x < 0 ? -x : x);
+  }
+  if (v.type == T::kFloat) return Value::real(std::fabs(v.f));
+  ev.fail(line, std::string("bad operand type for abs(): '") + v.type_name() + "'");
+}
+
 }  // namespace
 
 bool has_filter(const std::string& filter) { return filter_names().count(filter) > 0; }
@@ -94,36 +209,7 @@ Value apply_filter(Evaluator& ev, const std::string& f, const Value& v, Args& ar
     const bool use_default = v.is_undefined() || (boolean && boolean->truthy() && !v.truthy());
     return use_default ? (def ? *def : Value::string("")) : v;
   }
-  if (f == "tojson") {
-    const Value* ensure_ascii = arg(args, kwargs, 0, "ensure_ascii");
-    const Value* indent = arg(args, kwargs, 1, "indent");
-    const Value* separators = arg(args, kwargs, 2, "separators");
-    const Value* sort_keys = arg(args, kwargs, 3, "sort_keys");
-    int ind = -1;
-    if (indent && !indent->is_none()) {
-      if (indent->type != T::kInt) ev.fail(line, "tojson: indent must be an integer");
-      ind = static_cast<int>(std::clamp<int64_t>(indent->i, 0, static_cast<int64_t>(kMaxOutputBytes)));
-    }
-    std::string item_sep = ind >= 0 ? "," : ", ";
-    std::string key_sep = ": ";
-    if (separators && !separators->is_none()) {
-      if (separators->type != T::kList || separators->list->size() != 2 || !(*separators->list)[0].is_string() ||
-          !(*separators->list)[1].is_string()) {
-        ev.fail(line, "tojson: separators must be a pair of strings");
-      }
-      item_sep = (*separators->list)[0].s;
-      key_sep = (*separators->list)[1].s;
-    }
-    std::string out;
-    bool too_long = false;
-    if (!to_json(v, ensure_ascii && ensure_ascii->truthy(), ind, item_sep, key_sep, sort_keys && sort_keys->truthy(),
-                 out, &too_long)) {
-      if (v.is_undefined()) ev.fail_undefined(line, v);
-      if (too_long) ev.check_size(kMaxOutputBytes + 1, line, "the result of tojson");
-      ev.fail(line, std::string("tojson: a value of type '") + v.type_name() + "' (or inside it) is not JSON serializable");
-    }
-    return Value::string(std::move(out));
-  }
+  if (f == "tojson") return filter_tojson(ev, v, args, kwargs, line);
   if (f == "safe") return v;
   if (f == "string") return Value::string(to_str(v));
   if (f == "length" || f == "count") return Value::integer(length(ev, v, line));
@@ -137,40 +223,8 @@ Value apply_filter(Evaluator& ev, const std::string& f, const Value& v, Args& ar
     if (v.type != T::kDict) ev.fail(line, std::string("filter 'items' needs a mapping, got '") + v.type_name() + "'");
     return call_method(ev, v, "items", {}, line);
   }
-  if (f == "join") {
-    const Value* sep = arg(args, kwargs, 0, "d");
-    const Value* attr = arg(args, kwargs, 1, "attribute");
-    std::string out;
-    bool first = true;
-    const std::string separator = sep ? to_str(*sep) : "";
-    for (const Value& item : iterate(ev, v, line)) {
-      const std::string text = to_str(attr ? attribute_of(item, to_str(*attr)) : item);
-      ev.check_size(out.size() + (first ? 0 : separator.size()) + text.size(), line, "the result of join");
-      if (!first) out += separator;
-      first = false;
-      out += text;
-    }
-    return Value::string(std::move(out));
-  }
-  if (f == "map") {
-    const Value* attr = arg({}, kwargs, 0, "attribute");
-    List out;
-    for (const Value& item : iterate(ev, v, line)) {
-      if (attr) {
-        Value x = attribute_of(item, to_str(*attr));
-        const Value* def = arg({}, kwargs, 0, "default");
-        out.push_back(x.is_undefined() && def ? *def : x);
-      } else {
-        if (args.empty() || !args[0].is_string() || !has_filter(args[0].s)) {
-          ev.fail(line, "filter 'map' needs attribute= or the name of a supported filter");
-        }
-        Args rest(args.begin() + 1, args.end());
-        Kwargs none;
-        out.push_back(apply_filter(ev, args[0].s, item, rest, none, line));
-      }
-    }
-    return Value::make_list(std::move(out));
-  }
+  if (f == "join") return filter_join(ev, v, args, kwargs, line);
+  if (f == "map") return filter_map(ev, v, args, kwargs, line);
   if (f == "first" || f == "last") {
     const List items = iterate(ev, v, line);
     if (items.empty()) return Value::undefined("the sequence is empty");
@@ -184,42 +238,8 @@ Value apply_filter(Evaluator& ev, const std::string& f, const Value& v, Args& ar
     const List items = iterate(ev, v, line);
     return Value::make_list(List(items.rbegin(), items.rend()));
   }
-  if (f == "int" || f == "float") {
-    const bool is_int = f == "int";
-    if (v.type == T::kInt || v.type == T::kBool) return is_int ? Value::integer(v.type == T::kBool ? v.b : v.i) : Value::real(static_cast<double>(v.type == T::kBool ? v.b : v.i));
-    if (v.type == T::kFloat) {
-      if (!is_int) return v;
-      // [-2^63, 2^63): the floats int64 holds (the cast of any other is undefined).
-      if (!(std::trunc(v.f) >= -9223372036854775808.0 && std::trunc(v.f) < 9223372036854775808.0)) {
-        ev.fail(line, "filter 'int': " + float_repr(v.f) + " does not fit in 64 bits");
-      }
-      return Value::integer(static_cast<int64_t>(std::trunc(v.f)));
-    }
-    const Value* def = arg(args, kwargs, 0, "default");
-    if (v.is_string()) {
-      try {
-        std::size_t used = 0;
-        if (is_int) {
-          const int64_t x = std::stoll(v.s, &used);
-          if (used == v.s.size()) return Value::integer(x);
-        } else {
-          const double x = std::stod(v.s, &used);
-          if (used == v.s.size()) return Value::real(x);
-        }
-      } catch (const std::exception&) {
-      }
-    }
-    return def ? *def : (is_int ? Value::integer(0) : Value::real(0.0));
-  }
-  if (f == "abs") {
-    if (v.type == T::kInt || v.type == T::kBool) {
-      const int64_t x = v.type == T::kBool ? v.b : v.i;
-      if (x == INT64_MIN) ev.fail_overflow(line, "abs");
-      return Value::integer(x < 0 ? -x : x);
-    }
-    if (v.type == T::kFloat) return Value::real(std::fabs(v.f));
-    ev.fail(line, std::string("bad operand type for abs(): '") + v.type_name() + "'");
-  }
+  if (f == "int" || f == "float") return filter_number(ev, f == "int", v, args, kwargs, line);
+  if (f == "abs") return filter_abs(ev, v, line);
   // The rest are string filters; Jinja2 applies them to str(value).
   if (v.is_undefined() && f != "trim") ev.fail_undefined(line, v);
   const Value s = Value::string(to_str(v));

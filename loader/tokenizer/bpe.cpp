@@ -161,14 +161,7 @@ void BpeModel::tokenize(std::string_view word, std::vector<int32_t>& out) const 
   }
 }
 
-std::vector<int32_t> BpeModel::merge_word(std::string_view word) const {
-  // A doubly linked list over the word's symbols; len == 0 marks a symbol merged away.
-  struct Symbol {
-    int32_t id;
-    int64_t prev;
-    int64_t next;
-    std::size_t len;
-  };
+std::vector<BpeModel::Symbol> BpeModel::word_symbols(std::string_view word) const {
   std::vector<Symbol> symbols;
   symbols.reserve(word.size());
   auto add = [&](int32_t id, std::size_t len) {
@@ -227,7 +220,10 @@ std::vector<int32_t> BpeModel::merge_word(std::string_view word) const {
     // No unk token: the character is dropped, as tokenizers does.
   }
   if (unk_pending) add(unk_token_id, unk_len);
+  return symbols;
+}
 
+void BpeModel::apply_merges(std::vector<Symbol>& symbols) const {
   struct Merge {
     std::size_t pos;
     int32_t rank;
@@ -277,7 +273,11 @@ std::vector<int32_t> BpeModel::merge_word(std::string_view word) const {
       }
     }
   }
+}
 
+std::vector<int32_t> BpeModel::merge_word(std::string_view word) const {
+  std::vector<Symbol> symbols = word_symbols(word);
+  apply_merges(symbols);
   std::vector<int32_t> ids;
   ids.reserve(symbols.size());
   for (const Symbol& s : symbols) {

@@ -181,6 +181,19 @@ class BpeModel {
   struct Cache;
   BpeModel();
   std::vector<int32_t> merge_word(std::string_view word) const;
+  // A symbol of a word being merged: a doubly linked list over the word's symbols;
+  // len == 0 marks a symbol merged away.
+  struct Symbol {
+    int32_t id;
+    int64_t prev;
+    int64_t next;
+    std::size_t len;
+  };
+  // The word's characters as symbols (with the continuing-subword prefix and end-of-word
+  // suffix; unknown ones as byte fallback or the unk token, fused when fuse_unk).
+  std::vector<Symbol> word_symbols(std::string_view word) const;
+  // Applies the merges by rank (lowest first, then leftmost), as model.rs's merge_word.
+  void apply_merges(std::vector<Symbol>& symbols) const;
 
   struct StringHash {
     using is_transparent = void;

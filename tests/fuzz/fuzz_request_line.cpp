@@ -19,10 +19,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "launch/generate_requests.h"
-#include "launch/jsonl_input.h"
-#include "launch/loss_document.h"
-#include "launch/request_settings.h"
+#include "requests/request.h"
+#include "requests/jsonl_input.h"
+#include "requests/loss_document.h"
+#include "requests/request_settings.h"
 #include "loader/chat/chat_template.h"
 #include "loader/tokenizer/tokenizer.h"
 #include "tests/fuzz/fuzz_util.h"

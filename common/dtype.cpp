@@ -1,0 +1,35 @@
+#include "common/dtype.h"
+
+namespace linnet {
+
+std::size_t dtype_size(DType t) {
+  switch (t) {
+    case DType::kF32: return 4;
+    case DType::kBF16: return 2;
+    case DType::kF16: return 2;
+    case DType::kI32: return 4;
+  }
+  return 0;
+}
+
+const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::kF32: return "f32";
+    case DType::kBF16: return "bf16";
+    case DType::kF16: return "f16";
+    case DType::kI32: return "i32";
+  }
+  return "?";
+}
+
+const char* safetensors_dtype_name(DType t) {
+  switch (t) {
+    case DType::kF32: return "F32";
+    case DType::kBF16: return "BF16";
+    case DType::kF16: return "F16";
+    case DType::kI32: return "I32";
+  }
+  return "?";
+}
+
+}  // namespace linnet

@@ -1,0 +1,111 @@
+#include "launch/engine_options.h"
+
+#include <cstdio>
+
+#include <cxxopts.hpp>
+
+#include "common/error.h"
+#include "launch/cli_parse.h"
+#include "runtime/model_loader.h"
+
+namespace linnet {
+namespace {
+
+void invalid(const char* option, const std::string& expected, const std::string& actual) {
+  throw Error("invalid value", option, expected, actual);
+}
+
+std::string num(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+}  // namespace
+
+EngineFlags paged_engine_flags(const std::string& dp_groups_take, const std::string& max_batch_help) {
+  EngineFlags f;
+  f.paged_pool = true;
+  f.model_help = "Model directory (Hugging Face layout: config.json, *.safetensors, tokenizer.json)";
+  f.tp_help = "Ranks per tensor-parallel group (default: all ranks); world = dp x tp, and the dp groups " + dp_groups_take;
+  f.max_batch_help = max_batch_help;
+  return f;
+}
+
+void add_engine_options(cxxopts::Options& opts, const EngineFlags& which) {
+  // clang-format off
+  opts.add_options()
+    ("model", which.model_help, cxxopts::value<std::string>())
+    ("tp", which.tp_help, cxxopts::value<int>())
+    ("max-seq-len", which.max_seq_len_help, cxxopts::value<int64_t>());
+  if (which.paged_pool) {
+    opts.add_options()
+      ("max-batch", which.max_batch_help, cxxopts::value<int64_t>()->default_value("16"))
+      ("kv-cache-tokens", "Positions of the paged KV pool, in pages of 64 (default: --max-batch requests of "
+       "--max-seq-len); prompts sharing a prefix share its pages", cxxopts::value<int64_t>())
+      ("kv-cache-memory-fraction", "Size the KV pool as this fraction (0, 1] of the memory left after the "
+       "weights, instead of --kv-cache-tokens", cxxopts::value<double>())
+      ("no-prefix-caching", "Compute every prompt in full instead of sharing the KV pages of a cached prefix");
+  }
+  if (which.cuda_graphs) opts.add_options()("cuda-graphs", which.cuda_graphs_help);
+  opts.add_options()
+    ("threads", "CPU backend: kernel (OpenMP) threads per rank (default: cores / ranks on the node)",
+     cxxopts::value<int64_t>())
+    ("backend", "cpu or cuda (default: cuda when a CUDA device is visible, else cpu)",
+     cxxopts::value<std::string>())
+    ("weight-dtype", kWeightDtypeHelp, cxxopts::value<std::string>())
+    ("kv-cache-dtype", kKvCacheDtypeHelp, cxxopts::value<std::string>())
+    ("comm-timeout", kCommTimeoutHelp, cxxopts::value<int64_t>());
+  if (which.verbose) opts.add_options()("verbose", which.verbose_help);
+  // clang-format on
+}
+
+void read_engine_options(const cxxopts::ParseResult& r, const EngineFlags& which, EngineOptions& o) {
+  if (r.count("model")) {
+    o.model = r["model"].as<std::string>();
+  } else if (which.model_required) {
+    throw Error("is required", "--model");
+  }
+  read_at_least(r, "tp", 1, o.tp);
+  read_comm_timeout(r, o.comm_timeout);
+  read_in_range(r, "max-seq-len", which.min_max_seq_len, kMaxSeqLenLimit, o.max_seq_len);
+  if (which.paged_pool) {
+    o.max_batch = r["max-batch"].as<int64_t>();
+    if (o.max_batch < 1 || o.max_batch > kMaxBatchLimit) {
+      invalid("--max-batch", "an integer in [1, " + std::to_string(kMaxBatchLimit) + "]", std::to_string(o.max_batch));
+    }
+    o.prefix_caching = !r.count("no-prefix-caching");
+    if (r.count("kv-cache-tokens") && r.count("kv-cache-memory-fraction")) {
+      invalid("--kv-cache-tokens", "not together with --kv-cache-memory-fraction", "both");
+    }
+    if (r.count("kv-cache-tokens")) {
+      o.kv_cache_tokens = r["kv-cache-tokens"].as<int64_t>();
+      if (*o.kv_cache_tokens < 1 || *o.kv_cache_tokens > kMaxKvCacheTokens) {
+        invalid("--kv-cache-tokens", "an integer in [1, " + std::to_string(kMaxKvCacheTokens) + "]",
+                std::to_string(*o.kv_cache_tokens));
+      }
+    }
+    if (r.count("kv-cache-memory-fraction")) {
+      o.kv_cache_memory_fraction = r["kv-cache-memory-fraction"].as<double>();
+      const double f = *o.kv_cache_memory_fraction;
+      if (!(f > 0.0 && f <= 1.0)) invalid("--kv-cache-memory-fraction", "in (0, 1]", num(f));
+    }
+  }
+  if (which.cuda_graphs) o.cuda_graphs = r.count("cuda-graphs") > 0;
+  read_in_range(r, "threads", 1, kMaxThreads, o.threads);
+  read_backend(r, o.backend);
+  read_weight_dtype(r, o.weight_dtype);
+  read_kv_cache_dtype(r, o.kv_cache_dtype);
+  if (which.verbose) o.verbose = r.count("verbose") > 0;
+}
+
+std::optional<cxxopts::ParseResult> parse_engine_command(cxxopts::Options& opts, const EngineFlags& which, int argc,
+                                                         char** argv, const char* subcommand, std::string& help_text,
+                                                         EngineOptions& o) {
+  add_engine_options(opts, which);
+  std::optional<cxxopts::ParseResult> parsed = parse_options(opts, argc, argv, subcommand, help_text);
+  if (parsed) read_engine_options(*parsed, which, o);
+  return parsed;
+}
+
+}  // namespace linnet

@@ -1,0 +1,73 @@
+// The flags every engine command shares (generate, serve, loss, bench; info reads a few),
+// declared once: which model, how the world splits into dp x tp groups, the backend and
+// its threads, the dtypes held, the context length and, for generate and serve, the
+// paged KV pool. Each command's own flags live beside the command (launch/*_command.h).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include <cxxopts.hpp>
+
+namespace linnet {
+
+/// The engine flags' values. Defaults are the documented ones (docs/cli.md).
+struct EngineOptions {
+  std::string model;                  // --model: a directory or a model name (loader/model_path.h)
+  int tp = 0;                         // --tp: ranks per tensor-parallel group (0: all ranks); dp = world / tp
+  double comm_timeout = 600;          // --comm-timeout: seconds without progress of a wait (0: none)
+  int64_t max_seq_len = 0;            // --max-seq-len (0: the command's default)
+  int threads = 0;                    // --threads: kernel (OpenMP) threads per rank (0: cores / ranks on the node)
+  std::string backend;                // --backend cpu|cuda; empty: cuda when a device is visible, else cpu
+  std::string weight_dtype = "auto";  // --weight-dtype auto|f32|bf16|f16 (held_weight_dtype)
+  std::string kv_cache_dtype = "f32"; // --kv-cache-dtype f32|bf16 (held_kv_cache_dtype)
+  bool cuda_graphs = false;           // --cuda-graphs: replay decode steps as CUDA graphs
+  bool verbose = false;               // --verbose
+  // The paged KV pool of generate and serve (EngineFlags::paged_pool):
+  int64_t max_batch = 16;             // --max-batch: requests decoded together per dp group
+  std::optional<int64_t> kv_cache_tokens;          // --kv-cache-tokens: positions of the pool
+  std::optional<double> kv_cache_memory_fraction;  // --kv-cache-memory-fraction: of the memory left after weights
+  bool prefix_caching = true;         // off with --no-prefix-caching
+};
+
+/// Which engine flags a command declares, and the help lines that differ per command.
+struct EngineFlags {
+  bool model_required = true;   // --model must be given (bench may take --config instead)
+  bool paged_pool = false;      // --max-batch, --kv-cache-tokens, --kv-cache-memory-fraction, --no-prefix-caching
+  bool cuda_graphs = true;      // --cuda-graphs
+  bool verbose = true;          // --verbose
+  int64_t min_max_seq_len = 1;  // the least --max-seq-len accepted
+  std::string model_help = "Model directory or name";
+  std::string tp_help = "Ranks per tensor-parallel group (default: all ranks)";
+  std::string max_seq_len_help = "KV cache length in tokens (default: min(max_position_embeddings, 8192))";
+  std::string max_batch_help = "Requests decoded together";
+  std::string cuda_graphs_help =
+      "With --backend cuda, replay decode steps as CUDA graphs (also LINNET_CUDA_GRAPHS=1; experimental)";
+  std::string verbose_help = "Print the shard plan, KV cache size, sampling settings and seed to stderr";
+};
+
+/// The engine flags of generate and serve: the paged KV pool, --model a model folder;
+/// `dp_groups_take` ends --tp's help (what the dp groups split), `max_batch_help` is
+/// --max-batch's.
+EngineFlags paged_engine_flags(const std::string& dp_groups_take, const std::string& max_batch_help);
+
+/// Most requests --max-batch decodes together: far above what fits a step, low enough
+/// that --max-batch x --max-seq-len never overflows.
+inline constexpr int64_t kMaxBatchLimit = 65536;
+
+/// Declares the engine flags `which` selects on `opts`.
+void add_engine_options(cxxopts::Options& opts, const EngineFlags& which);
+
+/// Reads the flags of add_engine_options(opts, which) into `o`.
+/// @throws Error naming the option on a missing --model or a value out of range.
+void read_engine_options(const cxxopts::ParseResult& r, const EngineFlags& which, EngineOptions& o);
+
+/// Declares `which` on `opts`, parses `argv` (parse_options: `subcommand` skipped) and
+/// reads the engine flags into `o`. Returns nullopt, `help_text` set, for --help.
+/// @throws Error as parse_options and read_engine_options.
+std::optional<cxxopts::ParseResult> parse_engine_command(cxxopts::Options& opts, const EngineFlags& which, int argc,
+                                                         char** argv, const char* subcommand, std::string& help_text,
+                                                         EngineOptions& o);
+
+}  // namespace linnet

@@ -1,0 +1,142 @@
+#include "launch/engine_setup.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "parallel/comm_watch.h"
+#include "loader/model_path.h"
+#include "requests/request.h"
+#include "runtime/backend_factory.h"
+#include "runtime/kv_cache.h"
+#include "runtime/random_weights.h"
+#include "runtime/sampler.h"
+#include "runtime/weights.h"
+
+namespace linnet {
+
+std::optional<MpiGroups> start_engine_run(const EngineOptions& o, Job& job) {
+  set_verbose(o.verbose);
+  set_comm_timeout(o.comm_timeout);
+  return make_run_groups(job, o.tp);
+}
+
+EnginePlan plan_engine(const EngineOptions& o, const ModelConfig& config, const ShardPlan& plan,
+                       DType auto_dtype, const EngineSizing& sizing, int64_t node_available_bytes,
+                       int ranks_on_node) {
+  EnginePlan p;
+  p.weight_dtype = held_weight_dtype(o.weight_dtype, o.backend, auto_dtype);
+  p.kv_cache_dtype = held_kv_cache_dtype(o.kv_cache_dtype, o.backend);
+  switch (sizing.kv) {
+    case EngineSizing::Kv::kPaged:
+      p.kv_tokens = resolve_kv_cache_tokens(config, plan, sizing.max_seq_len, sizing.rows, o.kv_cache_tokens,
+                                            o.kv_cache_memory_fraction, node_available_bytes, ranks_on_node,
+                                            p.weight_dtype, p.kv_cache_dtype);
+      p.need = rank_memory(config, plan, p.kv_tokens, 1, p.weight_dtype, p.kv_cache_dtype);
+      break;
+    case EngineSizing::Kv::kRows:
+      p.need = rank_memory(config, plan, sizing.max_seq_len, sizing.rows, p.weight_dtype, p.kv_cache_dtype);
+      break;
+    case EngineSizing::Kv::kPacked:
+      p.need = rank_memory(config, plan, sizing.max_seq_len, 1, p.weight_dtype, p.kv_cache_dtype);
+      break;
+  }
+  return p;
+}
+
+OpenedEngine open_engine(const EngineOptions& o, const ModelConfig& config, const ModelFiles* files,
+                         const ShardPlan& plan, MpiGroups& groups, const EngineSizing& sizing,
+                         std::optional<uint64_t> random_seed) {
+  const WorldConfig& w = groups.world_config;
+  OpenedEngine e;
+  const DType auto_dtype = files ? files->checkpoint.dominant_dtype() : config_weight_dtype(config);
+  const int64_t available = available_host_memory();
+  e.plan = plan_engine(o, config, plan, auto_dtype, sizing, available, w.local_size);
+  // bench (kRows) holds its weights where the backend computes; the others check the host.
+  if (sizing.kv != EngineSizing::Kv::kRows) check_memory(e.plan.need, available, w.local_size);
+  e.threads = kernel_threads_per_rank(o.threads, w.local_size);
+  e.cuda_graphs_asked = o.cuda_graphs;
+  e.backend = make_backend(o.backend, e.threads, w.local_rank, w.local_size, e.plan.weight_dtype,
+                           e.plan.kv_cache_dtype);
+  if (sizing.kv == EngineSizing::Kv::kRows && e.backend->device() == Device::kCpu) {
+    check_memory(e.plan.need, available, w.local_size);
+  }
+  Communicator& comm = tp_communicator(*e.backend, *groups.tp, w.local_size);
+  switch (sizing.kv) {
+    case EngineSizing::Kv::kPaged:
+      e.engine = make_engine(*files, plan, *e.backend, comm, sizing.max_seq_len, sizing.rows, kKvPageSize,
+                             e.plan.kv_tokens / kKvPageSize, o.cuda_graphs);
+      break;
+    case EngineSizing::Kv::kRows: {
+      // Raw entries use row b's fixed pages of 64; generate_batch hands pages out itself.
+      ModelWeights weights = random_seed ? random_weights(*e.backend, config, plan, *random_seed)
+                                         : load_weights(files->checkpoint, config, plan, e.backend->host_weight_dtype());
+      e.engine = std::make_unique<Engine>(config, plan, std::move(weights), *e.backend, comm, sizing.max_seq_len,
+                                          sizing.rows, kKvPageSize, 0, o.cuda_graphs);
+      break;
+    }
+    case EngineSizing::Kv::kPacked:  // loss_packed sizes its own pass
+      e.engine = make_engine(*files, plan, *e.backend, comm, /*max_seq_len=*/1);
+      break;
+  }
+  return e;
+}
+
+GenerationModel open_generation_model(const EngineOptions& o, const WorldConfig& w,
+                                      const std::function<void(RequestSettings&)>& flags) {
+  GenerationModel m;
+  m.model_dir = resolve_model_dir(o.model);
+  const std::filesystem::path& model_dir = m.model_dir;
+  m.files = std::make_unique<ModelFiles>(open_model(model_dir));
+  m.plan = ShardPlan::make(m.files->config, w.tp_rank, w.tp_size);
+  m.max_seq_len = resolve_max_seq_len(m.files->config, o.max_seq_len);
+  m.tokenizer = std::make_unique<Tokenizer>(Tokenizer::from_dir(model_dir));
+  if (m.tokenizer->vocab_size() > m.files->config.vocab_size) {
+    throw Error("the tokenizer knows more ids than the model has embedding rows", (model_dir / "tokenizer.json").string(),
+                "ids < config.json vocab_size = " + std::to_string(m.files->config.vocab_size),
+                "ids up to " + std::to_string(m.tokenizer->vocab_size() - 1));
+  }
+  m.defaults = generation_defaults(m.files->generation);
+  if (flags) flags(m.defaults);
+  // Phi-3 pads its embedding to 32064 rows while the tokenizer knows 32011 ids: never
+  // draw an id the tokenizer cannot decode.
+  m.defaults.sampling.vocab_limit = std::min<int64_t>(m.files->config.vocab_size, m.tokenizer->vocab_size());
+  Sampler check(m.defaults.sampling);  // validates generation_config.json's values before any rank starts
+  m.eos = resolve_eos(*m.files, *m.tokenizer);
+  return m;
+}
+
+void report_engine(const OpenedEngine& e, const ModelFiles& files, const ShardPlan& plan, int64_t max_seq_len,
+                   int64_t rows, const WorldConfig& w) {
+  const Engine& engine = *e.engine;
+  const Backend& backend = *e.backend;
+  const DType held = e.plan.weight_dtype;
+  const RankMemory& need = e.plan.need;
+  if (w.world_rank == 0 && e.cuda_graphs_asked && !engine.cuda_graphs()) {
+    warn_once("--cuda-graphs has no effect here: graphs need --backend cuda and NCCL (or a single rank)");
+  }
+  if (w.world_rank == 0) {  // the memory a rank holds, as the model cards state it
+    std::fprintf(stderr, "[linnet-tp] per rank: weights %s (%s), KV cache %s (%lld pages of %lld positions, %s; "
+                 "--max-seq-len %lld), backend %s\n",
+                 format_bytes(need.weight_bytes).c_str(), dtype_name(held),
+                 format_bytes(engine.kv_cache_bytes()).c_str(),
+                 static_cast<long long>(engine.num_pages()), static_cast<long long>(engine.page_size()),
+                 dtype_name(backend.kv_cache_dtype()),
+                 static_cast<long long>(max_seq_len), backend.name().c_str());
+  }
+  info("dp group " + std::to_string(w.dp_rank) + "/" + std::to_string(w.dp_size) + ", tp rank " +
+       std::to_string(w.tp_rank) + "/" + std::to_string(w.tp_size) + ": " +
+       std::to_string(plan.num_heads_local) + " heads, " + std::to_string(plan.num_kv_heads_local) +
+       " KV heads, " + std::to_string(plan.intermediate_local) + " MLP units, vocab rows [" +
+       std::to_string(plan.vocab_begin) + ", " + std::to_string(plan.vocab_begin + plan.vocab_local) +
+       "), backend " + backend.name() + " (" + std::to_string(e.threads) + " kernel threads on cpu), KV cache " +
+       std::to_string(engine.num_pages()) + " pages x " + std::to_string(engine.page_size()) + " positions = " +
+       format_bytes(engine.kv_cache_bytes()) + " (up to " + std::to_string(rows) + " requests at once), weights " +
+       format_bytes(need.weight_bytes) + " (" + dtype_name(held) + "); read " +
+       format_bytes(static_cast<int64_t>(files.checkpoint.bytes_read())) + " of the checkpoint's " +
+       format_bytes(static_cast<int64_t>(files.checkpoint.total_bytes())));
+}
+
+}  // namespace linnet
