@@ -561,9 +561,13 @@ TEST_F(Cli, ResumeRunsOnlyTheMissingLines) {
   // Keep lines 4, 0 and 2 (out of order); mark them so a regenerated line would show: a
   // space after each key (the same values, so they pass the kept-line checks; a kept line
   // is copied as it is, a regenerated one would be compact).
-  auto marked = [](std::string l) {
-    for (size_t at = 0; (at = l.find("\":", at)) != std::string::npos; at += 3) l.insert(at + 2, " ");
-    return l;
+  auto marked = [](const std::string& l) {
+    std::string out;
+    for (size_t i = 0; i < l.size(); ++i) {
+      out += l[i];
+      if (l[i] == ':' && i > 0 && l[i - 1] == '"') out += ' ';
+    }
+    return out;
   };
   const std::string kept[3] = {marked(lines[4]), marked(lines[0]), marked(lines[2])};
   std::ofstream(out) << kept[0] << "\n" << kept[1] << "\n" << kept[2] << "\n";
