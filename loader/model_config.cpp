@@ -144,6 +144,44 @@ class Fields {
   const std::string& source_;
 };
 
+// What a config.json "quantization_config" describes, for the refusal: the method and, as
+// far as the object says, the weights' format, type, bits and grouping, e.g.
+// 'compressed-tensors, format "pack-quantized", weights int4, strategy "group", group_size
+// 32'. Only string and integer values of the known keys are quoted; anything else is
+// summarized by json_brief (bounded).
+std::string describe_quantization(const json& q) {
+  if (!q.is_object()) return json_brief(q);
+  std::string out;
+  auto add = [&](const std::string& part) { out += (out.empty() ? "" : ", ") + part; };
+  auto str_of = [](const json& o, const char* key) -> std::string {
+    const auto it = o.find(key);
+    return it != o.end() && it->is_string() ? it->get<std::string>() : std::string();
+  };
+  auto int_of = [](const json& o, const char* key) -> std::string {
+    const auto it = o.find(key);
+    return it != o.end() && it->is_number_integer() ? std::to_string(it->get<int64_t>()) : std::string();
+  };
+  const std::string method = str_of(q, "quant_method");
+  add(method.empty() ? std::string("an unnamed quant_method") : json_brief(json(method)));
+  if (const std::string f = str_of(q, "format"); !f.empty()) add("format " + json_brief(json(f)));
+  if (const std::string b = int_of(q, "bits"); !b.empty()) add(b + "-bit weights");
+  if (const std::string g = int_of(q, "group_size"); !g.empty()) add("group_size " + g);
+  if (const std::string a = str_of(q, "activation_scheme"); !a.empty()) add("activation_scheme " + json_brief(json(a)));
+  const auto groups = q.find("config_groups");
+  if (groups != q.end() && groups->is_object() && !groups->empty()) {
+    const json& first = groups->begin().value();
+    const auto w = first.is_object() ? first.find("weights") : first.end();
+    if (first.is_object() && w != first.end() && w->is_object()) {
+      const std::string type = str_of(*w, "type"), bits = int_of(*w, "num_bits");
+      if (!type.empty() || !bits.empty()) add("weights " + type + bits);
+      if (const std::string st = str_of(*w, "strategy"); !st.empty()) add("strategy " + json_brief(json(st)));
+      if (const std::string g = int_of(*w, "group_size"); !g.empty()) add("group_size " + g);
+    }
+    if (groups->size() > 1) add(std::to_string(groups->size()) + " config_groups");
+  }
+  return out;
+}
+
 // One RoPE object of config.json: "rope_scaling" (transformers 4) or "rope_parameters"
 // (transformers 5; its "rope_theta" into `theta`). nullopt for the default RoPE; llama3
 // scaling checked whole; any other type refused by name.
@@ -232,6 +270,19 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
   if (*model_type != "llama" && *model_type != "mistral" && *model_type != "qwen3" && *model_type != "phi3")
     f.not_implemented("model_type", kTypes, j["model_type"]);
   c.model_type = *model_type;
+  // Quantized checkpoints (compressed-tensors, GPTQ, AWQ, FP8, bitsandbytes): their weight
+  // tensors are packed integers or fp8 with scales, which the loader does not read yet.
+  // compressed-tensors' "dense" format stores the (fake-quantized) weights unpacked, as
+  // floats: those load as they are.
+  const json* q = f.get("quantization_config");
+  const bool dense = q && q->is_object() && q->value("quant_method", json()) == json("compressed-tensors") &&
+                     q->value("format", json()) == json("dense");
+  if (q && !dense) {
+    f.fail("quantization_config",
+           "quantized checkpoints are not supported yet (linnet-tp reads f32, bf16 and f16 weights); use the "
+           "unquantized checkpoint",
+           "f32, bf16 or f16 weights", describe_quantization(*q));
+  }
   c.qk_norm = c.model_type == "qwen3";
   c.fused_projections = c.model_type == "phi3";
 

@@ -161,6 +161,56 @@ TEST(ModelConfig, RefusedFeaturesNameTheField) {
   }
 }
 
+// Issue 24 (first step): a quantized checkpoint is refused by its config.json, naming the
+// method and the weights' format, before any tensor is looked at (its packed int32 /
+// fp8 tensors used to fail later as "unsupported dtype I32"). The quantization_config
+// objects are shaped as the published checkpoints' are: compressed-tensors W4A16 (as
+// llmcompressor writes it), compressed-tensors FP8, GPTQ, AWQ and bitsandbytes.
+TEST(ModelConfig, QuantizedCheckpointsAreRefusedNamingTheScheme) {
+  struct Case {
+    const char* config;
+    std::vector<std::string> expected;  // in the message
+  };
+  const Case cases[] = {
+      {R"({"quant_method": "compressed-tensors", "format": "pack-quantized",
+           "config_groups": {"group_0": {"targets": ["Linear"], "input_activations": null,
+             "weights": {"num_bits": 4, "type": "int", "symmetric": true, "strategy": "group", "group_size": 32}}},
+           "ignore": ["lm_head"], "quantization_status": "compressed"})",
+       {"\"compressed-tensors\"", "format \"pack-quantized\"", "weights int4", "strategy \"group\"", "group_size 32"}},
+      {R"({"quant_method": "compressed-tensors", "format": "float-quantized",
+           "config_groups": {"group_0": {"targets": ["Linear"],
+             "weights": {"num_bits": 8, "type": "float", "strategy": "channel"},
+             "input_activations": {"num_bits": 8, "type": "float", "dynamic": true, "strategy": "token"}}}})",
+       {"\"compressed-tensors\"", "format \"float-quantized\"", "weights float8", "strategy \"channel\""}},
+      {R"({"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": true, "sym": true})",
+       {"\"gptq\"", "4-bit weights", "group_size 128"}},
+      {R"({"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemm", "zero_point": true})",
+       {"\"awq\"", "4-bit weights", "group_size 128"}},
+      {R"({"quant_method": "fp8", "activation_scheme": "dynamic"})", {"\"fp8\"", "activation_scheme \"dynamic\""}},
+      {R"({"quant_method": "bitsandbytes", "load_in_4bit": true})", {"\"bitsandbytes\""}},
+      {R"({"bits": [4]})", {"an unnamed quant_method"}},
+      {R"("int4")", {"\"int4\""}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.config);
+    json j = base_config();
+    j["quantization_config"] = json::parse(c.config);
+    const std::string msg = config_error(j);
+    EXPECT_CONTAINS(msg, "field \"quantization_config\"");
+    EXPECT_CONTAINS(msg, "quantized checkpoints are not supported yet");
+    for (const std::string& e : c.expected) EXPECT_CONTAINS(msg, e);
+  }
+  // null is no quantization; compressed-tensors' "dense" format holds unpacked float
+  // weights, which load as they are.
+  for (const char* config : {"null", R"({"quant_method": "compressed-tensors", "format": "dense",
+                                         "config_groups": {"group_0": {"weights": {"num_bits": 8, "type": "int"}}}})"}) {
+    SCOPED_TRACE(config);
+    json j = base_config();
+    j["quantization_config"] = json::parse(config);
+    EXPECT_NO_THROW(ModelConfig::from_json(j, "config.json"));
+  }
+}
+
 // Issue 14: config.json may carry both keys; an unsupported scaling in either one is
 // refused naming it, not ignored because the other key is the one used.
 TEST(ModelConfig, UnsupportedRopeScalingIsRefusedBesideRopeParameters) {
