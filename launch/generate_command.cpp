@@ -129,11 +129,8 @@ ordered_json generate_settings(const GenerateOptions& o, const RequestSettings& 
 struct GenerateInput {
   std::vector<std::pair<int, std::string>> lines;
   std::vector<std::pair<int, std::string>> oversized;  // line number, its byte count: each fails alone
-  std::map<int64_t, std::string> kept;                 // --resume: kept lines by index
+  ResumeState resume;                                  // --output, its journal, the kept lines (by index)
   std::vector<std::string> kept_indices;               // their indices (broadcast to every rank)
-  std::string journal_file;                            // --input with --output: <output>.journal
-  JournalContents journal_found;                       // --resume: what the journal holds (or the run record)
-  std::string settings_file;                           // --resume: where journal_found's header came from
   std::set<int64_t> from_journal;                      // indices kept from the journal only
   std::map<int64_t, std::string> kept_where;           // "file:line" of each kept line
 };
@@ -148,18 +145,14 @@ void read_generate_input(const GenerateOptions& o, bool batch, GenerateInput& in
     in.lines = read_jsonl_lines(o.input, &too_long, [] { return caught_stop_signal() != 0; });
     for (const auto& [n, bytes] : too_long) in.oversized.emplace_back(n, std::to_string(bytes));
   }
-  ResumeState rs = read_resume_state(o.output, o.input, o.resume, batch,
+  in.resume = read_resume_state(o.output, o.input, o.resume, batch,
                                      {"generate", "its finished requests and run only the rest",
                                       "that request runs again"});
-  in.journal_file = rs.journal_file;
-  in.kept = std::move(rs.kept);
-  in.journal_found = std::move(rs.journal);
-  in.settings_file = rs.settings_file;
-  for (const auto& [index, n] : rs.kept_line) in.kept_where[index] = o.output + ":" + std::to_string(n);
-  for (const auto& [n, text] : in.journal_found.lines) {
-    const std::string where = in.journal_file + ":" + std::to_string(n);
+  for (const auto& [index, n] : in.resume.kept_line) in.kept_where[index] = o.output + ":" + std::to_string(n);
+  for (const auto& [n, text] : in.resume.journal.lines) {
+    const std::string where = in.resume.journal_file + ":" + std::to_string(n);
     const int64_t index = output_line_index(parse_jsonl_line(text, where), where);
-    const auto [it, added] = in.kept.emplace(index, text);
+    const auto [it, added] = in.resume.kept.emplace(index, text);
     if (added) {
       in.from_journal.insert(index);
       in.kept_where[index] = where;
@@ -170,7 +163,7 @@ void read_generate_input(const GenerateOptions& o, bool batch, GenerateInput& in
                   where);
     }
   }
-  for (const auto& [index, line] : in.kept) in.kept_indices.push_back(std::to_string(index));
+  for (const auto& [index, line] : in.resume.kept) in.kept_indices.push_back(std::to_string(index));
 }
 
 // Every input line (or --prompt) as a Request, in input order, and the positions of those
@@ -539,10 +532,10 @@ int run_generate(const GenerateOptions& o, Job& job) {
   const bool loaded = job.load_phase([&] {
     m = open_generation_model(o.engine, w, [&](RequestSettings& d) { apply_sampling_flags(o, d); });
     settings = generate_settings(o, m.defaults, m.model_dir, m.max_seq_len);
-    if (w.world_rank == 0 && o.resume) check_journal_settings(in.journal_found, settings, in.settings_file);
+    if (w.world_rank == 0 && o.resume) check_journal_settings(in.resume.journal, settings, in.resume.settings_file);
     reqs = build_requests(o, m, in, oversized_bytes, w);
     // Rank 0: a kept line must belong to this input (its index and its prompt).
-    for (const auto& [index, line] : in.kept) {
+    for (const auto& [index, line] : in.resume.kept) {
       const auto it = std::find_if(reqs.requests.begin(), reqs.requests.end(),
                                    [&](const Request& r) { return r.index == index; });
       const std::string where = in.kept_where[index] + " (index " + std::to_string(index) + ")";
@@ -571,7 +564,7 @@ int run_generate(const GenerateOptions& o, Job& job) {
       warn_once("checkpoint tensors the model does not use: " + names);
     }
     std::optional<uint64_t> journal_seed;
-    const uint64_t seed = choose_seed(o, in.journal_found, groups, journal_seed);
+    const uint64_t seed = choose_seed(o, in.resume.journal, groups, journal_seed);
     if (w.world_rank == 0) {
       bool any_sampling = false;
       report_sampling(o, m.defaults, reqs.requests, seed, any_sampling);
@@ -585,7 +578,7 @@ int run_generate(const GenerateOptions& o, Job& job) {
         journal_header["linnet-tp journal"] = "generate";
         journal_header["seed"] = seed;
         journal_header["settings"] = settings;
-        journal = std::make_unique<Journal>(in.journal_file, journal_header, o.resume ? &in.journal_found : nullptr);
+        journal = std::make_unique<Journal>(in.resume.journal_file, journal_header, o.resume ? &in.resume.journal : nullptr);
         std::remove(run_record_path(o.output).c_str());  // written again once --output is
         std::fprintf(stderr, "[linnet-tp] journal: %s (each finished request is kept there until --output is "
                      "written; after a crash, rerun with --resume)\n", journal->path().c_str());
@@ -595,7 +588,7 @@ int run_generate(const GenerateOptions& o, Job& job) {
     }
 
     if (batch) {
-      BatchRun run{groups, *m.tokenizer, reqs.requests, in.kept, reqs.todo, o.engine.prefix_caching, o.progress};
+      BatchRun run{groups, *m.tokenizer, reqs.requests, in.resume.kept, reqs.todo, o.engine.prefix_caching, o.progress};
       run.kept_from_journal = in.from_journal.size();
       run.journal = journal.get();
       code = run_batch(*e.engine, run, m.eos, seed, output);

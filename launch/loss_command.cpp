@@ -42,10 +42,7 @@ namespace {
 // documents of --output and the packs of the journal.
 struct LossInput {
   std::vector<std::pair<int, std::string>> lines;
-  std::string journal_file;                                // with --output
-  std::map<int64_t, std::string> kept;                     // --output lines by document index
-  JournalContents journal_found;                           // (or the run record's header)
-  std::string settings_file;                               // where journal_found's header came from
+  ResumeState resume;                                      // --output (by document index), its journal
   std::map<int64_t, nlohmann::ordered_json> pack_records;  // scored packs by index
   std::vector<std::string> kept_indices, journal_packs;    // broadcast to every rank
 };
@@ -54,15 +51,11 @@ struct LossInput {
 // @throws Error naming the file and line (input, --output, journal).
 void read_loss_input(const LossOptions& o, LossInput& in) {
   in.lines = read_jsonl_lines(o.input, nullptr, [] { return caught_stop_signal() != 0; });
-  ResumeState rs = read_resume_state(o.output, o.input, o.resume, true,
+  in.resume = read_resume_state(o.output, o.input, o.resume, true,
                                      {"loss", "its scored documents and score only the rest",
                                       "that pack is scored again"});
-  in.journal_file = rs.journal_file;
-  in.kept = std::move(rs.kept);
-  in.journal_found = std::move(rs.journal);
-  in.settings_file = rs.settings_file;
-  for (const auto& [n, text] : in.journal_found.lines) {
-    const std::string where = in.journal_file + ":" + std::to_string(n);
+  for (const auto& [n, text] : in.resume.journal.lines) {
+    const std::string where = in.resume.journal_file + ":" + std::to_string(n);
     nlohmann::ordered_json rec = parse_jsonl_line(text, where);
     const auto k = rec.find("pack");
     if (k == rec.end() || !k->is_number_unsigned() || !rec.contains("docs") || !rec["docs"].is_array()) {
@@ -75,7 +68,7 @@ void read_loss_input(const LossOptions& o, LossInput& in) {
       throw Error("pack " + std::to_string(pack) + " appears twice with different sums", where);
     }
   }
-  for (const auto& [index, line] : in.kept) in.kept_indices.push_back(std::to_string(index));
+  for (const auto& [index, line] : in.resume.kept) in.kept_indices.push_back(std::to_string(index));
   for (const auto& [pack, rec] : in.pack_records) in.journal_packs.push_back(std::to_string(pack));
 }
 
@@ -103,7 +96,7 @@ void load_loss_run(const LossOptions& o, const LossInput& in, MpiGroups& groups,
     run.settings["model"] = (ec ? dir : real).string();
     run.settings["weight_dtype"] = o.engine.weight_dtype;
     run.settings["kv_cache_dtype"] = o.engine.kv_cache_dtype;
-    if (w.world_rank == 0 && o.resume) check_journal_settings(in.journal_found, run.settings, in.settings_file);
+    if (w.world_rank == 0 && o.resume) check_journal_settings(in.resume.journal, run.settings, in.resume.settings_file);
   }
   run.files = std::make_unique<ModelFiles>(open_model(dir));
   const ShardPlan plan = ShardPlan::make(run.files->config, w.tp_rank, w.tp_size);
@@ -116,7 +109,7 @@ void load_loss_run(const LossOptions& o, const LossInput& in, MpiGroups& groups,
     run.docs.push_back(parse_loss_document(l.value, o.input + ":" + std::to_string(l.line), tok.get(), run.files->config.vocab_size));
   }
   run.packs = pack_documents(run.docs, run.pack_len);
-  if (w.world_rank == 0) check_loss_resume(o.output, in.journal_file, in.journal_found, in.kept, in.pack_records, run.docs, run.packs, run.pack_len);
+  if (w.world_rank == 0) check_loss_resume(o.output, in.resume.journal_file, in.resume.journal, in.resume.kept, in.pack_records, run.docs, run.packs, run.pack_len);
   std::set<int64_t> kept_docs, done_packs;
   for (const auto& s : in.kept_indices) kept_docs.insert(std::stoll(s));
   for (const auto& s : in.journal_packs) done_packs.insert(std::stoll(s));
@@ -210,7 +203,7 @@ int run_loss(const LossOptions& o, Job& job) {
       journal_header["packs"] = run.packs.size();
       journal_header["max_seq_len"] = run.pack_len;
       journal_header["settings"] = run.settings;
-      journal = std::make_unique<Journal>(in.journal_file, journal_header, o.resume ? &in.journal_found : nullptr);
+      journal = std::make_unique<Journal>(in.resume.journal_file, journal_header, o.resume ? &in.resume.journal : nullptr);
       std::remove(run_record_path(o.output).c_str());  // written again once --output is
       std::fprintf(stderr, "[linnet-tp] journal: %s (each scored pack of documents is kept there until --output is "
                    "written; after a crash, rerun with --resume)\n", journal->path().c_str());
@@ -238,7 +231,7 @@ int run_loss(const LossOptions& o, Job& job) {
     if (world_root) {
       const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
       if (!o.output.empty()) output = std::make_unique<JsonlOutput>(o.output);
-      code = write_loss_results(o.input, in.lines, run.docs, run.packs, in.kept, in.pack_records, fresh_tokens / std::max(seconds, 1e-9),
+      code = write_loss_results(o.input, in.lines, run.docs, run.packs, in.resume.kept, in.pack_records, fresh_tokens / std::max(seconds, 1e-9),
                                 journal.get(), output.get());
       output.reset();
     }
