@@ -1,5 +1,7 @@
 #include "launch/cli_parse.h"
 
+#include <cstdio>
+
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
@@ -181,6 +183,16 @@ void read_kv_cache_dtype(const cxxopts::ParseResult& r, std::string& out) {
   if (!r.count("kv-cache-dtype")) return;
   out = r["kv-cache-dtype"].as<std::string>();
   if (out != "f32" && out != "bf16") throw Error("invalid value", "--kv-cache-dtype", "f32 or bf16", out);
+}
+
+void invalid_value(const char* option, const std::string& expected, const std::string& actual) {
+  throw Error("invalid value", option, expected, actual);
+}
+
+std::string number_text(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
 }
 
 }  // namespace linnet

@@ -21,6 +21,12 @@ namespace linnet {
 std::optional<cxxopts::ParseResult> parse_options(cxxopts::Options& opts, int argc, char** argv,
                                                   const char* subcommand, std::string& help_text);
 
+/// Throws Error("invalid value", `option`, `expected`, `actual`): a flag's value out of range.
+[[noreturn]] void invalid_value(const char* option, const std::string& expected, const std::string& actual);
+
+/// `v` as printf's %g writes it, for messages about a flag's number.
+std::string number_text(double v);
+
 /// When option `name` was given: `out` = its value.
 /// @throws Error("invalid value", "--name", ">= min", value) when it is below `min`.
 template <class T>

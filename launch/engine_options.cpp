@@ -1,7 +1,5 @@
 #include "launch/engine_options.h"
 
-#include <cstdio>
-
 #include <cxxopts.hpp>
 
 #include "common/error.h"
@@ -9,19 +7,6 @@
 #include "runtime/model_loader.h"
 
 namespace linnet {
-namespace {
-
-void invalid(const char* option, const std::string& expected, const std::string& actual) {
-  throw Error("invalid value", option, expected, actual);
-}
-
-std::string num(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%g", v);
-  return buf;
-}
-
-}  // namespace
 
 EngineFlags paged_engine_flags(const std::string& dp_groups_take, const std::string& max_batch_help) {
   EngineFlags f;
@@ -72,23 +57,23 @@ void read_engine_options(const cxxopts::ParseResult& r, const EngineFlags& which
   if (which.paged_pool) {
     o.max_batch = r["max-batch"].as<int64_t>();
     if (o.max_batch < 1 || o.max_batch > kMaxBatchLimit) {
-      invalid("--max-batch", "an integer in [1, " + std::to_string(kMaxBatchLimit) + "]", std::to_string(o.max_batch));
+      invalid_value("--max-batch", "an integer in [1, " + std::to_string(kMaxBatchLimit) + "]", std::to_string(o.max_batch));
     }
     o.prefix_caching = !r.count("no-prefix-caching");
     if (r.count("kv-cache-tokens") && r.count("kv-cache-memory-fraction")) {
-      invalid("--kv-cache-tokens", "not together with --kv-cache-memory-fraction", "both");
+      invalid_value("--kv-cache-tokens", "not together with --kv-cache-memory-fraction", "both");
     }
     if (r.count("kv-cache-tokens")) {
       o.kv_cache_tokens = r["kv-cache-tokens"].as<int64_t>();
       if (*o.kv_cache_tokens < 1 || *o.kv_cache_tokens > kMaxKvCacheTokens) {
-        invalid("--kv-cache-tokens", "an integer in [1, " + std::to_string(kMaxKvCacheTokens) + "]",
+        invalid_value("--kv-cache-tokens", "an integer in [1, " + std::to_string(kMaxKvCacheTokens) + "]",
                 std::to_string(*o.kv_cache_tokens));
       }
     }
     if (r.count("kv-cache-memory-fraction")) {
       o.kv_cache_memory_fraction = r["kv-cache-memory-fraction"].as<double>();
       const double f = *o.kv_cache_memory_fraction;
-      if (!(f > 0.0 && f <= 1.0)) invalid("--kv-cache-memory-fraction", "in (0, 1]", num(f));
+      if (!(f > 0.0 && f <= 1.0)) invalid_value("--kv-cache-memory-fraction", "in (0, 1]", number_text(f));
     }
   }
   if (which.cuda_graphs) o.cuda_graphs = r.count("cuda-graphs") > 0;

@@ -57,7 +57,6 @@ OpenedEngine open_engine(const EngineOptions& o, const ModelConfig& config, cons
   // bench (kRows) holds its weights where the backend computes; the others check the host.
   if (sizing.kv != EngineSizing::Kv::kRows) check_memory(e.plan.need, available, w.local_size);
   e.threads = kernel_threads_per_rank(o.threads, w.local_size);
-  e.cuda_graphs_asked = o.cuda_graphs;
   e.backend = make_backend(o.backend, e.threads, w.local_rank, w.local_size, e.plan.weight_dtype,
                            e.plan.kv_cache_dtype);
   if (sizing.kv == EngineSizing::Kv::kRows && e.backend->device() == Device::kCpu) {
@@ -108,13 +107,13 @@ GenerationModel open_generation_model(const EngineOptions& o, const WorldConfig&
   return m;
 }
 
-void report_engine(const OpenedEngine& e, const ModelFiles& files, const ShardPlan& plan, int64_t max_seq_len,
+void report_engine(const EngineOptions& o, const OpenedEngine& e, const ModelFiles& files, const ShardPlan& plan, int64_t max_seq_len,
                    int64_t rows, const WorldConfig& w) {
   const Engine& engine = *e.engine;
   const Backend& backend = *e.backend;
   const DType held = e.plan.weight_dtype;
   const RankMemory& need = e.plan.need;
-  if (w.world_rank == 0 && e.cuda_graphs_asked && !engine.cuda_graphs()) {
+  if (w.world_rank == 0 && o.cuda_graphs && !engine.cuda_graphs()) {
     warn_once("--cuda-graphs has no effect here: graphs need --backend cuda and NCCL (or a single rank)");
   }
   if (w.world_rank == 0) {  // the memory a rank holds, as the model cards state it

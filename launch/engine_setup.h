@@ -63,7 +63,6 @@ EnginePlan plan_engine(const EngineOptions& o, const ModelConfig& config, const 
 struct OpenedEngine {
   EnginePlan plan;
   int threads = 0;  // kernel threads per rank (CPU backend)
-  bool cuda_graphs_asked = false;  // --cuda-graphs was given
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Engine> engine;
 };
@@ -100,9 +99,10 @@ struct GenerationModel {
 GenerationModel open_generation_model(const EngineOptions& o, const WorldConfig& w,
                                       const std::function<void(RequestSettings&)>& flags);
 
-/// Rank 0 prints the per-rank memory line ("[linnet-tp] per rank: weights ...") and every
-/// rank an info line with its slice, backend and KV cache (generate, serve).
-void report_engine(const OpenedEngine& e, const ModelFiles& files, const ShardPlan& plan, int64_t max_seq_len,
+/// Rank 0 prints the per-rank memory line ("[linnet-tp] per rank: weights ...") and, when
+/// `o` asked for --cuda-graphs that the engine cannot use, a warning; every rank an info
+/// line with its slice, backend and KV cache (generate, serve).
+void report_engine(const EngineOptions& o, const OpenedEngine& e, const ModelFiles& files, const ShardPlan& plan, int64_t max_seq_len,
                    int64_t rows, const WorldConfig& w);
 
 }  // namespace linnet

@@ -337,16 +337,6 @@ int run_prompt(Engine& engine, const Tokenizer& tok, const Request& r, const std
   return failed > 0.0f ? kSomeFailedExit : kOkExit;
 }
 
-std::string num(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%g", v);
-  return buf;
-}
-
-void invalid(const char* option, const std::string& expected, const std::string& actual) {
-  throw Error("invalid value", option, expected, actual);
-}
-
 EngineFlags generate_engine_flags() {
   return paged_engine_flags("split the --input prompts", "With --input, prompts decoded together (continuous batching)");
 }
@@ -415,49 +405,49 @@ cxxopts::Options generate_command_options() {
 void read_sampling_flags(const cxxopts::ParseResult& r, GenerateOptions& g) {
   if (r.count("max-new-tokens")) {
     g.max_new_tokens = r["max-new-tokens"].as<int64_t>();
-    if (*g.max_new_tokens < 0) invalid("--max-new-tokens", ">= 0", std::to_string(*g.max_new_tokens));
+    if (*g.max_new_tokens < 0) invalid_value("--max-new-tokens", ">= 0", std::to_string(*g.max_new_tokens));
   }
   if (r.count("temperature")) {
     g.temperature = r["temperature"].as<double>();
-    if (!temperature_ok(*g.temperature)) invalid("--temperature", "a finite number >= 0", num(*g.temperature));
+    if (!temperature_ok(*g.temperature)) invalid_value("--temperature", "a finite number >= 0", number_text(*g.temperature));
   }
   if (r.count("min-p")) {
     g.min_p = r["min-p"].as<double>();
-    if (!min_p_ok(*g.min_p)) invalid("--min-p", "in [0, 1]", num(*g.min_p));
+    if (!min_p_ok(*g.min_p)) invalid_value("--min-p", "in [0, 1]", number_text(*g.min_p));
   }
   if (r.count("repetition-penalty")) {
     g.repetition_penalty = r["repetition-penalty"].as<double>();
     if (!penalty_ok(*g.repetition_penalty)) {
-      invalid("--repetition-penalty", "a finite number > 0", num(*g.repetition_penalty));
+      invalid_value("--repetition-penalty", "a finite number > 0", number_text(*g.repetition_penalty));
     }
   }
   // Every --stop in order (cxxopts' vector values would split a stop string at commas).
   for (const auto& kv : r.arguments()) {
     if (kv.key() != "stop") continue;
-    if (kv.value().empty()) invalid("--stop", "a non-empty string", "\"\"");
+    if (kv.value().empty()) invalid_value("--stop", "a non-empty string", "\"\"");
     g.stop.push_back(kv.value());
   }
   if (r.count("stop-token-ids")) {
     g.stop_token_ids = r["stop-token-ids"].as<std::vector<int64_t>>();
     for (int64_t id : g.stop_token_ids) {
-      if (id < 0) invalid("--stop-token-ids", "token ids >= 0", std::to_string(id));
+      if (id < 0) invalid_value("--stop-token-ids", "token ids >= 0", std::to_string(id));
     }
   }
   g.logprobs = r.count("logprobs") > 0;
   if (r.count("top-logprobs")) {
     g.top_logprobs = r["top-logprobs"].as<int64_t>();
     if (g.top_logprobs < 0 || g.top_logprobs > kMaxTopLogprobs) {
-      invalid("--top-logprobs", "in [0, " + std::to_string(kMaxTopLogprobs) + "]", std::to_string(g.top_logprobs));
+      invalid_value("--top-logprobs", "in [0, " + std::to_string(kMaxTopLogprobs) + "]", std::to_string(g.top_logprobs));
     }
     g.logprobs = true;
   }
   if (r.count("top-k")) {
     g.top_k = r["top-k"].as<int64_t>();
-    if (*g.top_k < 0) invalid("--top-k", ">= 0", std::to_string(*g.top_k));
+    if (*g.top_k < 0) invalid_value("--top-k", ">= 0", std::to_string(*g.top_k));
   }
   if (r.count("top-p")) {
     g.top_p = r["top-p"].as<double>();
-    if (!top_p_ok(*g.top_p)) invalid("--top-p", "in (0, 1]", num(*g.top_p));
+    if (!top_p_ok(*g.top_p)) invalid_value("--top-p", "in (0, 1]", number_text(*g.top_p));
   }
 }
 
@@ -549,7 +539,7 @@ int run_generate(const GenerateOptions& o, Job& job) {
     const int64_t batch_rows = std::max<int64_t>(1, std::min<int64_t>(o.engine.max_batch, share));
     e = open_engine(o.engine, m.files->config, m.files.get(), m.plan, groups,
                     {EngineSizing::Kv::kPaged, m.max_seq_len, batch_rows});
-    report_engine(e, *m.files, m.plan, m.max_seq_len, batch_rows, w);
+    report_engine(o.engine, e, *m.files, m.plan, m.max_seq_len, batch_rows, w);
   });
   if (!loaded) return kLoadErrorExit;
 

@@ -201,7 +201,7 @@ int run_serve(const ServeOptions& o, Job& job) {
     m = open_generation_model(o.engine, w, {});  // requests set their own sampling
     e = open_engine(o.engine, m.files->config, m.files.get(), m.plan, groups,
                     {EngineSizing::Kv::kPaged, m.max_seq_len, o.engine.max_batch});
-    report_engine(e, *m.files, m.plan, m.max_seq_len, o.engine.max_batch, w);
+    report_engine(o.engine, e, *m.files, m.plan, m.max_seq_len, o.engine.max_batch, w);
   });
   if (!loaded) {
     if (server) server->stop();
