@@ -45,12 +45,9 @@ using Clock = std::chrono::steady_clock;
 constexpr int kOrderTag = 7801;   // world rank 0 -> a group's first rank
 constexpr int kEventTag = 7802;   // a group's first rank -> world rank 0
 
-std::string as_string(const std::vector<char>& bytes) { return std::string(bytes.begin(), bytes.end()); }
-std::vector<char> as_bytes(const std::string& s) { return std::vector<char>(s.begin(), s.end()); }
-
 // The plan from the group's first rank: a fixed header {bytes}, then the bytes.
 Plan broadcast_plan(MPI_Comm comm, bool root, const Plan& mine, bool idle) {
-  std::vector<char> bytes;
+  std::string bytes;
   if (root) bytes = encode(mine, false);
   int64_t size = static_cast<int64_t>(bytes.size());
   polled_broadcast(comm, &size, sizeof size, 0, idle);
@@ -127,10 +124,11 @@ class GroupSession {
   // The group's first rank: records the stop strings of the choices it is about to add.
   void track(const Plan& plan) {
     for (const Add& a : plan.adds) {
+      Request r;  // what the text needs of the choice: its prompt ids and stop strings (copied)
+      r.ids = a.request.prompt;
+      r.settings.stop = a.stop;
       Track t;
-      t.request.ids = a.request.prompt;
-      t.request.settings.stop = a.stop;
-      t.text = std::make_unique<CompletionStream>(*tokenizer_, t.request);
+      t.text = std::make_unique<CompletionStream>(*tokenizer_, r);
       tracks_.emplace(a.id, std::move(t));
     }
   }
@@ -146,34 +144,27 @@ class GroupSession {
   // A choice's text on the group's first rank: its tokens detokenized once, held back
   // while they could start a stop string, cut at the first one (CompletionStream).
   struct Track {
-    Request request;
     std::unique_ptr<CompletionStream> text;
-    size_t pushed = 0;    // tokens pushed into `text`
-    std::string pending;  // what they added, not yet sent with a token
+    std::string pending;  // what the stop check's token added, sent with it by on_token
   };
-
-  // Pushes `token` into the choice's text; an id the tokenizer cannot decode shows none.
-  static void push_text(Track& t, int32_t token) {
-    try {
-      t.pending += t.text->push(token);
-    } catch (const Error&) {
-    }
-    ++t.pushed;
-  }
 
   SessionOptions session_options(const ServeLoopConfig& c, bool group_root) {
     SessionOptions so;
     so.prefix_caching = c.prefix_caching;
     if (!group_root) return so;
-    // Every sampled token passes the stop check first (then on_token, once it is appended).
+    // Each new token passes the stop check before it is appended (SessionOptions), so
+    // the text is pushed there and on_token sends what it added.
     so.stop_check = [this](int64_t id, int32_t token) {
       Track& t = tracks_.at(id);
-      push_text(t, token);
+      try {
+        t.pending += t.text->push(token);
+      } catch (const Error&) {
+        // an id the tokenizer cannot decode shows no text
+      }
       return t.text->stopped();
     };
     so.on_token = [this](int64_t id, const GenerationResult& g) {
       Track& t = tracks_.at(id);
-      while (t.pushed < g.ids.size()) push_text(t, g.ids[t.pushed]);
       ServeEvent e;
       e.kind = ServeEvent::Kind::kToken;
       e.token = g.ids.back();
@@ -238,7 +229,7 @@ class Router {
       for (int g = 1; g < w_.dp_size; ++g) {
         Plan& o = orders[static_cast<size_t>(g)];
         if (!o.adds.empty() || !o.cancels.empty() || o.shutdown) {
-          mail_.send(g * w_.tp_size, kOrderTag, as_string(encode(o, true)));
+          mail_.send(g * w_.tp_size, kOrderTag, encode(o, true));
         }
       }
       if (shutdown) {
@@ -324,7 +315,7 @@ class Router {
     int from = 0;
     while (mail_.receive(kEventTag, bytes, &from)) {
       const size_t g = static_cast<size_t>(from / w_.tp_size);
-      Report rep = decode_report(as_bytes(bytes));
+      Report rep = decode_report(bytes);
       for (WireEvent& we : rep.events) deliver(we.id, std::move(we.event));
       for (int64_t s : rep.steps) c_.metrics->step(s);
       if (rep.bye) bye_[g] = true;
@@ -446,7 +437,7 @@ void run_group_leader(Engine& engine, const ServeLoopConfig& c, RunRelay& relay,
     bool got = false;
     std::string bytes;
     while (mail.receive(kOrderTag, bytes, nullptr, 0)) {
-      Plan o = decode(as_bytes(bytes), true);
+      Plan o = decode(bytes, true);
       got = true;
       for (Add& a : o.adds) plan.adds.push_back(std::move(a));
       plan.cancels.insert(plan.cancels.end(), o.cancels.begin(), o.cancels.end());
@@ -472,7 +463,7 @@ void run_group_leader(Engine& engine, const ServeLoopConfig& c, RunRelay& relay,
     outbox.prefix_hit_tokens = s.pool_stats().prefix_hit_tokens;
     outbox.bye = !go_on;
     if (!outbox.events.empty() || !outbox.steps.empty() || outbox.bye || got) {
-      mail.send(0, kEventTag, as_string(encode(outbox)));
+      mail.send(0, kEventTag, encode(outbox));
       outbox.events.clear();
       outbox.steps.clear();
     }

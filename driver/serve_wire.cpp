@@ -7,27 +7,29 @@
 namespace linnet::wire {
 namespace {
 
-
 class Writer {
  public:
   template <class T>
   void pod(const T& v) {
     const char* p = reinterpret_cast<const char*>(&v);
-    bytes.insert(bytes.end(), p, p + sizeof(T));
+    bytes.append(p, sizeof(T));
   }
   template <class T>
   void vec(const std::vector<T>& v) {
     pod<uint64_t>(v.size());
     const char* p = reinterpret_cast<const char*>(v.data());
-    bytes.insert(bytes.end(), p, p + v.size() * sizeof(T));
+    bytes.append(p, v.size() * sizeof(T));
   }
-  void str(const std::string& s) { vec(std::vector<char>(s.begin(), s.end())); }
-  std::vector<char> bytes;
+  void str(const std::string& s) {
+    pod<uint64_t>(s.size());
+    bytes += s;
+  }
+  std::string bytes;
 };
 
 class Reader {
  public:
-  explicit Reader(const std::vector<char>& b) : b_(b) {}
+  explicit Reader(const std::string& b) : b_(b) {}
   template <class T>
   T pod() {
     LINNET_CHECK(at_ + sizeof(T) <= b_.size(), "serve message truncated");
@@ -46,16 +48,17 @@ class Reader {
     return v;
   }
   std::string str() {
-    const std::vector<char> v = vec<char>();
-    return std::string(v.begin(), v.end());
+    const uint64_t n = pod<uint64_t>();
+    LINNET_CHECK(n <= b_.size() - at_, "serve message truncated");
+    std::string s = b_.substr(at_, n);
+    at_ += n;
+    return s;
   }
 
  private:
-  const std::vector<char>& b_;
+  const std::string& b_;
   size_t at_ = 0;
 };
-
-
 
 void write_add(Writer& w, const Add& a, bool with_stop) {
   w.pod(a.id);
@@ -106,7 +109,7 @@ Add read_add(Reader& r, bool with_stop) {
 
 }  // namespace
 
-std::vector<char> encode(const Plan& plan, bool with_stop) {
+std::string encode(const Plan& plan, bool with_stop) {
   Writer w;
   w.pod<uint64_t>(plan.adds.size());
   for (const Add& a : plan.adds) write_add(w, a, with_stop);
@@ -115,7 +118,7 @@ std::vector<char> encode(const Plan& plan, bool with_stop) {
   return std::move(w.bytes);
 }
 
-Plan decode(const std::vector<char>& bytes, bool with_stop) {
+Plan decode(const std::string& bytes, bool with_stop) {
   Reader r(bytes);
   Plan plan;
   const uint64_t n = r.pod<uint64_t>();
@@ -127,7 +130,7 @@ Plan decode(const std::vector<char>& bytes, bool with_stop) {
 
 
 
-std::vector<char> encode(const Report& rep) {
+std::string encode(const Report& rep) {
   Writer w;
   w.pod<uint64_t>(rep.events.size());
   for (const WireEvent& we : rep.events) {
@@ -170,7 +173,7 @@ std::vector<char> encode(const Report& rep) {
   return std::move(w.bytes);
 }
 
-Report decode_report(const std::vector<char>& bytes) {
+Report decode_report(const std::string& bytes) {
   Reader r(bytes);
   Report rep;
   const uint64_t n = r.pod<uint64_t>();

@@ -45,11 +45,11 @@ struct Report {
 };
 
 /// `plan` as bytes; with_stop: the adds' stop strings too (orders).
-std::vector<char> encode(const Plan& plan, bool with_stop);
+std::string encode(const Plan& plan, bool with_stop);
 /// @throws Error when the bytes are truncated.
-Plan decode(const std::vector<char>& bytes, bool with_stop);
-std::vector<char> encode(const Report& report);
+Plan decode(const std::string& bytes, bool with_stop);
+std::string encode(const Report& report);
 /// @throws Error when the bytes are truncated.
-Report decode_report(const std::vector<char>& bytes);
+Report decode_report(const std::string& bytes);
 
 }  // namespace linnet::wire
