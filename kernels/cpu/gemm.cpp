@@ -16,7 +16,6 @@
 
 namespace linnet::cpu {
 
-
 void pack_weight(const void* w, DType wt, int64_t n, int64_t k, void* packed) {
   const int64_t es = static_cast<int64_t>(dtype_size(wt));
   const auto* src = static_cast<const char*>(w);
