@@ -514,8 +514,10 @@ struct FrontedServer::Front {
     while (!stopping) {
       const int n = ::epoll_wait(ep, events.data(), static_cast<int>(events.size()), 50);
       const auto now = Clock::now();
-      take_incoming(now);
+      // Answered connections first: one whose response is out is idle again, so a new
+      // connection at --max-open-connections can take its place instead of a 503.
       take_returned(now);
+      take_incoming(now);
       for (int i = 0; i < n; ++i) {
         const int fd = events[static_cast<size_t>(i)].data.fd;
         if (fd == wake_fd) {
