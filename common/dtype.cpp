@@ -8,6 +8,7 @@ std::size_t dtype_size(DType t) {
     case DType::kBF16: return 2;
     case DType::kF16: return 2;
     case DType::kI32: return 4;
+    case DType::kI8: return 1;
   }
   return 0;
 }
@@ -18,9 +19,12 @@ const char* dtype_name(DType t) {
     case DType::kBF16: return "bf16";
     case DType::kF16: return "f16";
     case DType::kI32: return "i32";
+    case DType::kI8: return "int8";
   }
   return "?";
 }
+
+bool is_quantized(DType t) { return t == DType::kI8; }
 
 const char* safetensors_dtype_name(DType t) {
   switch (t) {
@@ -28,6 +32,7 @@ const char* safetensors_dtype_name(DType t) {
     case DType::kBF16: return "BF16";
     case DType::kF16: return "F16";
     case DType::kI32: return "I32";
+    case DType::kI8: return "I8";
   }
   return "?";
 }

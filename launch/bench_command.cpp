@@ -41,9 +41,16 @@ struct BenchShape {
   const ModelConfig& config;
   const ShardPlan& plan;
   DType weight_dtype;
+  int64_t weight_group_size;  // int8: inputs per scale
   int64_t max_seq_len;
   double load_s;  // making or loading the weights and the engine
 };
+
+// "bf16", or "int8, groups of 64".
+std::string weight_format(const BenchShape& s) {
+  return std::string(dtype_name(s.weight_dtype)) +
+         (is_quantized(s.weight_dtype) ? ", groups of " + std::to_string(s.weight_group_size) : "");
+}
 
 // Rank 0: the setup lines (backend, weights, kernels, KV cache, CUDA graphs).
 void print_setup(const BenchOptions& o, const BenchShape& s, const Engine& engine, const Backend& backend,
@@ -52,7 +59,8 @@ void print_setup(const BenchOptions& o, const BenchShape& s, const Engine& engin
               w.tp_size, static_cast<long long>(o.batch), static_cast<long long>(o.prompt_len),
               static_cast<long long>(o.new_tokens));
   std::printf("weights: %s (%s, %s per rank, %s in %.1f s)\n", o.random_weights ? "random" : "checkpoint",
-              dtype_name(s.weight_dtype), format_bytes(weight_bytes_local(s.config, s.plan, s.weight_dtype)).c_str(),
+              weight_format(s).c_str(),
+              format_bytes(weight_bytes_local(s.config, s.plan, s.weight_dtype, s.weight_group_size)).c_str(),
               o.random_weights ? "made" : "loaded", s.load_s);
   std::printf("cpu kernels: %s, %d threads per rank\n", cpu::isa_name(cpu::active_isa()), cpu::num_threads());
   std::printf("kv cache: %s per rank (%lld rows x %lld positions, %s)\n", format_bytes(engine.kv_cache_bytes()).c_str(),
@@ -133,13 +141,12 @@ PassTimes time_passes(const BenchOptions& o, Engine& engine, Backend& backend, B
 // bandwidth that implies.
 void print_pass_times(const BenchOptions& o, const BenchShape& s, const Engine& engine, const PassTimes& t) {
   const int64_t B = o.batch, P = o.prompt_len;
-  const int64_t elem = element_size(s.weight_dtype);
-  const int64_t step_bytes = decode_weight_bytes(s.config, s.plan, elem);
+  const int64_t step_bytes = decode_weight_bytes(s.config, s.plan, s.weight_dtype, s.weight_group_size);
   const double step_ms = o.new_tokens > 0 ? 1e3 * t.decode_s / static_cast<double>(o.new_tokens) : 0.0;
   std::printf("prefill tokens/s: %.1f (%lld tokens in %.2f ms)\n", static_cast<double>(B * P) / t.prefill_s,
               static_cast<long long>(B * P), 1e3 * t.prefill_s);
   // 2 flops per weight per token in the projections and lm_head (attention not counted).
-  const double matmul_flops = 2.0 * static_cast<double>(step_bytes / elem) * static_cast<double>(B * P);
+  const double matmul_flops = 2.0 * static_cast<double>(decode_weight_elements(s.config, s.plan)) * static_cast<double>(B * P);
   std::printf("prefill matmul GFLOP/s: %.1f per rank\n", matmul_flops / t.prefill_s / 1e9);
   std::printf("decode tokens/s: %.1f\n", t.decode_s > 0 ? static_cast<double>(B * o.new_tokens) / t.decode_s : 0.0);
   std::printf("decode ms/step: %.3f\n", step_ms);
@@ -263,7 +270,7 @@ int run_bench(const BenchOptions& o, Job& job) {
   try {
     Engine& engine = *opened.engine;
     Backend& backend = *opened.backend;
-    const BenchShape shape{config, plan, opened.plan.weight_dtype, max_seq_len, load_s};
+    const BenchShape shape{config, plan, opened.plan.weight_dtype, opened.plan.weight_group_size, max_seq_len, load_s};
     if (w.world_rank == 0) print_setup(o, shape, engine, backend, w);
     if (o.limits && backend.device() == Device::kCpu) measure_limits(w.world_rank == 0);
     BenchPrompts prompts = random_prompts(o, config.vocab_size);

@@ -53,13 +53,15 @@ void read_in_range(const cxxopts::ParseResult& r, const char* name, int64_t min,
 /// Most kernel (OpenMP) threads per rank --threads accepts (more would only spawn idle threads; a
 /// huge value would exhaust the process's thread limit).
 inline constexpr int64_t kMaxThreads = 4096;
+/// Largest --weight-group-size accepted (any divisor of the input widths up to this).
+inline constexpr int64_t kMaxWeightGroupSize = int64_t{1} << 20;
 
 /// When --backend was given: `out` = its value.
 /// @throws Error naming --backend when it is neither "cpu" nor "cuda".
 void read_backend(const cxxopts::ParseResult& r, std::string& out);
 
 /// When --weight-dtype was given: `out` = its value.
-/// @throws Error naming --weight-dtype when it is not auto, f32, bf16 or f16.
+/// @throws Error naming --weight-dtype when it is not auto, f32, bf16, f16 or int8.
 void read_weight_dtype(const cxxopts::ParseResult& r, std::string& out);
 
 /// Most seconds --comm-timeout accepts (a week).
@@ -87,6 +89,12 @@ inline constexpr const char* kKvCacheDtypeHelp =
 /// The --weight-dtype option's help line, shared by generate, loss and bench.
 inline constexpr const char* kWeightDtypeHelp =
     "Weight matrices in memory: auto (the checkpoint's dtype; config.json's torch_dtype for random weights), "
-    "f32, bf16 or f16 (CPU backend; CUDA holds bf16). Activations and sums stay f32";
+    "f32, bf16, f16, or int8 (quantized at load: symmetric, one f32 scale per --weight-group-size inputs) "
+    "(CPU backend; CUDA holds bf16). Activations and sums stay f32";
+
+/// The --weight-group-size option's help line.
+inline constexpr const char* kWeightGroupSizeHelp =
+    "int8 weights: input elements per scale (default 64; must divide hidden_size and each rank's o_proj and "
+    "down_proj input width)";
 
 }  // namespace linnet

@@ -39,6 +39,7 @@ void add_engine_options(cxxopts::Options& opts, const EngineFlags& which) {
     ("backend", "cpu or cuda (default: cuda when a CUDA device is visible, else cpu)",
      cxxopts::value<std::string>())
     ("weight-dtype", kWeightDtypeHelp, cxxopts::value<std::string>())
+    ("weight-group-size", kWeightGroupSizeHelp, cxxopts::value<int64_t>())
     ("kv-cache-dtype", kKvCacheDtypeHelp, cxxopts::value<std::string>())
     ("comm-timeout", kCommTimeoutHelp, cxxopts::value<int64_t>());
   if (which.verbose) opts.add_options()("verbose", which.verbose_help);
@@ -80,6 +81,10 @@ void read_engine_options(const cxxopts::ParseResult& r, const EngineFlags& which
   read_in_range(r, "threads", 1, kMaxThreads, o.threads);
   read_backend(r, o.backend);
   read_weight_dtype(r, o.weight_dtype);
+  read_in_range(r, "weight-group-size", 1, kMaxWeightGroupSize, o.weight_group_size);
+  if (r.count("weight-group-size") && o.weight_dtype != "int8") {
+    invalid_value("--weight-group-size", "only with --weight-dtype int8", o.weight_dtype);
+  }
   read_kv_cache_dtype(r, o.kv_cache_dtype);
   if (which.verbose) o.verbose = r.count("verbose") > 0;
 }

@@ -29,18 +29,21 @@ EnginePlan plan_engine(const EngineOptions& o, const ModelConfig& config, const 
   EnginePlan p;
   p.weight_dtype = held_weight_dtype(o.weight_dtype, o.backend, auto_dtype);
   p.kv_cache_dtype = held_kv_cache_dtype(o.kv_cache_dtype, o.backend);
+  p.weight_group_size = o.weight_group_size;
+  if (is_quantized(p.weight_dtype)) check_weight_groups(config, plan, p.weight_group_size);
+  const int64_t g = p.weight_group_size;
   switch (sizing.kv) {
     case EngineSizing::Kv::kPaged:
       p.kv_tokens = resolve_kv_cache_tokens(config, plan, sizing.max_seq_len, sizing.rows, o.kv_cache_tokens,
                                             o.kv_cache_memory_fraction, node_available_bytes, ranks_on_node,
-                                            p.weight_dtype, p.kv_cache_dtype);
-      p.need = rank_memory(config, plan, p.kv_tokens, 1, p.weight_dtype, p.kv_cache_dtype);
+                                            p.weight_dtype, p.kv_cache_dtype, g);
+      p.need = rank_memory(config, plan, p.kv_tokens, 1, p.weight_dtype, p.kv_cache_dtype, g);
       break;
     case EngineSizing::Kv::kRows:
-      p.need = rank_memory(config, plan, sizing.max_seq_len, sizing.rows, p.weight_dtype, p.kv_cache_dtype);
+      p.need = rank_memory(config, plan, sizing.max_seq_len, sizing.rows, p.weight_dtype, p.kv_cache_dtype, g);
       break;
     case EngineSizing::Kv::kPacked:
-      p.need = rank_memory(config, plan, sizing.max_seq_len, 1, p.weight_dtype, p.kv_cache_dtype);
+      p.need = rank_memory(config, plan, sizing.max_seq_len, 1, p.weight_dtype, p.kv_cache_dtype, g);
       break;
   }
   return p;
@@ -58,7 +61,7 @@ OpenedEngine open_engine(const EngineOptions& o, const ModelConfig& config, cons
   if (sizing.kv != EngineSizing::Kv::kRows) check_memory(e.plan.need, available, w.local_size);
   e.threads = kernel_threads_per_rank(o.threads, w.local_size);
   e.backend = make_backend(o.backend, e.threads, w.local_rank, w.local_size, e.plan.weight_dtype,
-                           e.plan.kv_cache_dtype);
+                           e.plan.kv_cache_dtype, e.plan.weight_group_size);
   if (sizing.kv == EngineSizing::Kv::kRows && e.backend->device() == Device::kCpu) {
     check_memory(e.plan.need, available, w.local_size);
   }
@@ -71,7 +74,8 @@ OpenedEngine open_engine(const EngineOptions& o, const ModelConfig& config, cons
     case EngineSizing::Kv::kRows: {
       // Raw entries use row b's fixed pages of 64; generate_batch hands pages out itself.
       ModelWeights weights = random_seed ? random_weights(*e.backend, config, plan, *random_seed)
-                                         : load_weights(files->checkpoint, config, plan, e.backend->host_weight_dtype());
+                                         : load_weights(files->checkpoint, config, plan,
+                                                        e.backend->host_weight_dtype(files->checkpoint.dominant_dtype()));
       e.engine = std::make_unique<Engine>(config, plan, std::move(weights), *e.backend, comm, sizing.max_seq_len,
                                           sizing.rows, kKvPageSize, 0, o.cuda_graphs);
       break;
@@ -111,7 +115,10 @@ void report_engine(const EngineOptions& o, const OpenedEngine& e, const ModelFil
                    int64_t rows, const WorldConfig& w) {
   const Engine& engine = *e.engine;
   const Backend& backend = *e.backend;
-  const DType held = e.plan.weight_dtype;
+  const std::string held = std::string(dtype_name(e.plan.weight_dtype)) +
+                           (is_quantized(e.plan.weight_dtype)
+                                ? ", groups of " + std::to_string(e.plan.weight_group_size) + " quantized at load"
+                                : "");
   const RankMemory& need = e.plan.need;
   if (w.world_rank == 0 && o.cuda_graphs && !engine.cuda_graphs()) {
     warn_once("--cuda-graphs has no effect here: graphs need --backend cuda and NCCL (or a single rank)");
@@ -119,7 +126,7 @@ void report_engine(const EngineOptions& o, const OpenedEngine& e, const ModelFil
   if (w.world_rank == 0) {  // the memory a rank holds, as the model cards state it
     std::fprintf(stderr, "[linnet-tp] per rank: weights %s (%s), KV cache %s (%lld pages of %lld positions, %s; "
                  "--max-seq-len %lld), backend %s\n",
-                 format_bytes(need.weight_bytes).c_str(), dtype_name(held),
+                 format_bytes(need.weight_bytes).c_str(), held.c_str(),
                  format_bytes(engine.kv_cache_bytes()).c_str(),
                  static_cast<long long>(engine.num_pages()), static_cast<long long>(engine.page_size()),
                  dtype_name(backend.kv_cache_dtype()),
@@ -133,7 +140,7 @@ void report_engine(const EngineOptions& o, const OpenedEngine& e, const ModelFil
        "), backend " + backend.name() + " (" + std::to_string(e.threads) + " kernel threads on cpu), KV cache " +
        std::to_string(engine.num_pages()) + " pages x " + std::to_string(engine.page_size()) + " positions = " +
        format_bytes(engine.kv_cache_bytes()) + " (up to " + std::to_string(rows) + " requests at once), weights " +
-       format_bytes(need.weight_bytes) + " (" + dtype_name(held) + "); read " +
+       format_bytes(need.weight_bytes) + " (" + held + "); read " +
        format_bytes(static_cast<int64_t>(files.checkpoint.bytes_read())) + " of the checkpoint's " +
        format_bytes(static_cast<int64_t>(files.checkpoint.total_bytes())));
 }

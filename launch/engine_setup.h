@@ -47,6 +47,7 @@ struct EngineSizing {
 struct EnginePlan {
   DType weight_dtype = DType::kF32;    // the matrices held (held_weight_dtype)
   DType kv_cache_dtype = DType::kF32;  // held_kv_cache_dtype
+  int64_t weight_group_size = 64;      // int8: inputs per scale (check_weight_groups passed)
   int64_t kv_tokens = 0;                         // kPaged: positions of the pool (a multiple of kKvPageSize)
   RankMemory need;                               // weights and KV cache, as check_memory counts them
 };
@@ -54,7 +55,8 @@ struct EnginePlan {
 /// The dtypes, KV size and memory of `plan`'s slice under `o`. `auto_dtype`: the
 /// checkpoint's dominant dtype (config.json's torch_dtype for random weights).
 /// `node_available_bytes`: for --kv-cache-memory-fraction (available_host_memory()).
-/// @throws Error naming the flag (--weight-dtype, --kv-cache-dtype, --kv-cache-tokens, ...).
+/// @throws Error naming the flag (--weight-dtype, --weight-group-size, --kv-cache-dtype,
+/// --kv-cache-tokens, ...).
 EnginePlan plan_engine(const EngineOptions& o, const ModelConfig& config, const ShardPlan& plan,
                        DType auto_dtype, const EngineSizing& sizing, int64_t node_available_bytes,
                        int ranks_on_node);

@@ -45,7 +45,8 @@ std::optional<InfoOptions> parse_info_options(int argc, char** argv, std::string
     ("max-seq-len", "KV cache length in tokens (default: min(max_position_embeddings, 8192))",
      cxxopts::value<int64_t>())
     ("weight-dtype", "The dtype the weights column counts: auto (the checkpoint's, else config.json's "
-     "torch_dtype), f32, bf16 or f16", cxxopts::value<std::string>())
+     "torch_dtype), f32, bf16, f16 or int8", cxxopts::value<std::string>())
+    ("weight-group-size", kWeightGroupSizeHelp, cxxopts::value<int64_t>())
     ("h,help", "Print this help and exit");
   // clang-format on
   const auto parsed = parse_options(opts, argc, argv, "info", help_text);
@@ -57,6 +58,7 @@ std::optional<InfoOptions> parse_info_options(int argc, char** argv, std::string
   o.tp = r["tp"].as<int>();
   if (o.tp < 1) throw Error("invalid value", "--tp", ">= 1", std::to_string(o.tp));
   read_weight_dtype(r, o.weight_dtype);
+  read_in_range(r, "weight-group-size", 1, kMaxWeightGroupSize, o.weight_group_size);
   if (r.count("max-seq-len")) {
     o.max_seq_len = r["max-seq-len"].as<int64_t>();
     if (o.max_seq_len < 1) throw Error("invalid value", "--max-seq-len", ">= 1", std::to_string(o.max_seq_len));
@@ -110,6 +112,7 @@ int run_info(const InfoOptions& o, Job& job) {
     EngineOptions eo;  // what info plans for: the CPU backend, an f32 KV cache
     eo.backend = "cpu";
     eo.weight_dtype = o.weight_dtype;
+    eo.weight_group_size = o.weight_group_size;
     const DType auto_dtype = held;
     held = held_weight_dtype(o.weight_dtype, "cpu", auto_dtype);
     const int64_t max_seq_len = resolve_max_seq_len(c, o.max_seq_len);

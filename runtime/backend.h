@@ -38,9 +38,15 @@ class Backend {
   /// keeps row-major bf16. Only the backend's own ops read the result.
   /// @throws Error for a dtype it cannot take.
   virtual Tensor upload_matrix(const Tensor& host) = 0;
-  /// The dtype load_weights should read matrices in for upload_matrix: the CPU
-  /// backend's weight dtype (--weight-dtype); f32 on CUDA (converted on the device).
-  virtual DType host_weight_dtype() const { return DType::kF32; }
+  /// The dtype load_weights should read matrices in for upload_matrix, given the
+  /// checkpoint's own (dominant) dtype `stored`: the CPU backend's weight dtype
+  /// (--weight-dtype), or for int8 `stored` itself (f32, bf16 or f16: widened and
+  /// quantized one matrix at a time, so the host copy is never wider than the file);
+  /// f32 on CUDA (converted on the device).
+  virtual DType host_weight_dtype(DType stored) const {
+    (void)stored;
+    return DType::kF32;
+  }
   /// The dtype of the KV cache tensors the Engine makes on this backend (kv_cache.h):
   /// f32, or bf16 on the CPU backend with --kv-cache-dtype bf16.
   virtual DType kv_cache_dtype() const { return DType::kF32; }
@@ -131,11 +137,19 @@ class Backend {
 /// `ranks_on_node` ranks (at least 1).
 int kernel_threads_per_rank(int requested, int ranks_on_node);
 
+/// Input elements per int8 scale when --weight-group-size is not given: 64 divides the
+/// input widths of the target models at tp 1-8 (SmolLM2's 576 and its slices at tp 3
+/// too, where 128 does not) and costs 4 / 64 bytes a weight for the scales (llama.cpp's
+/// Q8_0: 2 / 32).
+inline constexpr int64_t kDefaultWeightGroupSize = 64;
+
 /// Host backend: kernels/cpu with `num_threads` threads, weight matrices held in
-/// `weight_dtype` (kF32, kBF16 or kF16), the KV cache in `kv_cache_dtype` (kF32 or
-/// kBF16); activations and sums stay f32.
-/// @throws Error for another dtype.
+/// `weight_dtype` (kF32, kBF16, kF16, or kI8: quantized at upload with groups of
+/// `weight_group_size` along the input width, kernels/cpu/gemm.h), the KV cache in
+/// `kv_cache_dtype` (kF32 or kBF16); activations and sums stay f32.
+/// @throws Error for another dtype, or a group size < 1.
 std::unique_ptr<Backend> make_cpu_backend(int num_threads, DType weight_dtype = DType::kF32,
-                                          DType kv_cache_dtype = DType::kF32);
+                                          DType kv_cache_dtype = DType::kF32,
+                                          int64_t weight_group_size = kDefaultWeightGroupSize);
 
 }  // namespace linnet

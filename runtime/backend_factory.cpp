@@ -12,11 +12,11 @@ namespace linnet {
 std::string default_backend_kind() { return cuda_device_count() > 0 ? "cuda" : "cpu"; }
 
 std::unique_ptr<Backend> make_backend(const std::string& kind_in, int threads, int local_rank, int local_size,
-                                      DType weight_dtype, DType kv_cache_dtype) {
+                                      DType weight_dtype, DType kv_cache_dtype, int64_t weight_group_size) {
   const std::string kind = kind_in.empty() ? default_backend_kind() : kind_in;
   if (kind == "cpu") {
     const int n = kernel_threads_per_rank(threads, local_size);
-    auto backend = make_cpu_backend(n, weight_dtype, kv_cache_dtype);
+    auto backend = make_cpu_backend(n, weight_dtype, kv_cache_dtype, weight_group_size);
     const cpu::Placement placement = cpu::pin_threads(local_rank, local_size);
     info("cpu backend: " + std::to_string(n) + " threads, " + placement.where + ", " +
          cpu::isa_name(cpu::active_isa()) + " kernels");
@@ -40,11 +40,11 @@ std::unique_ptr<Backend> make_backend(const std::string& kind_in, int threads, i
 
 DType held_weight_dtype(const std::string& flag, const std::string& backend_kind, DType auto_dtype) {
   const std::string kind = backend_kind.empty() ? default_backend_kind() : backend_kind;
-  if (flag != "auto" && !flag.empty() && flag != "f32" && flag != "bf16" && flag != "f16") {
-    throw Error("unknown weight dtype", "--weight-dtype", "auto, f32, bf16 or f16", flag);
+  if (flag != "auto" && !flag.empty() && flag != "f32" && flag != "bf16" && flag != "f16" && flag != "int8") {
+    throw Error("unknown weight dtype", "--weight-dtype", "auto, f32, bf16, f16 or int8", flag);
   }
   if (kind == "cuda") {
-    if (flag == "f32" || flag == "f16") {
+    if (flag == "f32" || flag == "f16" || flag == "int8") {
       throw Error("the CUDA backend holds weight matrices in bf16", "--weight-dtype",
                   "auto or bf16 with --backend cuda", flag);
     }
@@ -53,6 +53,7 @@ DType held_weight_dtype(const std::string& flag, const std::string& backend_kind
   if (flag == "f32") return DType::kF32;
   if (flag == "bf16") return DType::kBF16;
   if (flag == "f16") return DType::kF16;
+  if (flag == "int8") return DType::kI8;
   return auto_dtype;
 }
 

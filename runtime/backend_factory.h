@@ -21,18 +21,20 @@ std::string default_backend_kind();
 /// (kernel_threads_per_rank(threads, local_size)); cuda on device local_rank %
 /// cuda_device_count() (ranks share GPUs round-robin when there are fewer GPUs).
 /// `weight_dtype`: the CPU backend's weight matrices (held_weight_dtype); the CUDA
-/// backend always holds bf16 and ignores it. `kv_cache_dtype`: the CPU backend's KV
+/// backend always holds bf16 and ignores it (and `weight_group_size`, the int8 groups:
+/// make_cpu_backend). `kv_cache_dtype`: the CPU backend's KV
 /// cache (held_kv_cache_dtype); CUDA keeps f32.
 /// @throws Error naming --backend on an unknown kind, or cuda without a device.
 std::unique_ptr<Backend> make_backend(const std::string& kind, int threads, int local_rank, int local_size,
                                       DType weight_dtype = DType::kF32,
-                                      DType kv_cache_dtype = DType::kF32);
+                                      DType kv_cache_dtype = DType::kF32,
+                                      int64_t weight_group_size = kDefaultWeightGroupSize);
 
 /// The dtype a rank holds weight matrices in: on the CPU backend --weight-dtype `flag`
 /// ("auto" or "": `auto_dtype`, the checkpoint's own or config.json's torch_dtype for
-/// random weights; "f32", "bf16", "f16"); on CUDA ("cuda", or "" with a visible device)
+/// random weights; "f32", "bf16", "f16", "int8": quantized at load); on CUDA ("cuda", or "" with a visible device)
 /// bf16, which "auto" and "bf16" name.
-/// @throws Error naming --weight-dtype for an unknown value, or f32 / f16 on CUDA.
+/// @throws Error naming --weight-dtype for an unknown value, or f32 / f16 / int8 on CUDA.
 DType held_weight_dtype(const std::string& flag, const std::string& backend_kind, DType auto_dtype);
 
 /// The dtype of the KV cache: --kv-cache-dtype `flag` "f32" (or "": the default) or

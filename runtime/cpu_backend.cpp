@@ -1,5 +1,6 @@
 // CpuBackend: forwards the Backend ops to kernels/cpu. Everything lives in host memory;
-// weight matrices in the backend's weight dtype (f32, bf16 or f16: --weight-dtype),
+// weight matrices in the backend's weight dtype (f32, bf16, f16, or int8 quantized at
+// upload: --weight-dtype, --weight-group-size),
 // everything else f32, so uploads of weights in that dtype are the tensors themselves.
 #include <algorithm>
 #include <cstring>
@@ -22,9 +23,13 @@ DType weight_type(const Tensor& w, const char* op) {
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(int num_threads, DType weight_dtype, DType kv_cache_dtype)
-      : weight_dtype_(weight_dtype), kv_cache_dtype_(kv_cache_dtype) {
+  CpuBackend(int num_threads, DType weight_dtype, DType kv_cache_dtype, int64_t weight_group_size)
+      : weight_dtype_(weight_dtype), kv_cache_dtype_(kv_cache_dtype), group_size_(weight_group_size) {
     if (weight_dtype == DType::kI32) throw Error("i32 is not a weight dtype", "make_cpu_backend");
+    if (weight_group_size < 1) {
+      throw Error("the weight group size must be at least 1", "--weight-group-size", ">= 1",
+                  std::to_string(weight_group_size));
+    }
     if (kv_cache_dtype != DType::kF32 && kv_cache_dtype != DType::kBF16) {
       throw Error(std::string("the CPU KV cache is f32 or bf16, not ") + dtype_name(kv_cache_dtype),
                   "--kv-cache-dtype");
@@ -39,6 +44,7 @@ class CpuBackend final : public Backend {
   // the weight dtype; the Tensor keeps the logical shape [n, k].
   Tensor upload_matrix(const Tensor& host) override {
     if (host.shape().size() != 2) throw Error("a weight matrix must be 2-D", "CpuBackend::upload_matrix");
+    if (is_quantized(weight_dtype_)) return upload_quantized(host);
     if (host.dtype() != weight_dtype_ && host.dtype() != DType::kF32) {
       throw Error("a weight matrix must be f32 or in the backend's weight dtype", "CpuBackend::upload_matrix",
                   "f32 or the --weight-dtype", "another dtype");
@@ -55,7 +61,10 @@ class CpuBackend final : public Backend {
     void* data = storage->data();
     return Tensor::wrap(host.shape(), weight_dtype_, Device::kCpu, std::move(storage), data);
   }
-  DType host_weight_dtype() const override { return weight_dtype_; }
+  DType host_weight_dtype(DType stored) const override {
+    if (!is_quantized(weight_dtype_)) return weight_dtype_;
+    return stored == DType::kBF16 || stored == DType::kF16 ? stored : DType::kF32;
+  }
   DType kv_cache_dtype() const override { return kv_cache_dtype_; }
   Tensor upload_vector(const Tensor& host) override { return host; }
   Tensor upload_i32(std::span<const int32_t> values) override {
@@ -117,6 +126,33 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  // int8: the matrix widened to f32 (exactly) if it is not, then quantized and packed
+  // (kernels/cpu/gemm.h: quantize_pack_weight).
+  Tensor upload_quantized(const Tensor& host) {
+    const int64_t n = host.dim(0), k = host.dim(1);
+    if (k % group_size_ != 0) {
+      throw Error("the weight group size does not divide a matrix's input width " + std::to_string(k),
+                  "--weight-group-size", "a divisor of " + std::to_string(k), std::to_string(group_size_));
+    }
+    std::vector<float> widened;
+    const float* src = nullptr;
+    if (host.dtype() == DType::kF32) {
+      src = host.data();
+    } else if (host.dtype() == DType::kBF16 || host.dtype() == DType::kF16) {
+      widened.resize(static_cast<size_t>(host.numel()));
+      cpu::widen_to_f32(host.raw(), host.dtype(), host.numel(), widened.data());
+      src = widened.data();
+    } else {
+      throw Error("a weight matrix to quantize must be f32, bf16 or f16", "CpuBackend::upload_matrix", "",
+                  dtype_name(host.dtype()));
+    }
+    const int64_t bytes = cpu::quantized_matrix_bytes(n, k, group_size_);
+    auto storage = std::make_shared<std::vector<uint64_t>>(static_cast<size_t>((bytes + 7) / 8));
+    cpu::quantize_pack_weight(src, n, k, group_size_, storage->data());
+    void* data = storage->data();
+    return Tensor::wrap(host.shape(), weight_dtype_, Device::kCpu, std::move(storage), data);
+  }
+
   void check_cache(const Tensor& cache, const char* op) const {
     if (cache.dtype() != kv_cache_dtype_) {
       throw Error(std::string("a KV cache tensor in ") + dtype_name(cache.dtype()) + ", the backend's is " +
@@ -127,6 +163,7 @@ class CpuBackend final : public Backend {
 
   DType weight_dtype_;
   DType kv_cache_dtype_;
+  int64_t group_size_;
 };
 
 }  // namespace
@@ -137,8 +174,9 @@ int kernel_threads_per_rank(int requested, int ranks_on_node) {
   return std::max(1, cores / std::max(1, ranks_on_node));
 }
 
-std::unique_ptr<Backend> make_cpu_backend(int num_threads, DType weight_dtype, DType kv_cache_dtype) {
-  return std::make_unique<CpuBackend>(num_threads, weight_dtype, kv_cache_dtype);
+std::unique_ptr<Backend> make_cpu_backend(int num_threads, DType weight_dtype, DType kv_cache_dtype,
+                                          int64_t weight_group_size) {
+  return std::make_unique<CpuBackend>(num_threads, weight_dtype, kv_cache_dtype, weight_group_size);
 }
 
 }  // namespace linnet

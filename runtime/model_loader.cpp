@@ -46,9 +46,9 @@ int64_t resolve_max_seq_len(const ModelConfig& config, int64_t requested) {
 }
 
 RankMemory rank_memory(const ModelConfig& config, const ShardPlan& plan, int64_t max_seq_len,
-                       int64_t batch_rows, DType weight_dtype, DType kv_cache_dtype) {
+                       int64_t batch_rows, DType weight_dtype, DType kv_cache_dtype, int64_t weight_group_size) {
   int64_t positions = 0;
-  return RankMemory{weight_bytes_local(config, plan, weight_dtype),
+  return RankMemory{weight_bytes_local(config, plan, weight_dtype, weight_group_size),
                     KvCache::bytes_for(config.num_hidden_layers,
                                        __builtin_mul_overflow(max_seq_len, batch_rows, &positions) ? INT64_MAX : positions,
                                        plan.num_kv_heads_local, config.head_dim, kv_cache_dtype),
@@ -58,7 +58,8 @@ RankMemory rank_memory(const ModelConfig& config, const ShardPlan& plan, int64_t
 int64_t resolve_kv_cache_tokens(const ModelConfig& config, const ShardPlan& plan, int64_t max_seq_len,
                                 int64_t batch_rows, std::optional<int64_t> tokens,
                                 std::optional<double> memory_fraction, int64_t node_available_bytes,
-                                int ranks_on_node, DType weight_dtype, DType kv_cache_dtype) {
+                                int ranks_on_node, DType weight_dtype, DType kv_cache_dtype,
+                                int64_t weight_group_size) {
   const int64_t page = kKvPageSize;
   if (max_seq_len < 1 || max_seq_len > kMaxSeqLenLimit) {
     throw Error("invalid value", "--max-seq-len", "in [1, " + std::to_string(kMaxSeqLenLimit) + "]",
@@ -87,7 +88,7 @@ int64_t resolve_kv_cache_tokens(const ModelConfig& config, const ShardPlan& plan
     }
     if (node_available_bytes < 0) throw Error("the available memory cannot be read (/proc/meminfo)", option);
     const int64_t share = node_available_bytes / std::max(1, ranks_on_node);
-    const int64_t weights = weight_bytes_local(config, plan, weight_dtype);
+    const int64_t weights = weight_bytes_local(config, plan, weight_dtype, weight_group_size);
     const int64_t free_bytes = share - weights;
     const int64_t per_token =
         KvCache::bytes_for(config.num_hidden_layers, 1, plan.num_kv_heads_local, config.head_dim, kv_cache_dtype);
@@ -145,7 +146,8 @@ void check_memory(const RankMemory& need, int64_t node_available_bytes, int rank
 std::unique_ptr<Engine> make_engine(const ModelFiles& files, const ShardPlan& plan, Backend& backend,
                                     Communicator& tp_comm, int64_t max_seq_len, int64_t max_batch,
                                     int64_t page_size, int64_t num_pages, bool cuda_graphs) {
-  ModelWeights weights = load_weights(files.checkpoint, files.config, plan, backend.host_weight_dtype());
+  ModelWeights weights = load_weights(files.checkpoint, files.config, plan,
+                                       backend.host_weight_dtype(files.checkpoint.dominant_dtype()));
   return std::make_unique<Engine>(files.config, plan, std::move(weights), backend, tp_comm, max_seq_len, max_batch,
                                   page_size, num_pages, cuda_graphs);
 }

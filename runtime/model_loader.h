@@ -50,10 +50,11 @@ struct RankMemory {
 };
 
 /// The bytes a rank under `plan` will allocate for a `max_seq_len` KV cache in
-/// `kv_cache_dtype` and weight matrices in `weight_dtype`.
+/// `kv_cache_dtype` and weight matrices in `weight_dtype` (int8: with groups of
+/// `weight_group_size`, weight_bytes_local).
 RankMemory rank_memory(const ModelConfig& config, const ShardPlan& plan, int64_t max_seq_len,
                        int64_t batch_rows = 1, DType weight_dtype = DType::kF32,
-                       DType kv_cache_dtype = DType::kF32);
+                       DType kv_cache_dtype = DType::kF32, int64_t weight_group_size = 64);
 
 /// Most positions of a paged KV pool (--kv-cache-tokens): 2^48, far above any memory
 /// (a position takes kilobytes), low enough that no size computed from it overflows int64.
@@ -80,7 +81,7 @@ int64_t resolve_kv_cache_tokens(const ModelConfig& config, const ShardPlan& plan
                                 int64_t batch_rows, std::optional<int64_t> tokens,
                                 std::optional<double> memory_fraction, int64_t node_available_bytes,
                                 int ranks_on_node, DType weight_dtype = DType::kF32,
-                                DType kv_cache_dtype = DType::kF32);
+                                DType kv_cache_dtype = DType::kF32, int64_t weight_group_size = 64);
 
 /// Memory preflight: refuses, before anything is loaded, when `need` exceeds this rank's
 /// share of `node_available_bytes` (the node's available memory, split evenly over its
@@ -94,7 +95,7 @@ int64_t available_host_memory();
 /// "1.23 GiB" / "4.00 MiB" for messages.
 std::string format_bytes(int64_t bytes);
 
-/// Loads this rank's slices per `plan` (matrices in backend.host_weight_dtype()) and builds the Engine over them (page_size,
+/// Loads this rank's slices per `plan` (matrices in backend.host_weight_dtype(), given the checkpoint's dtype) and builds the Engine over them (page_size,
 /// num_pages and cuda_graphs as in Engine's constructor: 0, 0 is a contiguous cache of
 /// max_batch rows).
 std::unique_ptr<Engine> make_engine(const ModelFiles& files, const ShardPlan& plan, Backend& backend,

@@ -45,9 +45,20 @@ ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& config, con
 
 /// Bytes of weights this rank holds under `plan` with matrices in `matrix_dtype` and
 /// vectors in f32 (for the memory preflight, `linnet-tp info` and the start-up line);
-/// counts a tied lm_head once.
+/// counts a tied lm_head once. int8 matrices count their packed form: values, f32
+/// scales (one per `group_size` inputs of each output) and padding
+/// (kernels/cpu/gemm.h: quantized_matrix_bytes).
 int64_t weight_bytes_local(const ModelConfig& config, const ShardPlan& plan,
-                           DType matrix_dtype = DType::kF32);
+                           DType matrix_dtype = DType::kF32, int64_t group_size = 64);
+
+/// Checks that `group_size` divides the input width of every weight matrix this rank
+/// holds under `plan` (hidden_size for the column-parallel and vocab-parallel ones, the
+/// rank's attention width for o_proj and its intermediate slice for down_proj), so
+/// every group of an int8 matrix lies in one rank's slice and the quantized weights
+/// are the same at every tp size.
+/// @throws Error naming --weight-group-size, the matrix, its width at this tp size and
+/// the group sizes that would work.
+void check_weight_groups(const ModelConfig& config, const ShardPlan& plan, int64_t group_size);
 
 /// The weight dtype config.json's torch_dtype names ("bfloat16" -> kBF16, "float16" ->
 /// kF16, else kF32): what auto means for random weights.

@@ -96,7 +96,7 @@ Run run_random(const std::string& kind, const Options& o, uint64_t seed, const M
   MpiCommunicator self(MPI_COMM_SELF);
   const ShardPlan plan = ShardPlan::make(config, 0, 1);
   auto backend = make_backend(kind, kernel_threads_per_rank(o.threads, 1), 0, 1, DType::kBF16);
-  name = backend->name() + " (" + dtype_name(backend->host_weight_dtype()) + " weights)";
+  name = backend->name() + " (" + dtype_name(backend->host_weight_dtype(DType::kBF16)) + " weights)";
   Communicator& comm = tp_communicator(*backend, self, 1);
   const int64_t P = static_cast<int64_t>(prompt.size()), N = o.decode_steps, V = config.vocab_size;
   auto t0 = std::chrono::steady_clock::now();
@@ -237,7 +237,7 @@ int dump_logits(const Options& o) {
   if (!out) throw Error("cannot write", o.logits_out);
   std::printf("logits: %zu positions x %lld to %s (%s, %s weights)\n", ids.size(),
               static_cast<long long>(files.config.vocab_size), o.logits_out.c_str(), backend->name().c_str(),
-              dtype_name(backend->host_weight_dtype()));
+              dtype_name(backend->host_weight_dtype(DType::kBF16)));
   return 0;
 }
 

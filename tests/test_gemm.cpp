@@ -5,14 +5,17 @@
 // past an aligned address); and the invariances the engine's batch and tp tests rely
 // on: a row alone equals the same row among others bit for bit, and the thread count
 // changes no bit.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "common/error.h"
 #include "kernels/cpu/gemm.h"
 
 namespace linnet::cpu {
@@ -238,6 +241,126 @@ TEST(Gemm, PackedRowsReadBackExactly) {
       EXPECT_EQ(out[3 * k + c], w.value[36 * k + c]);
     }
   }
+}
+
+// --- int8 weights (gemm.h: group-wise absmax, dequantized q * s in f32) ---
+
+// The scheme, written out from its definition (not with the kernels' code): per row j
+// and group g, s = max |w| / 127 (f32), q = round-half-even(w / s) clamped to
+// [-127, 127]; the weight stands for float(q) * s (one f32 product).
+std::vector<float> dequantized_reference(const std::vector<float>& w, int64_t n, int64_t k, int64_t group) {
+  std::vector<float> out(w.size());
+  for (int64_t j = 0; j < n; ++j) {
+    for (int64_t g0 = 0; g0 < k; g0 += group) {
+      float amax = 0.0f;
+      for (int64_t c = g0; c < g0 + group; ++c) amax = std::max(amax, std::fabs(w[j * k + c]));
+      const float s = amax / 127.0f;
+      for (int64_t c = g0; c < g0 + group; ++c) {
+        float q = s == 0.0f ? 0.0f : std::nearbyint(w[j * k + c] / s);
+        q = std::min(127.0f, std::max(-127.0f, q));
+        out[j * k + c] = q * s;
+      }
+    }
+  }
+  return out;
+}
+
+// quantize_pack_weight into an 8-byte aligned buffer (the header's alignment).
+std::vector<uint64_t> quantize(const std::vector<float>& w, int64_t n, int64_t k, int64_t group) {
+  std::vector<uint64_t> buf(static_cast<size_t>((quantized_matrix_bytes(n, k, group) + 7) / 8));
+  quantize_pack_weight(w.data(), n, k, group, buf.data());
+  return buf;
+}
+
+TEST(GemmInt8, DequantizedRowsMatchTheSchemeAndEachWeightIsWithinHalfAStep) {
+  for (auto [n, k, group] : {std::tuple<int64_t, int64_t, int64_t>{37, 64, 16}, {16, 96, 32}, {5, 12, 12}, {20, 10, 1}}) {
+    std::mt19937 g(static_cast<uint32_t>(n * k + group));
+    std::normal_distribution<float> d(0.0f, 1.0f);
+    std::vector<float> w(static_cast<size_t>(n * k));
+    for (auto& v : w) v = d(g);
+    for (int64_t c = 0; c < group; ++c) w[static_cast<size_t>(2 * k + c)] = 0.0f;  // an all-zero group: scale 0
+    const auto packed = quantize(w, n, k, group);
+    const std::vector<float> ref = dequantized_reference(w, n, k, group);
+    std::vector<float> row(static_cast<size_t>(k));
+    for (int64_t j = 0; j < n; ++j) {
+      unpack_row(packed.data(), DType::kI8, k, j, row.data());
+      for (int64_t c = 0; c < k; ++c) {
+        ASSERT_EQ(row[c], ref[j * k + c]) << "n " << n << " k " << k << " G " << group << " at " << j << "," << c;
+        float amax = 0.0f;
+        for (int64_t t = c / group * group; t < (c / group + 1) * group; ++t) amax = std::max(amax, std::fabs(w[j * k + t]));
+        ASSERT_LE(std::fabs(row[c] - w[j * k + c]), amax / 127.0f * 0.5f * (1 + 1e-5f) + 1e-30f);
+      }
+    }
+    EXPECT_EQ(row.size(), static_cast<size_t>(k));
+  }
+  std::vector<float> w(6 * 10, 1.0f);
+  std::vector<uint64_t> buf(64);
+  EXPECT_THROW(quantize_pack_weight(w.data(), 6, 10, 4, buf.data()), Error);  // 4 does not divide 10
+  EXPECT_THROW(quantize_pack_weight(w.data(), 6, 10, 0, buf.data()), Error);
+}
+
+TEST(GemmInt8, MatchesADoubleReferenceOnTheDequantizedWeights) {
+  for (Isa isa : paths()) {
+    for (int64_t m : {1, 2, 3, 5, 12, 13, 31, 40}) {
+      for (auto [k, n, group] : {std::tuple<int64_t, int64_t, int64_t>{64, 23, 16}, {96, 40, 32}, {7, 5, 7}, {600, 33, 8}, {48, 70, 48}}) {
+        std::mt19937 g(static_cast<uint32_t>(m * 1000 + k + n));
+        std::normal_distribution<float> d(0.0f, 1.0f);
+        std::vector<float> x(static_cast<size_t>(m * k) + 1), w(static_cast<size_t>(n * k)),
+            out(static_cast<size_t>(m * n) + 1, 99.0f);
+        for (auto& v : x) v = d(g);
+        for (auto& v : w) v = d(g);
+        const auto packed = quantize(w, n, k, group);
+        const std::vector<float> wd = dequantized_reference(w, n, k, group);
+        matmul_nt_packed_isa(isa, x.data() + 1, packed.data(), DType::kI8, out.data() + 1, m, k, n);
+        for (int64_t i = 0; i < m; ++i) {
+          for (int64_t j = 0; j < n; ++j) {
+            double ref = 0, mag = 0;
+            for (int64_t t = 0; t < k; ++t) {
+              const double p = double(x[1 + i * k + t]) * double(wd[j * k + t]);
+              ref += p;
+              mag += std::fabs(p);
+            }
+            ASSERT_NEAR(out[1 + i * n + j], ref, (double(k) + 2) * std::ldexp(1.0, -24) * mag + 1e-30)
+                << isa_name(isa) << " m " << m << " k " << k << " n " << n << " G " << group << " at " << i << "," << j;
+          }
+        }
+        EXPECT_EQ(out[0], 99.0f) << "wrote before out";
+      }
+    }
+  }
+}
+
+// The invariances of the f32 path hold for int8: a row alone (the GEMV kernel, in
+// registers) equals the same row among others (the blocked kernel, dequantized into a
+// buffer) bit for bit, threads change no bit, and the AVX2 and AVX-512 paths agree bit
+// for bit (the same q * s, the same fused chain).
+TEST(GemmInt8, ARowAloneEqualsItsRowInABatchAndPathsAgree) {
+  const int64_t k = 640, n = 77, m = 32, group = 64;
+  std::mt19937 g(5);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> x(m * k), w(n * k);
+  for (auto& v : x) v = d(g);
+  for (auto& v : w) v = d(g);
+  const auto packed = quantize(w, n, k, group);
+  std::vector<std::vector<float>> by_path;
+  for (Isa isa : paths()) {
+    std::vector<float> all(m * n), all2(m * n);
+    set_num_threads(1);
+    matmul_nt_packed_isa(isa, x.data(), packed.data(), DType::kI8, all.data(), m, k, n);
+    set_num_threads(2);
+    matmul_nt_packed_isa(isa, x.data(), packed.data(), DType::kI8, all2.data(), m, k, n);
+    EXPECT_EQ(0, std::memcmp(all.data(), all2.data(), all.size() * 4)) << isa_name(isa);
+    for (int64_t r : {0, 5, 12, 30, 31}) {
+      for (int64_t rows : {1, 2}) {
+        std::vector<float> one(rows * n);
+        matmul_nt_packed_isa(isa, x.data() + r * k, packed.data(), DType::kI8, one.data(), r + rows <= m ? rows : 1, k, n);
+        EXPECT_EQ(0, std::memcmp(one.data(), all.data() + r * n, n * 4)) << isa_name(isa) << " row " << r << " of " << rows;
+      }
+    }
+    set_num_threads(1);
+    if (isa != Isa::kGeneric) by_path.push_back(all);
+  }
+  for (size_t i = 1; i < by_path.size(); ++i) EXPECT_EQ(0, std::memcmp(by_path[0].data(), by_path[i].data(), m * n * 4));
 }
 
 TEST(Gemm, UnknownIsaPathsAreRefusedByName) {

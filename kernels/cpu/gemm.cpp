@@ -7,6 +7,8 @@
 #include "kernels/cpu/gemm.h"
 
 #include <algorithm>
+#include <cmath>
+#include <string>
 #include <cstring>
 #include <vector>
 
@@ -17,6 +19,7 @@
 namespace linnet::cpu {
 
 void pack_weight(const void* w, DType wt, int64_t n, int64_t k, void* packed) {
+  if (is_quantized(wt)) throw Error("pack_weight takes f32, bf16 or f16 weights (int8: quantize_pack_weight)", "pack_weight");
   const int64_t es = static_cast<int64_t>(dtype_size(wt));
   const auto* src = static_cast<const char*>(w);
   auto* dst = static_cast<char*>(packed);
@@ -27,6 +30,42 @@ void pack_weight(const void* w, DType wt, int64_t n, int64_t k, void* packed) {
     const int64_t lane = j % kPanel;
     const char* row = src + j * k * es;
     for (int64_t c = 0; c < k; ++c) std::memcpy(panel + (c * kPanel + lane) * es, row + c * es, static_cast<size_t>(es));
+  }
+}
+
+int64_t quantized_matrix_bytes(int64_t n, int64_t k, int64_t group_size) {
+  const int64_t panels = (n + kPanel - 1) / kPanel;
+  const int64_t value_bytes = (panels * kPanel * k + 63) / 64 * 64;
+  return kQuantHeaderBytes + value_bytes + panels * (k / group_size) * kPanel * static_cast<int64_t>(sizeof(float));
+}
+
+void quantize_pack_weight(const float* w, int64_t n, int64_t k, int64_t group_size, void* packed) {
+  if (group_size < 1 || k % group_size != 0) {
+    throw Error("the weight group size must divide the matrix's input width", "quantize_pack_weight",
+                "a divisor of " + std::to_string(k), std::to_string(group_size));
+  }
+  const int64_t panels = (n + kPanel - 1) / kPanel, groups = k / group_size;
+  std::memset(packed, 0, static_cast<size_t>(quantized_matrix_bytes(n, k, group_size)));
+  auto* h = static_cast<QuantHeader*>(packed);
+  *h = QuantHeader{group_size, groups, k, panels};
+  const detail::QuantView v = detail::quant_view(packed);
+  auto* values = const_cast<int8_t*>(v.values);
+  auto* scales = const_cast<float*>(v.scales);
+#pragma omp parallel for schedule(static)
+  for (int64_t j = 0; j < n; ++j) {
+    const float* row = w + j * k;
+    const int64_t p = j / kPanel, lane = j % kPanel;
+    for (int64_t g = 0; g < groups; ++g) {
+      float amax = 0.0f;
+      for (int64_t c = g * group_size; c < (g + 1) * group_size; ++c) amax = std::max(amax, std::fabs(row[c]));
+      const float s = amax / 127.0f;
+      scales[(p * groups + g) * kPanel + lane] = s;
+      if (s == 0.0f) continue;
+      for (int64_t c = g * group_size; c < (g + 1) * group_size; ++c) {
+        const float q = std::nearbyint(row[c] / s);  // round half to even (the default mode)
+        values[p * kPanel * k + c * kPanel + lane] = static_cast<int8_t>(std::clamp(q, -127.0f, 127.0f));
+      }
+    }
   }
 }
 
@@ -76,12 +115,14 @@ void matmul_nt_packed(const float* x, const void* packed, DType wt, float* out, 
 }
 
 void matmul_nt(const float* x, const void* w, DType wt, float* out, int64_t m, int64_t k, int64_t n) {
+  if (is_quantized(wt)) throw Error("matmul_nt takes f32, bf16 or f16 weights", "matmul_nt", "", dtype_name(wt));
   std::vector<char> packed(static_cast<size_t>(packed_elements(n, k) * static_cast<int64_t>(dtype_size(wt))));
   pack_weight(w, wt, n, k, packed.data());
   matmul_nt_packed(x, packed.data(), wt, out, m, k, n);
 }
 
 void widen_to_f32(const void* w, DType wt, int64_t n, float* out) {
+  if (is_quantized(wt)) throw Error("widen_to_f32 takes f32, bf16 or f16 weights", "widen_to_f32", "", dtype_name(wt));
   if (wt == DType::kF32) {
     std::memcpy(out, w, static_cast<size_t>(n) * sizeof(float));
     return;
@@ -91,6 +132,12 @@ void widen_to_f32(const void* w, DType wt, int64_t n, float* out) {
 
 void unpack_row(const void* packed, DType wt, int64_t k, int64_t row, float* out) {
   const int64_t base = (row / kPanel) * kPanel * k + row % kPanel;
+  if (wt == DType::kI8) {
+    const detail::QuantView v = detail::quant_view(packed);
+    const float* s = v.scales + (row / kPanel) * v.groups * kPanel + row % kPanel;
+    for (int64_t c = 0; c < k; ++c) out[c] = static_cast<float>(v.values[base + c * kPanel]) * s[c / v.group_size * kPanel];
+    return;
+  }
   for (int64_t c = 0; c < k; ++c) out[c] = detail::load_weight(packed, wt, base + c * kPanel);
 }
 

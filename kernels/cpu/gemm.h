@@ -41,7 +41,7 @@
 
 namespace linnet::cpu {
 
-/// Calls `f(std::integral_constant<DType, D>{})` with D = `wt` (kF32, kBF16 or kF16): the
+/// Calls `f(std::integral_constant<DType, D>{})` with D = `wt` (kF32, kBF16, kF16 or kI8): the
 /// one place a weight matrix's run-time dtype (common/dtype.h) picks a kernel
 /// instantiation; each ISA's panel kernel is a template over it.
 /// @throws Error for kI32 (not a weight dtype).
@@ -51,22 +51,45 @@ decltype(auto) dispatch_weight_dtype(DType wt, F&& f) {
     case DType::kF32: return f(std::integral_constant<DType, DType::kF32>{});
     case DType::kBF16: return f(std::integral_constant<DType, DType::kBF16>{});
     case DType::kF16: return f(std::integral_constant<DType, DType::kF16>{});
+    case DType::kI8: return f(std::integral_constant<DType, DType::kI8>{});
     case DType::kI32: break;
   }
-  throw Error("i32 is not a weight dtype (f32, bf16 or f16)", "dispatch_weight_dtype");
+  throw Error("i32 is not a weight dtype (f32, bf16, f16 or int8)", "dispatch_weight_dtype");
 }
 
 /// Output columns per packed panel.
 inline constexpr int64_t kPanel = 16;
+
+/// The first bytes of a packed quantized matrix (file comment): what the kernels need
+/// to find the values and the scales. kQuantHeaderBytes long, so the values start
+/// 64-byte aligned when the buffer is.
+struct QuantHeader {
+  int64_t group_size;  // G: k elements per scale (divides k)
+  int64_t groups;      // k / G
+  int64_t k;           // the input width
+  int64_t panels;      // ceil(n / kPanel)
+};
+inline constexpr int64_t kQuantHeaderBytes = 64;
 
 
 /// Elements of the packed form of an [n, k] matrix: n rounded up to kPanel, times k.
 /// (static: see detail::row_block.)
 static inline int64_t packed_elements(int64_t n, int64_t k) { return (n + kPanel - 1) / kPanel * kPanel * k; }
 
-/// Repacks `w` [n, k] row-major (type `wt`) into `packed` (packed_elements(n, k)
-/// elements of `wt`, the layout of the file comment; padding columns are zero).
+/// Repacks `w` [n, k] row-major (type `wt`: kF32, kBF16 or kF16) into `packed`
+/// (packed_elements(n, k) elements of `wt`, the layout of the file comment; padding
+/// columns are zero).
 void pack_weight(const void* w, DType wt, int64_t n, int64_t k, void* packed);
+
+/// Bytes of the packed form of an [n, k] matrix quantized to int8 with groups of
+/// `group_size` along k: header + values (padded to kPanel columns) + f32 scales.
+int64_t quantized_matrix_bytes(int64_t n, int64_t k, int64_t group_size);
+
+/// Quantizes `w` [n, k] row-major f32 to int8 (the file comment's scheme) into
+/// `packed` (quantized_matrix_bytes(n, k, group_size) bytes, 8-byte aligned; padding
+/// columns are zero with zero scales).
+/// @throws Error if group_size < 1 or does not divide k (naming both).
+void quantize_pack_weight(const float* w, int64_t n, int64_t k, int64_t group_size, void* packed);
 
 /// out[m, n] = x[m, k] * w[n, k]^T from a packed weight (pack_weight), in f32 with the
 /// fixed reduction order of the file comment, on the active ISA path. x, packed and out
@@ -78,8 +101,9 @@ void matmul_nt_packed(const float* x, const void* packed, DType wt, float* out, 
 void matmul_nt_packed_isa(Isa isa, const float* x, const void* packed, DType wt, float* out, int64_t m,
                           int64_t k, int64_t n);
 
-/// out[m, n] = x[m, k] * w[n, k]^T with `w` row-major [n, k]: packs a copy, then
-/// matmul_nt_packed (for tests and references; the backend packs once at load).
+/// out[m, n] = x[m, k] * w[n, k]^T with `w` row-major [n, k] (kF32, kBF16 or kF16):
+/// packs a copy, then matmul_nt_packed (for tests and references; the backend packs
+/// once at load).
 void matmul_nt(const float* x, const void* w, DType wt, float* out, int64_t m, int64_t k, int64_t n);
 
 /// matmul_nt with f32 weights.
@@ -87,10 +111,11 @@ inline void matmul_nt(const float* x, const float* w, float* out, int64_t m, int
   matmul_nt(x, w, DType::kF32, out, m, k, n);
 }
 
-/// out[i] = w[i] as f32 for i < n (bf16 / f16 widened exactly).
+/// out[i] = w[i] as f32 for i < n (bf16 / f16 widened exactly; not kI8).
 void widen_to_f32(const void* w, DType wt, int64_t n, float* out);
 
-/// Row `row` of a packed [n, k] matrix, widened to f32: out[c] = w[row, c], c < k.
+/// Row `row` of a packed [n, k] matrix, widened to f32: out[c] = w[row, c], c < k
+/// (kI8: the dequantized q * s).
 void unpack_row(const void* packed, DType wt, int64_t k, int64_t row, float* out);
 
 /// embedding_lookup (ops.h) over a packed table [vocab_local, hidden] stored as `wt`.
@@ -112,8 +137,20 @@ static inline int64_t row_block(int64_t k) {
   const int64_t rows = (int64_t{512} << 10) / (k * 4);
   return rows < 12 ? 12 : rows / 12 * 12;
 }
-// Element i of a weight array of type wt, as f32.
+// Element i of a weight array of type wt (not kI8), as f32.
 float load_weight(const void* w, DType wt, int64_t i);
+// A packed int8 matrix's parts (see QuantHeader).
+struct QuantView {
+  const int8_t* values;  // panel layout, 1 byte an element
+  const float* scales;   // [panels][groups][kPanel]
+  int64_t group_size, groups;
+};
+static inline QuantView quant_view(const void* packed) {  // static: see row_block
+  const auto* h = static_cast<const QuantHeader*>(packed);
+  const auto* values = static_cast<const int8_t*>(packed) + kQuantHeaderBytes;
+  const int64_t value_bytes = (h->panels * kPanel * h->k + 63) / 64 * 64;
+  return {values, reinterpret_cast<const float*>(values + value_bytes), h->group_size, h->groups};
+}
 }  // namespace detail
 
 }  // namespace linnet::cpu

@@ -238,9 +238,113 @@ void panels_blocked(const float* x, const void* packed, float* out, int64_t m, i
   }
 }
 
+// --- int8 weights (gemm.h): q widened, times its group's scale, then the f32 chain ---
+
+inline __m512 dequant16(const int8_t* q, __m512 s) {
+  return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)))), s);
+}
+
+// R rows x P panels over all of k, dequantizing in registers (GEMV-sized steps).
+template <int R, int P>
+inline void tile_q8(const float* x, const QuantView& qv, float* out, int64_t k, int64_t n, int64_t r0, int64_t p) {
+  __m512 acc[R][P];
+  for (int i = 0; i < R; ++i)
+    for (int q = 0; q < P; ++q) acc[i][q] = _mm512_setzero_ps();
+  const float* xr[R];
+  for (int i = 0; i < R; ++i) xr[i] = x + (r0 + i) * k;
+  const int8_t* wq[P];
+  const float* sq[P];
+  for (int q = 0; q < P; ++q) {
+    wq[q] = qv.values + (p + q) * kPanel * k;
+    sq[q] = qv.scales + (p + q) * qv.groups * kPanel;
+  }
+  for (int64_t g = 0; g < qv.groups; ++g) {
+    __m512 s[P];
+    for (int q = 0; q < P; ++q) s[q] = _mm512_loadu_ps(sq[q] + g * kPanel);
+    for (int64_t c = g * qv.group_size, c1 = c + qv.group_size; c < c1; ++c) {
+      __m512 w[P];
+      for (int q = 0; q < P; ++q) w[q] = dequant16(wq[q] + c * kPanel, s[q]);
+      for (int i = 0; i < R; ++i) {
+        const __m512 xv = _mm512_set1_ps(xr[i][c]);
+        for (int q = 0; q < P; ++q) acc[i][q] = _mm512_fmadd_ps(xv, w[q], acc[i][q]);
+      }
+    }
+  }
+  for (int q = 0; q < P; ++q) {
+    const int64_t j0 = (p + q) * kPanel;
+    const int64_t cols = n - j0 < kPanel ? n - j0 : kPanel;
+    const __mmask16 mask = static_cast<__mmask16>((1u << cols) - 1u);
+    for (int i = 0; i < R; ++i) _mm512_mask_storeu_ps(out + (r0 + i) * n + j0, mask, acc[i][q]);
+  }
+}
+
+// The dequantized weights of panel p over k [c0, c0 + kc) into dst (16 f32 a k step).
+inline void dequant_block(const QuantView& qv, int64_t k, int64_t p, int64_t c0, int64_t kc, float* dst) {
+  const int8_t* wq = qv.values + p * kPanel * k;
+  const float* sq = qv.scales + p * qv.groups * kPanel;
+  for (int64_t c = c0; c < c0 + kc;) {
+    const int64_t g = c / qv.group_size;
+    const int64_t end = (g + 1) * qv.group_size < c0 + kc ? (g + 1) * qv.group_size : c0 + kc;
+    const __m512 s = _mm512_loadu_ps(sq + g * kPanel);
+    for (; c < end; ++c) _mm512_storeu_ps(dst + (c - c0) * kPanel, dequant16(wq + c * kPanel, s));
+  }
+}
+
+// Steps of more rows: as panels_blocked, each k block of a panel pair dequantized once
+// into the per-thread buffer (also for a row block of one tile: the int8 widening and
+// scaling cost more than the store and reload) and every row tile run over it in f32.
+void panels_blocked_q8(const float* x, const QuantView& qv, float* out, int64_t m, int64_t k, int64_t n, int64_t p0,
+                       int64_t p1) {
+  const int64_t mb = rows_per_block(k);
+  const int64_t kb = (k + (k + kKc - 1) / kKc - 1) / ((k + kKc - 1) / kKc);
+  float* wf = t_w.get(2 * kPanel * kb);
+  const Prefetch none;
+  for (int64_t r0 = 0; r0 < m; r0 += mb) {
+    const int64_t r1 = r0 + mb < m ? r0 + mb : m;
+    for (int64_t p = p0; p < p1;) {
+      const int64_t P = p + 2 <= p1 ? 2 : 1;
+      const int64_t j0 = p * kPanel;
+      for (int64_t c0 = 0; c0 < k; c0 += kb) {
+        const int64_t kc = k - c0 < kb ? k - c0 : kb;
+        for (int64_t q = 0; q < P; ++q) dequant_block(qv, k, p + q, c0, kc, wf + q * kPanel * kc);
+        for (int64_t t0 = r0; t0 < r1; t0 += 12) {
+          const int64_t R = r1 - t0 < 12 ? r1 - t0 : 12;
+          if (P == 2) {
+            tile_rows<DType::kF32, 2>(R, x + t0 * k + c0, k, wf, kPanel * kc, out + t0 * n, n, j0, kc, c0 == 0, none);
+          } else {
+            tile_rows<DType::kF32, 1>(R, x + t0 * k + c0, k, wf, kPanel * kc, out + t0 * n, n, j0, kc, c0 == 0, none);
+          }
+        }
+      }
+      p += P;
+    }
+  }
+}
+
+void panels_q8(const float* x, const void* packed, float* out, int64_t m, int64_t k, int64_t n, int64_t p0,
+               int64_t p1) {
+  const QuantView qv = quant_view(packed);
+  if (m > 2) return panels_blocked_q8(x, qv, out, m, k, n, p0, p1);
+  int64_t p = p0;
+  for (; p + 4 <= p1; p += 4) {
+    if (m == 2) {
+      tile_q8<2, 4>(x, qv, out, k, n, 0, p);
+    } else {
+      tile_q8<1, 4>(x, qv, out, k, n, 0, p);
+    }
+  }
+  for (; p < p1; ++p) {
+    if (m == 2) {
+      tile_q8<2, 1>(x, qv, out, k, n, 0, p);
+    } else {
+      tile_q8<1, 1>(x, qv, out, k, n, 0, p);
+    }
+  }
+}
+
 template <DType WT>
-void panels(const float* x, const void* packed, float* out, int64_t m, int64_t k, int64_t n, int64_t p0,
-            int64_t p1) {
+void panels_dense(const float* x, const void* packed, float* out, int64_t m, int64_t k, int64_t n, int64_t p0,
+                  int64_t p1) {
   int64_t p = p0;
   if (m <= 2) {  // GEMV-sized: four panels a tile, enough chains in flight for DRAM
     for (; p + 4 <= p1; p += 4) {
@@ -254,6 +358,16 @@ void panels(const float* x, const void* packed, float* out, int64_t m, int64_t k
     return;
   }
   panels_blocked<WT>(x, packed, out, m, k, n, p0, p1);
+}
+
+template <DType WT>
+void panels(const float* x, const void* packed, float* out, int64_t m, int64_t k, int64_t n, int64_t p0,
+            int64_t p1) {
+  if constexpr (WT == DType::kI8) {
+    panels_q8(x, packed, out, m, k, n, p0, p1);
+  } else {
+    panels_dense<WT>(x, packed, out, m, k, n, p0, p1);
+  }
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // The portable GEMM path over packed panels (gemm.h): each output element one f32 chain
-// over ascending k, multiply then add, R <= 6 rows x one panel of 16 columns per tile.
+// over ascending k, multiply then add, R <= 6 rows x one panel of 16 columns per tile;
+// int8 weights dequantized (q * s) as they are read.
 #include <cstring>
 
 #include "kernels/cpu/gemm.h"
@@ -37,7 +38,8 @@ float load_weight(const void* w, DType wt, int64_t i) {
       std::memcpy(&f, &bits, 4);
       return f;
     }
-    case DType::kI32: break;  // not a weight dtype: the packed weight never holds it
+    case DType::kI32:
+    case DType::kI8: break;  // not an element array: the packed weight never holds i32; int8 has scales
   }
   return 0.0f;
 }
@@ -45,6 +47,7 @@ float load_weight(const void* w, DType wt, int64_t i) {
 void gemm_panels_generic(const float* x, const void* packed, DType wt, float* out, int64_t m, int64_t k,
                          int64_t n, int64_t p0, int64_t p1) {
   const int64_t mb = row_block(k);
+  const QuantView q = wt == DType::kI8 ? quant_view(packed) : QuantView{};
   float wrow[kPanel];
   for (int64_t r0 = 0; r0 < m; r0 += mb) {
     const int64_t r1 = r0 + mb < m ? r0 + mb : m;
@@ -55,7 +58,12 @@ void gemm_panels_generic(const float* x, const void* packed, DType wt, float* ou
         const int64_t R = r1 - r < 6 ? r1 - r : 6;
         float acc[6][kPanel] = {};
         for (int64_t c = 0; c < k; ++c) {
-          for (int64_t l = 0; l < kPanel; ++l) wrow[l] = load_weight(packed, wt, base + c * kPanel + l);
+          if (wt == DType::kI8) {  // the dequantized weight q * s (gemm.h)
+            const float* s = q.scales + (p * q.groups + c / q.group_size) * kPanel;
+            for (int64_t l = 0; l < kPanel; ++l) wrow[l] = static_cast<float>(q.values[base + c * kPanel + l]) * s[l];
+          } else {
+            for (int64_t l = 0; l < kPanel; ++l) wrow[l] = load_weight(packed, wt, base + c * kPanel + l);
+          }
           for (int64_t i = 0; i < R; ++i) {
             const float xv = x[(r + i) * k + c];
             for (int64_t l = 0; l < kPanel; ++l) acc[i][l] = acc[i][l] + xv * wrow[l];
