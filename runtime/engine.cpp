@@ -13,26 +13,33 @@ namespace linnet {
 
 namespace {
 
-// Host f32 weights -> the backend's memory and weight dtype (a no-op on the CPU backend).
+// Host weights -> the backend's memory, weight dtype and layout (the CPU backend packs
+// each matrix into panels, kernels/cpu/gemm.h). Matrices random_weights made on the
+// backend (on_backend) are kept as they are: packing them again would scramble them.
 // Each host tensor is released as soon as its copy exists, unless shared (a tied head).
 ModelWeights to_backend(ModelWeights w, Backend& b) {
   const bool tied = w.lm_head.raw() == w.embed_tokens.raw();
+  auto matrix = [&](Tensor& t) {
+    Tensor out = w.on_backend ? t : b.upload_matrix(t);
+    t = Tensor();
+    return out;
+  };
   ModelWeights out;
-  out.embed_tokens = b.upload_matrix(w.embed_tokens);
-  w.embed_tokens = Tensor();
-  out.lm_head = tied ? out.embed_tokens : b.upload_matrix(w.lm_head);
+  out.on_backend = true;
+  out.embed_tokens = matrix(w.embed_tokens);
+  out.lm_head = tied ? out.embed_tokens : matrix(w.lm_head);
   w.lm_head = Tensor();
   out.final_norm = b.upload_vector(w.final_norm);
   for (LayerWeights& L : w.layers) {
     LayerWeights d;
     d.input_norm = b.upload_vector(L.input_norm);
-    d.wqkv = b.upload_matrix(L.wqkv);
+    d.wqkv = matrix(L.wqkv);
     if (!L.q_norm.empty()) d.q_norm = b.upload_vector(L.q_norm);
     if (!L.k_norm.empty()) d.k_norm = b.upload_vector(L.k_norm);
-    d.wo = b.upload_matrix(L.wo);
+    d.wo = matrix(L.wo);
     d.post_attn_norm = b.upload_vector(L.post_attn_norm);
-    d.w_gate_up = b.upload_matrix(L.w_gate_up);
-    d.w_down = b.upload_matrix(L.w_down);
+    d.w_gate_up = matrix(L.w_gate_up);
+    d.w_down = matrix(L.w_down);
     L = LayerWeights();
     out.layers.push_back(std::move(d));
   }

@@ -30,6 +30,7 @@ ModelWeights random_weights(Backend& backend, const ModelConfig& c, const ShardP
   uint64_t stream = splitmix64(seed) ^ (static_cast<uint64_t>(p.tp_rank) << 48);
   auto matrix = [&](std::vector<int64_t> shape) { return backend.random_matrix(std::move(shape), stddev, stream++); };
   ModelWeights w;
+  w.on_backend = true;
   w.embed_tokens = matrix({p.vocab_local, h});
   w.lm_head = c.tie_word_embeddings ? w.embed_tokens : matrix({p.vocab_local, h});
   w.final_norm = ones(h);

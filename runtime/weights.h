@@ -31,6 +31,7 @@ struct ModelWeights {
   Tensor lm_head;         // [vocab_local, hidden_size], vocab-parallel (embed_tokens when tied)
   Tensor final_norm;      // [hidden_size], replicated
   std::vector<LayerWeights> layers;
+  bool on_backend = false;  // matrices already in a backend's memory and layout (random_weights)
 };
 
 /// Reads this rank's slices (and only those bytes) from `ckpt`, walking

@@ -1,6 +1,7 @@
 // The seed architectures (Llama-3.1, Qwen3, Phi-3, and Mistral) on tiny checkpoints that keep each
 // model's exact structure, against transformers' logits and greedy ids
-// (tests/data/fixtures/*/golden.json, made by scripts/make_fixtures.py), at the tp size
+// (tests/data/fixtures/*/golden.json, made by scripts/make_fixtures.py; golden_int8.json,
+// by scripts/make_quant_fixtures.py, for int8 weights quantized at load), at the tp size
 // of the mpirun job: 1, 2, 4, and 8 (KV-head replication; Phi-3's 4 heads cannot split
 // over 8 ranks and is refused there, which is checked too).
 #include <mpi.h>
@@ -18,6 +19,7 @@
 #include "parallel/mpi_communicator.h"
 #include "runtime/generate.h"
 #include "runtime/model_loader.h"
+#include "runtime/weights.h"
 #include "tests/test_data.h"
 
 namespace linnet {
@@ -32,10 +34,13 @@ struct Fixture {
   std::string greedy_key;
   DType held = DType::kF32;  // the CPU backend's --weight-dtype
   DType kv = DType::kF32;    // the CPU backend's --kv-cache-dtype
+  std::string golden = "golden.json";  // golden_int8.json: scripts/make_quant_fixtures.py
+  int64_t group = 64;        // --weight-group-size (int8)
 };
 
 std::ostream& operator<<(std::ostream& os, const Fixture& f) {
   return os << f.name << "/" << f.variant << (f.held == DType::kBF16 ? " held in bf16" : "")
+            << (f.held == DType::kI8 ? " quantized to int8 at load" : "")
             << (f.kv == DType::kBF16 ? " with a bf16 KV cache" : "");
 }
 
@@ -56,6 +61,15 @@ std::vector<Fixture> all_fixtures() {
     out.push_back({name, "f32", "logits_bf16_kv", "output_ids_bf16_kv", DType::kF32, DType::kBF16});
   }
   out.push_back({"phi3", "f32_sharded", "logits_f32", "output_ids_f32"});
+  // int8 at load (--weight-dtype int8 --weight-group-size 4) from the f32 and the bf16
+  // checkpoints: transformers in f32 on the same weights quantized and dequantized by
+  // scripts/make_quant_fixtures.py (numpy).
+  for (const char* name : {"llama31", "qwen3", "phi3", "mistral"}) {
+    for (const char* variant : {"f32", "bf16"}) {
+      out.push_back({name, variant, std::string("logits_int8_") + variant, std::string("output_ids_int8_") + variant,
+                     DType::kI8, DType::kF32, "golden_int8.json", 4});
+    }
+  }
   return out;
 }
 
@@ -70,17 +84,33 @@ class FixtureTest : public testing::TestWithParam<Fixture> {
   void SetUp() override {
     const Fixture& f = GetParam();
     const auto dir = test::test_data_dir() / "fixtures" / f.name;
-    golden_ = test::read_json(dir / "golden.json");
+    golden_ = test::read_json(dir / f.golden);
     files_ = std::make_unique<ModelFiles>(open_model(dir / f.variant));
     world_ = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD);
-    backend_ = make_cpu_backend(1, f.held, f.kv);
+    backend_ = make_cpu_backend(1, f.held, f.kv, f.group);
     const int tp = world_->size();
     if (files_->config.num_attention_heads % tp != 0) {
       EXPECT_THROW(ShardPlan::make(files_->config, world_->rank(), tp), Error);
       GTEST_SKIP() << f << ": " << files_->config.num_attention_heads << " heads cannot split over tp " << tp
                    << " (refusal checked)";
     }
-    engine_ = make_engine(*files_, ShardPlan::make(files_->config, world_->rank(), tp), *backend_, *world_, 64);
+    const ShardPlan plan = ShardPlan::make(files_->config, world_->rank(), tp);
+    if (f.held == DType::kI8) {
+      bool fits = true;
+      for (int r = 0; r < tp; ++r) {
+        try {
+          check_weight_groups(files_->config, ShardPlan::make(files_->config, r, tp), f.group);
+        } catch (const Error&) {
+          fits = false;
+        }
+      }
+      if (!fits) {  // Llama-3.1's down_proj slice at tp 8 is 14 wide
+        EXPECT_EQ(tp, 8) << f << ": only tp 8 splits a group of " << f.group;
+        EXPECT_THROW(make_engine(*files_, plan, *backend_, *world_, 64), Error);
+        GTEST_SKIP() << f << ": groups of " << f.group << " do not fit every slice at tp " << tp << " (refusal checked)";
+      }
+    }
+    engine_ = make_engine(*files_, plan, *backend_, *world_, 64);
     vocab_ = files_->config.vocab_size;
     for (const auto& row : golden_[f.logits_key]) expected_.push_back(row.get<std::vector<float>>());
     prompt_ = golden_["prompt_ids"].get<std::vector<int32_t>>();
@@ -129,6 +159,7 @@ INSTANTIATE_TEST_SUITE_P(Seeds, FixtureTest, testing::ValuesIn(all_fixtures()),
                          [](const testing::TestParamInfo<Fixture>& i) {
                            return i.param.name + "_" + i.param.variant +
                                   (i.param.held == DType::kBF16 ? "_held_bf16" : "") +
+                                  (i.param.held == DType::kI8 ? "_int8" : "") +
                                   (i.param.kv == DType::kBF16 ? "_kv_bf16" : "");
                          });
 
