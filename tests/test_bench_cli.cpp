@@ -1,6 +1,7 @@
 // `linnet-tp bench` end to end on the CPU backend: a small random-weight config at tp 1
 // and 2, and a real checkpoint (stories260k); every result line is printed with a
 // positive number, and bad option combinations are refused.
+#include <cmath>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -65,6 +66,35 @@ TEST_F(BenchCli, WeightDtypeHalvesTheWeightBytes) {
   EXPECT_NE(bad.code, 0);
   EXPECT_NE(bad.err.find("--weight-dtype"), std::string::npos) << bad.err;
   EXPECT_NE(bad.err.find("fp8"), std::string::npos) << bad.err;
+}
+
+// --weight-dtype int8: the matrices quantized at load; a step reads each packed matrix
+// (a 64-byte header, one byte a weight with the rows padded to 16, then an f32 scale per
+// 16 rows and group) as kernels/cpu/gemm.h lays it out. Group sizes that would split a
+// row are refused naming the ones that work; --weight-group-size needs int8.
+TEST_F(BenchCli, Int8WeightsCountTheirPackedBytes) {
+  const auto config = test::test_data_dir() / "fixtures" / "llama31" / "f32" / "config.json";
+  const std::string args = "bench --config " + quote(config.string()) +
+                           " --random-weights --backend cpu --batch 2 --prompt-len 8 --new-tokens 4";
+  const Result r = run(1, args + " --weight-dtype int8 --weight-group-size 16");
+  expect_results(r);
+  auto packed = [](double n, double k, double g) {
+    const double rows = std::ceil(n / 16) * 16;
+    return 64 + std::ceil(rows * k / 64) * 64 + rows * (k / g) * 4;
+  };
+  const double layer = packed(96, 64, 16) + packed(64, 64, 16) + packed(224, 64, 16) + packed(64, 112, 16);
+  EXPECT_EQ(value_of(r.out, "weight bytes per decode step"), 2 * layer + packed(301, 64, 16)) << r.out;
+  EXPECT_NE(r.out.find("weights: random (int8, groups of 16"), std::string::npos) << r.out;
+  expect_results(run(2, args + " --tp 2 --weight-dtype int8 --weight-group-size 8"));
+
+  const Result split = run(1, args + " --weight-dtype int8 --weight-group-size 32");  // down_proj is 112 wide
+  EXPECT_NE(split.code, 0);
+  EXPECT_NE(split.err.find("--weight-group-size"), std::string::npos) << split.err;
+  EXPECT_NE(split.err.find("down_proj"), std::string::npos) << split.err;
+  EXPECT_NE(split.err.find("one of 1, 2, 4, 8, 16"), std::string::npos) << split.err;
+  const Result alone = run(1, args + " --weight-group-size 16");
+  EXPECT_NE(alone.code, 0);
+  EXPECT_NE(alone.err.find("only with --weight-dtype int8"), std::string::npos) << alone.err;
 }
 
 // "kv cache: 24.00 KiB per rank (...)" -> bytes.

@@ -28,6 +28,22 @@
 // back is the same f32 value), the panel grouping or the thread. So a row computed alone equals the same row among 31
 // others bit for bit, and the thread count changes no bit. The two paths may differ
 // from each other in the last bits (fused vs not); each is deterministic.
+//
+// int8 weights (DType::kI8, --weight-dtype int8): quantized at load, group-wise along k,
+// symmetric absmax (llama.cpp's Q8_0 and compressed-tensors' int8 "group" strategy):
+// for output column j and group g (k in [g G, g G + G)), s = max |w| / 127 in f32 and
+// q = round-half-even(w / s) in [-127, 127] (q = 0 where s = 0). The packed form is a
+// QuantHeader, the q in the panel layout above (one byte each), then the f32 scales,
+// scale (j, g) at scales[((j / 16) * groups + g) * 16 + j % 16]. The reduction, fixed as
+// above: per group, a chain part = x[r,gG] q[j,gG] + ... + x[r,gG+G-1] q[j,gG+G-1] from
+// zero in ascending k, then out[r, j] = fma(part, s[j, g], out[r, j]) in ascending g
+// (the generic path: multiply then add). The scale is applied once per group, not per
+// weight, which saves a multiply per weight (GEMV-sized steps are compute-bound on one
+// core otherwise); the result is the GEMM of the dequantized matrix q * s up to f32
+// rounding. GEMV-sized steps widen q in registers; steps of more rows widen a k block of
+// whole groups once into the per-thread buffer and reuse it for every row tile. Every
+// invariance above holds the same way: one fixed sequence of f32 operations per output
+// element, whatever the rows, tile, k block or thread, and the same on AVX2 and AVX-512.
 #pragma once
 
 #include <cstdint>

@@ -3,8 +3,8 @@
 // 6 rows x P panels (P = 2 for GEMV-sized steps of m <= 2, else 1), 2P ymm of weights a
 // k-step (bf16: zero-extend and shift into the f32 high half; f16: vcvtph2ps), each x
 // element broadcast once and fused-multiply-added into its row's 2P accumulators: one
-// chain per output element in ascending k, the fixed order of gemm.h. int8 weights: each
-// group's scales loaded once, each q widened and scaled in registers (tile_q8).
+// chain per output element in ascending k, the fixed order of gemm.h. int8 weights: q
+// widened in registers, a partial chain per group, scaled once per group (tile_q8).
 #include <immintrin.h>
 
 #include <cstring>
@@ -83,14 +83,15 @@ inline void rows(const float* x, const void* packed, float* out, int64_t k, int6
   }
 }
 
-// --- int8 weights (gemm.h): q widened, times its group's scale, then the f32 chain ---
+// --- int8 weights (gemm.h): per group, a chain over x * q from zero, then one fma of
+// that partial sum with the group's scales into the running sum (as the AVX-512 path) ---
 
-inline __m256 dequant8(const int8_t* q, __m256 s) {
-  const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q));
-  return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), s);
+inline __m256 widen8(const int8_t* q) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q))));
 }
 
-// R rows x P panels over all of k, dequantizing in registers.
+// R rows x P panels over all of k, widening q in registers. 16 ymm: R x 2P running sums
+// and as many partial sums, so R x P <= 3 (1 x 2 and 2 x 1 for GEMV steps, 3 x 1 else).
 template <int R, int P>
 inline void tile_q8(const float* x, const QuantView& qv, float* out, int64_t k, int64_t n, int64_t r0, int64_t p) {
   __m256 acc[R][2 * P];
@@ -105,20 +106,25 @@ inline void tile_q8(const float* x, const QuantView& qv, float* out, int64_t k, 
     sq[q] = qv.scales + (p + q) * qv.groups * kPanel;
   }
   for (int64_t g = 0; g < qv.groups; ++g) {
-    __m256 s[2 * P];
-    for (int q = 0; q < P; ++q) {
-      s[2 * q] = _mm256_loadu_ps(sq[q] + g * kPanel);
-      s[2 * q + 1] = _mm256_loadu_ps(sq[q] + g * kPanel + 8);
-    }
+    __m256 part[R][2 * P];
+    for (int i = 0; i < R; ++i)
+      for (int v = 0; v < 2 * P; ++v) part[i][v] = _mm256_setzero_ps();
     for (int64_t c = g * qv.group_size, c1 = c + qv.group_size; c < c1; ++c) {
       __m256 w[2 * P];
       for (int q = 0; q < P; ++q) {
-        w[2 * q] = dequant8(wq[q] + c * kPanel, s[2 * q]);
-        w[2 * q + 1] = dequant8(wq[q] + c * kPanel + 8, s[2 * q + 1]);
+        w[2 * q] = widen8(wq[q] + c * kPanel);
+        w[2 * q + 1] = widen8(wq[q] + c * kPanel + 8);
       }
       for (int i = 0; i < R; ++i) {
         const __m256 xv = _mm256_broadcast_ss(xr[i] + c);
-        for (int v = 0; v < 2 * P; ++v) acc[i][v] = _mm256_fmadd_ps(xv, w[v], acc[i][v]);
+        for (int v = 0; v < 2 * P; ++v) part[i][v] = _mm256_fmadd_ps(xv, w[v], part[i][v]);
+      }
+    }
+    for (int q = 0; q < P; ++q) {
+      const __m256 lo = _mm256_loadu_ps(sq[q] + g * kPanel), hi = _mm256_loadu_ps(sq[q] + g * kPanel + 8);
+      for (int i = 0; i < R; ++i) {
+        acc[i][2 * q] = _mm256_fmadd_ps(part[i][2 * q], lo, acc[i][2 * q]);
+        acc[i][2 * q + 1] = _mm256_fmadd_ps(part[i][2 * q + 1], hi, acc[i][2 * q + 1]);
       }
     }
   }
@@ -137,22 +143,10 @@ inline void tile_q8(const float* x, const QuantView& qv, float* out, int64_t k, 
 void panels_q8(const float* x, const void* packed, float* out, int64_t m, int64_t k, int64_t n, int64_t p0,
                int64_t p1) {
   const QuantView qv = quant_view(packed);
-  if (m <= 2) {
+  if (m == 1) {
     int64_t p = p0;
-    for (; p + 2 <= p1; p += 2) {
-      if (m == 2) {
-        tile_q8<2, 2>(x, qv, out, k, n, 0, p);
-      } else {
-        tile_q8<1, 2>(x, qv, out, k, n, 0, p);
-      }
-    }
-    if (p < p1) {
-      if (m == 2) {
-        tile_q8<2, 1>(x, qv, out, k, n, 0, p);
-      } else {
-        tile_q8<1, 1>(x, qv, out, k, n, 0, p);
-      }
-    }
+    for (; p + 2 <= p1; p += 2) tile_q8<1, 2>(x, qv, out, k, n, 0, p);
+    if (p < p1) tile_q8<1, 1>(x, qv, out, k, n, 0, p);
     return;
   }
   const int64_t mb = row_block(k);
@@ -160,15 +154,9 @@ void panels_q8(const float* x, const void* packed, float* out, int64_t m, int64_
     const int64_t r1 = r0 + mb < m ? r0 + mb : m;
     for (int64_t p = p0; p < p1; ++p) {
       int64_t r = r0;
-      for (; r + 6 <= r1; r += 6) tile_q8<6, 1>(x, qv, out, k, n, r, p);
-      switch (r1 - r) {
-        case 5: tile_q8<5, 1>(x, qv, out, k, n, r, p); break;
-        case 4: tile_q8<4, 1>(x, qv, out, k, n, r, p); break;
-        case 3: tile_q8<3, 1>(x, qv, out, k, n, r, p); break;
-        case 2: tile_q8<2, 1>(x, qv, out, k, n, r, p); break;
-        case 1: tile_q8<1, 1>(x, qv, out, k, n, r, p); break;
-        default: break;
-      }
+      for (; r + 3 <= r1; r += 3) tile_q8<3, 1>(x, qv, out, k, n, r, p);
+      if (r1 - r == 2) tile_q8<2, 1>(x, qv, out, k, n, r, p);
+      if (r1 - r == 1) tile_q8<1, 1>(x, qv, out, k, n, r, p);
     }
   }
 }

@@ -238,13 +238,14 @@ void panels_blocked(const float* x, const void* packed, float* out, int64_t m, i
   }
 }
 
-// --- int8 weights (gemm.h): q widened, times its group's scale, then the f32 chain ---
+// --- int8 weights (gemm.h): per group, a chain over x * q from zero, then one fma of
+// that partial sum with the group's scales into the running sum ---
 
-inline __m512 dequant16(const int8_t* q, __m512 s) {
-  return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)))), s);
+inline __m512 widen16(const int8_t* q) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q))));
 }
 
-// R rows x P panels over all of k, dequantizing in registers (GEMV-sized steps).
+// R rows x P panels over all of k, widening q in registers (GEMV-sized steps).
 template <int R, int P>
 inline void tile_q8(const float* x, const QuantView& qv, float* out, int64_t k, int64_t n, int64_t r0, int64_t p) {
   __m512 acc[R][P];
@@ -259,15 +260,20 @@ inline void tile_q8(const float* x, const QuantView& qv, float* out, int64_t k, 
     sq[q] = qv.scales + (p + q) * qv.groups * kPanel;
   }
   for (int64_t g = 0; g < qv.groups; ++g) {
-    __m512 s[P];
-    for (int q = 0; q < P; ++q) s[q] = _mm512_loadu_ps(sq[q] + g * kPanel);
+    __m512 part[R][P];
+    for (int i = 0; i < R; ++i)
+      for (int q = 0; q < P; ++q) part[i][q] = _mm512_setzero_ps();
     for (int64_t c = g * qv.group_size, c1 = c + qv.group_size; c < c1; ++c) {
       __m512 w[P];
-      for (int q = 0; q < P; ++q) w[q] = dequant16(wq[q] + c * kPanel, s[q]);
+      for (int q = 0; q < P; ++q) w[q] = widen16(wq[q] + c * kPanel);
       for (int i = 0; i < R; ++i) {
         const __m512 xv = _mm512_set1_ps(xr[i][c]);
-        for (int q = 0; q < P; ++q) acc[i][q] = _mm512_fmadd_ps(xv, w[q], acc[i][q]);
+        for (int q = 0; q < P; ++q) part[i][q] = _mm512_fmadd_ps(xv, w[q], part[i][q]);
       }
+    }
+    for (int q = 0; q < P; ++q) {
+      const __m512 sv = _mm512_loadu_ps(sq[q] + g * kPanel);
+      for (int i = 0; i < R; ++i) acc[i][q] = _mm512_fmadd_ps(part[i][q], sv, acc[i][q]);
     }
   }
   for (int q = 0; q < P; ++q) {
@@ -278,41 +284,84 @@ inline void tile_q8(const float* x, const QuantView& qv, float* out, int64_t k, 
   }
 }
 
-// The dequantized weights of panel p over k [c0, c0 + kc) into dst (16 f32 a k step).
-inline void dequant_block(const QuantView& qv, int64_t k, int64_t p, int64_t c0, int64_t kc, float* dst) {
-  const int8_t* wq = qv.values + p * kPanel * k;
-  const float* sq = qv.scales + p * qv.groups * kPanel;
-  for (int64_t c = c0; c < c0 + kc;) {
-    const int64_t g = c / qv.group_size;
-    const int64_t end = (g + 1) * qv.group_size < c0 + kc ? (g + 1) * qv.group_size : c0 + kc;
-    const __m512 s = _mm512_loadu_ps(sq + g * kPanel);
-    for (; c < end; ++c) _mm512_storeu_ps(dst + (c - c0) * kPanel, dequant16(wq + c * kPanel, s));
+// R rows x P panels over one k block of whole groups [c0, c0 + kc): wf holds the block's
+// q widened to f32 (panel q at wf + q * kPanel * kc), sq each panel's scales; the running
+// sums start at zero (c0 = 0) or at what the previous block stored in out.
+template <int R, int P>
+inline void tile_block_q8(const float* x, int64_t k, const float* wf, const float* const* sq, int64_t group,
+                          float* out, int64_t n, int64_t j0, int64_t c0, int64_t kc) {
+  __m512 acc[R][P];
+  __mmask16 mask[P];
+  for (int q = 0; q < P; ++q) {
+    const int64_t cols = n - (j0 + q * kPanel) < kPanel ? n - (j0 + q * kPanel) : kPanel;
+    mask[q] = static_cast<__mmask16>((1u << cols) - 1u);
+  }
+  for (int i = 0; i < R; ++i)
+    for (int q = 0; q < P; ++q)
+      acc[i][q] = c0 == 0 ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mask[q], out + i * n + j0 + q * kPanel);
+  for (int64_t g0 = 0; g0 < kc; g0 += group) {
+    __m512 part[R][P];
+    for (int i = 0; i < R; ++i)
+      for (int q = 0; q < P; ++q) part[i][q] = _mm512_setzero_ps();
+    for (int64_t c = g0; c < g0 + group; ++c) {
+      __m512 w[P];
+      for (int q = 0; q < P; ++q) w[q] = _mm512_loadu_ps(wf + q * kPanel * kc + c * kPanel);
+      for (int i = 0; i < R; ++i) {
+        const __m512 xv = _mm512_set1_ps(x[i * k + c0 + c]);
+        for (int q = 0; q < P; ++q) part[i][q] = _mm512_fmadd_ps(xv, w[q], part[i][q]);
+      }
+    }
+    for (int q = 0; q < P; ++q) {
+      const __m512 sv = _mm512_loadu_ps(sq[q] + (c0 + g0) / group * kPanel);
+      for (int i = 0; i < R; ++i) acc[i][q] = _mm512_fmadd_ps(part[i][q], sv, acc[i][q]);
+    }
+  }
+  for (int q = 0; q < P; ++q)
+    for (int i = 0; i < R; ++i) _mm512_mask_storeu_ps(out + i * n + j0 + q * kPanel, mask[q], acc[i][q]);
+}
+
+template <int P>
+inline void rows_block_q8(int64_t R, const float* x, int64_t k, const float* wf, const float* const* sq,
+                          int64_t group, float* out, int64_t n, int64_t j0, int64_t c0, int64_t kc) {
+  switch (R) {
+    case 6: return tile_block_q8<6, P>(x, k, wf, sq, group, out, n, j0, c0, kc);
+    case 5: return tile_block_q8<5, P>(x, k, wf, sq, group, out, n, j0, c0, kc);
+    case 4: return tile_block_q8<4, P>(x, k, wf, sq, group, out, n, j0, c0, kc);
+    case 3: return tile_block_q8<3, P>(x, k, wf, sq, group, out, n, j0, c0, kc);
+    case 2: return tile_block_q8<2, P>(x, k, wf, sq, group, out, n, j0, c0, kc);
+    case 1: return tile_block_q8<1, P>(x, k, wf, sq, group, out, n, j0, c0, kc);
+    default: return;
   }
 }
 
-// Steps of more rows: as panels_blocked, each k block of a panel pair dequantized once
-// into the per-thread buffer (also for a row block of one tile: the int8 widening and
-// scaling cost more than the store and reload) and every row tile run over it in f32.
+// Steps of more rows: row blocks whose x stays in L2; per panel pair, k blocks of whole
+// groups (about kKc inputs, at least one group), each widened once into the per-thread
+// buffer and run by every 6-row tile (6 x 2 running sums and 6 x 2 partial sums fill
+// the registers the f32 kernel's 12 x 2 tile uses).
 void panels_blocked_q8(const float* x, const QuantView& qv, float* out, int64_t m, int64_t k, int64_t n, int64_t p0,
                        int64_t p1) {
   const int64_t mb = rows_per_block(k);
-  const int64_t kb = (k + (k + kKc - 1) / kKc - 1) / ((k + kKc - 1) / kKc);
+  const int64_t G = qv.group_size;
+  const int64_t kb = G >= kKc ? G : kKc / G * G;
   float* wf = t_w.get(2 * kPanel * kb);
-  const Prefetch none;
   for (int64_t r0 = 0; r0 < m; r0 += mb) {
     const int64_t r1 = r0 + mb < m ? r0 + mb : m;
     for (int64_t p = p0; p < p1;) {
       const int64_t P = p + 2 <= p1 ? 2 : 1;
       const int64_t j0 = p * kPanel;
+      const float* sq[2] = {qv.scales + p * qv.groups * kPanel, qv.scales + (p + 1) * qv.groups * kPanel};
       for (int64_t c0 = 0; c0 < k; c0 += kb) {
         const int64_t kc = k - c0 < kb ? k - c0 : kb;
-        for (int64_t q = 0; q < P; ++q) dequant_block(qv, k, p + q, c0, kc, wf + q * kPanel * kc);
-        for (int64_t t0 = r0; t0 < r1; t0 += 12) {
-          const int64_t R = r1 - t0 < 12 ? r1 - t0 : 12;
+        for (int64_t q = 0; q < P; ++q) {
+          const int8_t* wq = qv.values + (p + q) * kPanel * k + c0 * kPanel;
+          for (int64_t c = 0; c < kc; ++c) _mm512_storeu_ps(wf + q * kPanel * kc + c * kPanel, widen16(wq + c * kPanel));
+        }
+        for (int64_t t0 = r0; t0 < r1; t0 += 6) {
+          const int64_t R = r1 - t0 < 6 ? r1 - t0 : 6;
           if (P == 2) {
-            tile_rows<DType::kF32, 2>(R, x + t0 * k + c0, k, wf, kPanel * kc, out + t0 * n, n, j0, kc, c0 == 0, none);
+            rows_block_q8<2>(R, x + t0 * k, k, wf, sq, G, out + t0 * n, n, j0, c0, kc);
           } else {
-            tile_rows<DType::kF32, 1>(R, x + t0 * k + c0, k, wf, kPanel * kc, out + t0 * n, n, j0, kc, c0 == 0, none);
+            rows_block_q8<1>(R, x + t0 * k, k, wf, sq, G, out + t0 * n, n, j0, c0, kc);
           }
         }
       }

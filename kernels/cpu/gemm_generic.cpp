@@ -1,6 +1,6 @@
 // The portable GEMM path over packed panels (gemm.h): each output element one f32 chain
 // over ascending k, multiply then add, R <= 6 rows x one panel of 16 columns per tile;
-// int8 weights dequantized (q * s) as they are read.
+// int8 weights: a partial sum over each group's x * q, times the group's scale.
 #include <cstring>
 
 #include "kernels/cpu/gemm.h"
@@ -57,16 +57,27 @@ void gemm_panels_generic(const float* x, const void* packed, DType wt, float* ou
       for (int64_t r = r0; r < r1; r += 6) {
         const int64_t R = r1 - r < 6 ? r1 - r : 6;
         float acc[6][kPanel] = {};
-        for (int64_t c = 0; c < k; ++c) {
-          if (wt == DType::kI8) {  // the dequantized weight q * s (gemm.h)
-            const float* s = q.scales + (p * q.groups + c / q.group_size) * kPanel;
-            for (int64_t l = 0; l < kPanel; ++l) wrow[l] = static_cast<float>(q.values[base + c * kPanel + l]) * s[l];
-          } else {
-            for (int64_t l = 0; l < kPanel; ++l) wrow[l] = load_weight(packed, wt, base + c * kPanel + l);
+        if (wt == DType::kI8) {  // per group: a chain over x * q from zero, then + part * s (gemm.h)
+          for (int64_t g = 0; g < q.groups; ++g) {
+            float part[6][kPanel] = {};
+            for (int64_t c = g * q.group_size; c < (g + 1) * q.group_size; ++c) {
+              for (int64_t l = 0; l < kPanel; ++l) wrow[l] = static_cast<float>(q.values[base + c * kPanel + l]);
+              for (int64_t i = 0; i < R; ++i) {
+                const float xv = x[(r + i) * k + c];
+                for (int64_t l = 0; l < kPanel; ++l) part[i][l] = part[i][l] + xv * wrow[l];
+              }
+            }
+            const float* s = q.scales + (p * q.groups + g) * kPanel;
+            for (int64_t i = 0; i < R; ++i)
+              for (int64_t l = 0; l < kPanel; ++l) acc[i][l] = acc[i][l] + part[i][l] * s[l];
           }
-          for (int64_t i = 0; i < R; ++i) {
-            const float xv = x[(r + i) * k + c];
-            for (int64_t l = 0; l < kPanel; ++l) acc[i][l] = acc[i][l] + xv * wrow[l];
+        } else {
+          for (int64_t c = 0; c < k; ++c) {
+            for (int64_t l = 0; l < kPanel; ++l) wrow[l] = load_weight(packed, wt, base + c * kPanel + l);
+            for (int64_t i = 0; i < R; ++i) {
+              const float xv = x[(r + i) * k + c];
+              for (int64_t l = 0; l < kPanel; ++l) acc[i][l] = acc[i][l] + xv * wrow[l];
+            }
           }
         }
         for (int64_t i = 0; i < R; ++i) std::memcpy(out + (r + i) * n + p * kPanel, acc[i], cols * sizeof(float));
