@@ -9,6 +9,7 @@ std::size_t dtype_size(DType t) {
     case DType::kF16: return 2;
     case DType::kI32: return 4;
     case DType::kI8: return 1;
+    case DType::kI4: return 1;
   }
   return 0;
 }
@@ -20,11 +21,12 @@ const char* dtype_name(DType t) {
     case DType::kF16: return "f16";
     case DType::kI32: return "i32";
     case DType::kI8: return "int8";
+    case DType::kI4: return "int4";
   }
   return "?";
 }
 
-bool is_quantized(DType t) { return t == DType::kI8; }
+bool is_quantized(DType t) { return t == DType::kI8 || t == DType::kI4; }
 
 const char* safetensors_dtype_name(DType t) {
   switch (t) {
@@ -33,6 +35,7 @@ const char* safetensors_dtype_name(DType t) {
     case DType::kF16: return "F16";
     case DType::kI32: return "I32";
     case DType::kI8: return "I8";
+    case DType::kI4: return "I4";
   }
   return "?";
 }

@@ -41,7 +41,7 @@ struct BenchShape {
   const ModelConfig& config;
   const ShardPlan& plan;
   DType weight_dtype;
-  int64_t weight_group_size;  // int8: inputs per scale
+  int64_t weight_group_size;  // int8 / int4: inputs per scale
   int64_t max_seq_len;
   double load_s;  // making or loading the weights and the engine
 };
@@ -49,7 +49,8 @@ struct BenchShape {
 // "bf16", or "int8, groups of 64".
 std::string weight_format(const BenchShape& s) {
   return std::string(dtype_name(s.weight_dtype)) +
-         (is_quantized(s.weight_dtype) ? ", groups of " + std::to_string(s.weight_group_size) : "");
+         (is_quantized(s.weight_dtype) ? ", groups of " + std::to_string(s.weight_group_size) : "") +
+         (s.weight_dtype == DType::kI4 ? ", embedding and lm_head int8" : "");
 }
 
 // Rank 0: the setup lines (backend, weights, kernels, KV cache, CUDA graphs).

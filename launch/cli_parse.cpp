@@ -167,8 +167,8 @@ void read_backend(const cxxopts::ParseResult& r, std::string& out) {
 void read_weight_dtype(const cxxopts::ParseResult& r, std::string& out) {
   if (!r.count("weight-dtype")) return;
   out = r["weight-dtype"].as<std::string>();
-  if (out != "auto" && out != "f32" && out != "bf16" && out != "f16" && out != "int8") {
-    throw Error("invalid value", "--weight-dtype", "auto, f32, bf16, f16 or int8", out);
+  if (out != "auto" && out != "f32" && out != "bf16" && out != "f16" && out != "int8" && out != "int4") {
+    throw Error("invalid value", "--weight-dtype", "auto, f32, bf16, f16, int8 or int4", out);
   }
 }
 

@@ -61,7 +61,7 @@ inline constexpr int64_t kMaxWeightGroupSize = int64_t{1} << 20;
 void read_backend(const cxxopts::ParseResult& r, std::string& out);
 
 /// When --weight-dtype was given: `out` = its value.
-/// @throws Error naming --weight-dtype when it is not auto, f32, bf16, f16 or int8.
+/// @throws Error naming --weight-dtype when it is not auto, f32, bf16, f16, int8 or int4.
 void read_weight_dtype(const cxxopts::ParseResult& r, std::string& out);
 
 /// Most seconds --comm-timeout accepts (a week).
@@ -89,12 +89,13 @@ inline constexpr const char* kKvCacheDtypeHelp =
 /// The --weight-dtype option's help line, shared by generate, loss and bench.
 inline constexpr const char* kWeightDtypeHelp =
     "Weight matrices in memory: auto (the checkpoint's dtype; config.json's torch_dtype for random weights), "
-    "f32, bf16, f16, or int8 (quantized at load: symmetric, one f32 scale per --weight-group-size inputs) "
-    "(CPU backend; CUDA holds bf16). Activations and sums stay f32";
+    "f32, bf16, f16, int8 or int4 (quantized at load: int8 symmetric, one f32 scale per --weight-group-size "
+    "inputs; int4 with a scale and a minimum each, searched for the least error, the embedding and lm_head in "
+    "int8) (CPU backend; CUDA holds bf16). Activations and sums stay f32";
 
 /// The --weight-group-size option's help line.
 inline constexpr const char* kWeightGroupSizeHelp =
-    "int8 weights: input elements per scale (default 64; must divide hidden_size and each rank's o_proj and "
-    "down_proj input width)";
+    "int8 / int4 weights: input elements per scale (default 64 for int8, 32 for int4; must divide hidden_size "
+    "and each rank's o_proj and down_proj input width; even for int4)";
 
 }  // namespace linnet

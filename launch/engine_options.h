@@ -20,8 +20,8 @@ struct EngineOptions {
   int64_t max_seq_len = 0;            // --max-seq-len (0: the command's default)
   int threads = 0;                    // --threads: kernel (OpenMP) threads per rank (0: cores / ranks on the node)
   std::string backend;                // --backend cpu|cuda; empty: cuda when a device is visible, else cpu
-  std::string weight_dtype = "auto";  // --weight-dtype auto|f32|bf16|f16|int8 (held_weight_dtype)
-  int64_t weight_group_size = 64;     // --weight-group-size: int8 inputs per scale (kDefaultWeightGroupSize)
+  std::string weight_dtype = "auto";  // --weight-dtype auto|f32|bf16|f16|int8|int4 (held_weight_dtype)
+  int64_t weight_group_size = 0;      // --weight-group-size: int8 / int4 inputs per scale (0: default_weight_group_size)
   std::string kv_cache_dtype = "f32"; // --kv-cache-dtype f32|bf16 (held_kv_cache_dtype)
   bool cuda_graphs = false;           // --cuda-graphs: replay decode steps as CUDA graphs
   bool verbose = false;               // --verbose

@@ -29,8 +29,8 @@ EnginePlan plan_engine(const EngineOptions& o, const ModelConfig& config, const 
   EnginePlan p;
   p.weight_dtype = held_weight_dtype(o.weight_dtype, o.backend, auto_dtype);
   p.kv_cache_dtype = held_kv_cache_dtype(o.kv_cache_dtype, o.backend);
-  p.weight_group_size = o.weight_group_size;
-  if (is_quantized(p.weight_dtype)) check_weight_groups(config, plan, p.weight_group_size);
+  p.weight_group_size = o.weight_group_size > 0 ? o.weight_group_size : default_weight_group_size(p.weight_dtype);
+  if (is_quantized(p.weight_dtype)) check_weight_groups(config, plan, p.weight_group_size, p.weight_dtype);
   const int64_t g = p.weight_group_size;
   switch (sizing.kv) {
     case EngineSizing::Kv::kPaged:
@@ -117,7 +117,8 @@ void report_engine(const EngineOptions& o, const OpenedEngine& e, const ModelFil
   const Backend& backend = *e.backend;
   const std::string held = std::string(dtype_name(e.plan.weight_dtype)) +
                            (is_quantized(e.plan.weight_dtype)
-                                ? ", groups of " + std::to_string(e.plan.weight_group_size) + " quantized at load"
+                                ? ", groups of " + std::to_string(e.plan.weight_group_size) + " quantized at load" +
+                                      (e.plan.weight_dtype == DType::kI4 ? ", embedding and lm_head int8" : "")
                                 : "");
   const RankMemory& need = e.plan.need;
   if (w.world_rank == 0 && o.cuda_graphs && !engine.cuda_graphs()) {

@@ -47,7 +47,7 @@ struct EngineSizing {
 struct EnginePlan {
   DType weight_dtype = DType::kF32;    // the matrices held (held_weight_dtype)
   DType kv_cache_dtype = DType::kF32;  // held_kv_cache_dtype
-  int64_t weight_group_size = 64;      // int8: inputs per scale (check_weight_groups passed)
+  int64_t weight_group_size = 64;      // int8 / int4: inputs per scale (check_weight_groups passed)
   int64_t kv_tokens = 0;                         // kPaged: positions of the pool (a multiple of kKvPageSize)
   RankMemory need;                               // weights and KV cache, as check_memory counts them
 };

@@ -45,7 +45,7 @@ std::optional<InfoOptions> parse_info_options(int argc, char** argv, std::string
     ("max-seq-len", "KV cache length in tokens (default: min(max_position_embeddings, 8192))",
      cxxopts::value<int64_t>())
     ("weight-dtype", "The dtype the weights column counts: auto (the checkpoint's, else config.json's "
-     "torch_dtype), f32, bf16, f16 or int8", cxxopts::value<std::string>())
+     "torch_dtype), f32, bf16, f16, int8 or int4", cxxopts::value<std::string>())
     ("weight-group-size", kWeightGroupSizeHelp, cxxopts::value<int64_t>())
     ("h,help", "Print this help and exit");
   // clang-format on

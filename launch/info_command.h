@@ -18,7 +18,7 @@ struct InfoOptions {
   int tp = 1;               // --tp: tensor-parallel size to plan for
   int64_t max_seq_len = 0;  // --max-seq-len: KV cache length (0: the generate default)
   std::string weight_dtype = "auto";  // --weight-dtype: the dtype the weights column counts (CPU backend)
-  int64_t weight_group_size = 64;     // --weight-group-size: int8 inputs per scale
+  int64_t weight_group_size = 0;      // --weight-group-size: int8 / int4 inputs per scale (0: the dtype's default)
 };
 
 /// Parses `argv` after the word "info". Sets `help_text` and returns nullopt for --help.

@@ -69,6 +69,7 @@ void convert_to_f32(DType dtype, const std::byte* src, int64_t n, float* out) {
       return;
     case DType::kI32:
     case DType::kI8:
+    case DType::kI4:
       break;  // never in a validated header
   }
 }

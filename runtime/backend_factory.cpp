@@ -40,11 +40,12 @@ std::unique_ptr<Backend> make_backend(const std::string& kind_in, int threads, i
 
 DType held_weight_dtype(const std::string& flag, const std::string& backend_kind, DType auto_dtype) {
   const std::string kind = backend_kind.empty() ? default_backend_kind() : backend_kind;
-  if (flag != "auto" && !flag.empty() && flag != "f32" && flag != "bf16" && flag != "f16" && flag != "int8") {
-    throw Error("unknown weight dtype", "--weight-dtype", "auto, f32, bf16, f16 or int8", flag);
+  if (flag != "auto" && !flag.empty() && flag != "f32" && flag != "bf16" && flag != "f16" && flag != "int8" &&
+      flag != "int4") {
+    throw Error("unknown weight dtype", "--weight-dtype", "auto, f32, bf16, f16, int8 or int4", flag);
   }
   if (kind == "cuda") {
-    if (flag == "f32" || flag == "f16" || flag == "int8") {
+    if (flag == "f32" || flag == "f16" || flag == "int8" || flag == "int4") {
       throw Error("the CUDA backend holds weight matrices in bf16", "--weight-dtype",
                   "auto or bf16 with --backend cuda", flag);
     }
@@ -54,6 +55,7 @@ DType held_weight_dtype(const std::string& flag, const std::string& backend_kind
   if (flag == "bf16") return DType::kBF16;
   if (flag == "f16") return DType::kF16;
   if (flag == "int8") return DType::kI8;
+  if (flag == "int4") return DType::kI4;
   return auto_dtype;
 }
 

@@ -32,9 +32,9 @@ std::unique_ptr<Backend> make_backend(const std::string& kind, int threads, int 
 
 /// The dtype a rank holds weight matrices in: on the CPU backend --weight-dtype `flag`
 /// ("auto" or "": `auto_dtype`, the checkpoint's own or config.json's torch_dtype for
-/// random weights; "f32", "bf16", "f16", "int8": quantized at load); on CUDA ("cuda", or "" with a visible device)
+/// random weights; "f32", "bf16", "f16", "int8", "int4": quantized at load); on CUDA ("cuda", or "" with a visible device)
 /// bf16, which "auto" and "bf16" name.
-/// @throws Error naming --weight-dtype for an unknown value, or f32 / f16 / int8 on CUDA.
+/// @throws Error naming --weight-dtype for an unknown value, or f32 / f16 / int8 / int4 on CUDA.
 DType held_weight_dtype(const std::string& flag, const std::string& backend_kind, DType auto_dtype);
 
 /// The dtype of the KV cache: --kv-cache-dtype `flag` "f32" (or "": the default) or

@@ -26,9 +26,9 @@ class CpuBackend final : public Backend {
   CpuBackend(int num_threads, DType weight_dtype, DType kv_cache_dtype, int64_t weight_group_size)
       : weight_dtype_(weight_dtype), kv_cache_dtype_(kv_cache_dtype), group_size_(weight_group_size) {
     if (weight_dtype == DType::kI32) throw Error("i32 is not a weight dtype", "make_cpu_backend");
-    if (weight_group_size < 1) {
-      throw Error("the weight group size must be at least 1", "--weight-group-size", ">= 1",
-                  std::to_string(weight_group_size));
+    if (weight_group_size < 1 || (weight_dtype == DType::kI4 && (weight_group_size % 2 != 0 || weight_group_size > 1024))) {
+      throw Error("the weight group size must be at least 1 (int4: even, at most 1024)", "--weight-group-size",
+                  weight_dtype == DType::kI4 ? "an even size in [2, 1024]" : ">= 1", std::to_string(weight_group_size));
     }
     if (kv_cache_dtype != DType::kF32 && kv_cache_dtype != DType::kBF16) {
       throw Error(std::string("the CPU KV cache is f32 or bf16, not ") + dtype_name(kv_cache_dtype),
@@ -44,7 +44,7 @@ class CpuBackend final : public Backend {
   // the weight dtype; the Tensor keeps the logical shape [n, k].
   Tensor upload_matrix(const Tensor& host) override {
     if (host.shape().size() != 2) throw Error("a weight matrix must be 2-D", "CpuBackend::upload_matrix");
-    if (is_quantized(weight_dtype_)) return upload_quantized(host);
+    if (is_quantized(weight_dtype_)) return upload_quantized(host, weight_dtype_);
     if (host.dtype() != weight_dtype_ && host.dtype() != DType::kF32) {
       throw Error("a weight matrix must be f32 or in the backend's weight dtype", "CpuBackend::upload_matrix",
                   "f32 or the --weight-dtype", "another dtype");
@@ -60,6 +60,11 @@ class CpuBackend final : public Backend {
     cpu::pack_weight(src.raw(), weight_type(src, "upload_matrix"), n, k, storage->data());
     void* data = storage->data();
     return Tensor::wrap(host.shape(), weight_dtype_, Device::kCpu, std::move(storage), data);
+  }
+  Tensor upload_vocab_matrix(const Tensor& host) override {
+    if (host.shape().size() != 2) throw Error("a weight matrix must be 2-D", "CpuBackend::upload_vocab_matrix");
+    if (is_quantized(weight_dtype_)) return upload_quantized(host, vocab_weight_dtype(weight_dtype_));
+    return upload_matrix(host);
   }
   DType host_weight_dtype(DType stored) const override {
     if (!is_quantized(weight_dtype_)) return weight_dtype_;
@@ -126,9 +131,9 @@ class CpuBackend final : public Backend {
   }
 
  private:
-  // int8: the matrix widened to f32 (exactly) if it is not, then quantized and packed
+  // int8 / int4: the matrix widened to f32 (exactly) if it is not, then quantized and packed
   // (kernels/cpu/gemm.h: quantize_pack_weight).
-  Tensor upload_quantized(const Tensor& host) {
+  Tensor upload_quantized(const Tensor& host, DType dt) {
     const int64_t n = host.dim(0), k = host.dim(1);
     if (k % group_size_ != 0) {
       throw Error("the weight group size does not divide a matrix's input width " + std::to_string(k),
@@ -146,11 +151,11 @@ class CpuBackend final : public Backend {
       throw Error("a weight matrix to quantize must be f32, bf16 or f16", "CpuBackend::upload_matrix", "",
                   dtype_name(host.dtype()));
     }
-    const int64_t bytes = cpu::quantized_matrix_bytes(n, k, group_size_);
+    const int64_t bytes = cpu::quantized_matrix_bytes(n, k, group_size_, dt);
     auto storage = std::make_shared<std::vector<uint64_t>>(static_cast<size_t>((bytes + 7) / 8));
-    cpu::quantize_pack_weight(src, n, k, group_size_, storage->data());
+    cpu::quantize_pack_weight(src, n, k, group_size_, storage->data(), dt);
     void* data = storage->data();
-    return Tensor::wrap(host.shape(), weight_dtype_, Device::kCpu, std::move(storage), data);
+    return Tensor::wrap(host.shape(), dt, Device::kCpu, std::move(storage), data);
   }
 
   void check_cache(const Tensor& cache, const char* op) const {

@@ -239,7 +239,7 @@ class CudaBackend final : public Backend {
     cuda::launch_gather_rows(src, cols, index, n, out, stream_);
   }
 
-  Tensor random_matrix(std::vector<int64_t> shape, float stddev, uint64_t seed) override {
+  Tensor random_matrix(std::vector<int64_t> shape, float stddev, uint64_t seed, bool /*vocab*/) override {
     Tensor t = alloc(std::move(shape), DType::kBF16);
     cuda::launch_fill_normal_bf16(static_cast<__nv_bfloat16*>(t.raw()), t.numel(), seed, stddev, stream_);
     return t;

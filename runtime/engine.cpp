@@ -19,15 +19,15 @@ namespace {
 // Each host tensor is released as soon as its copy exists, unless shared (a tied head).
 ModelWeights to_backend(ModelWeights w, Backend& b) {
   const bool tied = w.lm_head.raw() == w.embed_tokens.raw();
-  auto matrix = [&](Tensor& t) {
-    Tensor out = w.on_backend ? t : b.upload_matrix(t);
+  auto matrix = [&](Tensor& t, bool vocab = false) {
+    Tensor out = w.on_backend ? t : vocab ? b.upload_vocab_matrix(t) : b.upload_matrix(t);
     t = Tensor();
     return out;
   };
   ModelWeights out;
   out.on_backend = true;
-  out.embed_tokens = matrix(w.embed_tokens);
-  out.lm_head = tied ? out.embed_tokens : matrix(w.lm_head);
+  out.embed_tokens = matrix(w.embed_tokens, true);
+  out.lm_head = tied ? out.embed_tokens : matrix(w.lm_head, true);
   w.lm_head = Tensor();
   out.final_norm = b.upload_vector(w.final_norm);
   for (LayerWeights& L : w.layers) {

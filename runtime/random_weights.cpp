@@ -7,14 +7,14 @@
 
 namespace linnet {
 
-Tensor Backend::random_matrix(std::vector<int64_t> shape, float stddev, uint64_t seed) {
+Tensor Backend::random_matrix(std::vector<int64_t> shape, float stddev, uint64_t seed, bool vocab) {
   Tensor host = Tensor::zeros(std::move(shape));
   float* d = host.data();
   const int64_t n = host.numel();
   // Each element depends only on (seed, i): the threads change no value.
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) d[i] = stddev * random_normal(seed, static_cast<uint64_t>(i));
-  return upload_matrix(host);
+  return vocab ? upload_vocab_matrix(host) : upload_matrix(host);
 }
 
 namespace {
@@ -31,8 +31,8 @@ ModelWeights random_weights(Backend& backend, const ModelConfig& c, const ShardP
   auto matrix = [&](std::vector<int64_t> shape) { return backend.random_matrix(std::move(shape), stddev, stream++); };
   ModelWeights w;
   w.on_backend = true;
-  w.embed_tokens = matrix({p.vocab_local, h});
-  w.lm_head = c.tie_word_embeddings ? w.embed_tokens : matrix({p.vocab_local, h});
+  w.embed_tokens = backend.random_matrix({p.vocab_local, h}, stddev, stream++, true);
+  w.lm_head = c.tie_word_embeddings ? w.embed_tokens : backend.random_matrix({p.vocab_local, h}, stddev, stream++, true);
   w.final_norm = ones(h);
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     LayerWeights L;
@@ -61,10 +61,11 @@ int64_t decode_weight_elements(const ModelConfig& c, const ShardPlan& p) {
 int64_t decode_weight_bytes(const ModelConfig& c, const ShardPlan& p, DType dtype, int64_t group_size) {
   if (!is_quantized(dtype)) return element_size(dtype) * decode_weight_elements(c, p);
   const int64_t h = c.hidden_size, hd = c.head_dim;
-  auto q = [&](int64_t n, int64_t k) { return cpu::quantized_matrix_bytes(n, k, group_size); };
-  const int64_t per_layer = q((p.num_heads_local + 2 * p.num_kv_heads_local) * hd, h) + q(h, p.num_heads_local * hd) +
-                            q(2 * p.intermediate_local, h) + q(h, p.intermediate_local);
-  return per_layer * c.num_hidden_layers + q(p.vocab_local, h);
+  auto q = [&](int64_t n, int64_t k, DType dt) { return cpu::quantized_matrix_bytes(n, k, group_size, dt); };
+  const int64_t per_layer = q((p.num_heads_local + 2 * p.num_kv_heads_local) * hd, h, dtype) +
+                            q(h, p.num_heads_local * hd, dtype) + q(2 * p.intermediate_local, h, dtype) +
+                            q(h, p.intermediate_local, dtype);
+  return per_layer * c.num_hidden_layers + q(p.vocab_local, h, vocab_weight_dtype(dtype));
 }
 
 }  // namespace linnet

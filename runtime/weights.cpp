@@ -131,16 +131,21 @@ ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& c, const Sh
   return w;
 }
 
+DType vocab_weight_dtype(DType matrix_dtype) { return matrix_dtype == DType::kI4 ? DType::kI8 : matrix_dtype; }
+
 int64_t weight_bytes_local(const ModelConfig& c, const ShardPlan& p, DType matrix_dtype, int64_t group_size) {
   const int64_t h = c.hidden_size;
   const int64_t hd = c.head_dim;
   const int64_t vectors = (2 * h + (c.qk_norm ? 2 * hd : 0)) * c.num_hidden_layers + h;  // norms
   if (is_quantized(matrix_dtype)) {
-    auto q = [&](int64_t n, int64_t k) { return cpu::quantized_matrix_bytes(n, k, std::max<int64_t>(1, group_size)); };
-    const int64_t per_layer = q((p.num_heads_local + 2 * p.num_kv_heads_local) * hd, h) +
-                              q(h, p.num_heads_local * hd) + q(2 * p.intermediate_local, h) +
-                              q(h, p.intermediate_local);
-    const int64_t vocab = q(p.vocab_local, h) * (c.tie_word_embeddings ? 1 : 2);
+    auto q = [&](int64_t n, int64_t k, DType dt) {
+      return cpu::quantized_matrix_bytes(n, k, std::max<int64_t>(1, group_size), dt);
+    };
+    const DType dt = matrix_dtype;
+    const int64_t per_layer = q((p.num_heads_local + 2 * p.num_kv_heads_local) * hd, h, dt) +
+                              q(h, p.num_heads_local * hd, dt) + q(2 * p.intermediate_local, h, dt) +
+                              q(h, p.intermediate_local, dt);
+    const int64_t vocab = q(p.vocab_local, h, vocab_weight_dtype(dt)) * (c.tie_word_embeddings ? 1 : 2);
     return per_layer * c.num_hidden_layers + vocab + static_cast<int64_t>(sizeof(float)) * vectors;
   }
   const int64_t per_layer = (p.num_heads_local + 2 * p.num_kv_heads_local) * hd * h  // wqkv
@@ -157,7 +162,11 @@ DType config_weight_dtype(const ModelConfig& c) {
   return DType::kF32;
 }
 
-void check_weight_groups(const ModelConfig& c, const ShardPlan& p, int64_t group_size) {
+void check_weight_groups(const ModelConfig& c, const ShardPlan& p, int64_t group_size, DType dtype) {
+  if (dtype == DType::kI4 && (group_size % 2 != 0 || group_size > 1024)) {
+    throw Error("int4 packs two inputs a byte: its groups are even, at most 1024", "--weight-group-size",
+                "an even size in [2, 1024]", std::to_string(group_size));
+  }
   const int64_t attn = p.num_heads_local * c.head_dim;
   const std::pair<const char*, int64_t> widths[] = {
       {"q/k/v_proj, gate/up_proj, embed_tokens and lm_head (hidden_size)", c.hidden_size},
@@ -167,11 +176,11 @@ void check_weight_groups(const ModelConfig& c, const ShardPlan& p, int64_t group
   for (const auto& w : widths) all = std::gcd(all, w.second);
   std::string work;
   for (int64_t g = 1; g <= all && g <= 1024; ++g) {
-    if (all % g == 0) work += (work.empty() ? "" : ", ") + std::to_string(g);
+    if (all % g == 0 && (dtype != DType::kI4 || g % 2 == 0)) work += (work.empty() ? "" : ", ") + std::to_string(g);
   }
   for (const auto& [what, width] : widths) {
     if (group_size >= 1 && width % group_size == 0) continue;
-    throw Error(std::string("int8 groups must not straddle a matrix's input width or a rank's slice: ") + what + " is " +
+    throw Error(std::string(dtype_name(dtype)) + " groups must not straddle a matrix's input width or a rank's slice: " + what + " is " +
                     std::to_string(width) + " wide at tp " + std::to_string(p.tp_size),
                 "--weight-group-size", "one of " + work, std::to_string(group_size));
   }

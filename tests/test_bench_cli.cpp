@@ -68,11 +68,11 @@ TEST_F(BenchCli, WeightDtypeHalvesTheWeightBytes) {
   EXPECT_NE(bad.err.find("fp8"), std::string::npos) << bad.err;
 }
 
-// --weight-dtype int8: the matrices quantized at load; a step reads each packed matrix
+// --weight-dtype int8 / int4: the matrices quantized at load; a step reads each packed matrix
 // (a 64-byte header, one byte a weight with the rows padded to 16, then an f32 scale per
 // 16 rows and group) as kernels/cpu/gemm.h lays it out. Group sizes that would split a
 // row are refused naming the ones that work; --weight-group-size needs int8.
-TEST_F(BenchCli, Int8WeightsCountTheirPackedBytes) {
+TEST_F(BenchCli, QuantizedWeightsCountTheirPackedBytes) {
   const auto config = test::test_data_dir() / "fixtures" / "llama31" / "f32" / "config.json";
   const std::string args = "bench --config " + quote(config.string()) +
                            " --random-weights --backend cpu --batch 2 --prompt-len 8 --new-tokens 4";
@@ -94,7 +94,23 @@ TEST_F(BenchCli, Int8WeightsCountTheirPackedBytes) {
   EXPECT_NE(split.err.find("one of 1, 2, 4, 8, 16"), std::string::npos) << split.err;
   const Result alone = run(1, args + " --weight-group-size 16");
   EXPECT_NE(alone.code, 0);
-  EXPECT_NE(alone.err.find("only with --weight-dtype int8"), std::string::npos) << alone.err;
+  EXPECT_NE(alone.err.find("only with --weight-dtype int8 or int4"), std::string::npos) << alone.err;
+
+  // int4: the layers' matrices half a byte a weight with an f32 scale and offset per 16
+  // rows and group; the lm_head in int8.
+  const Result four = run(1, args + " --weight-dtype int4 --weight-group-size 16");
+  expect_results(four);
+  auto packed4 = [](double n, double k, double g) {
+    const double rows = std::ceil(n / 16) * 16;
+    return 64 + std::ceil(rows * k / 2 / 64) * 64 + 2 * rows * (k / g) * 4;
+  };
+  const double layer4 = packed4(96, 64, 16) + packed4(64, 64, 16) + packed4(224, 64, 16) + packed4(64, 112, 16);
+  EXPECT_EQ(value_of(four.out, "weight bytes per decode step"), 2 * layer4 + packed(301, 64, 16)) << four.out;
+  EXPECT_NE(four.out.find("weights: random (int4, groups of 16, embedding and lm_head int8"), std::string::npos)
+      << four.out;
+  const Result odd = run(1, args + " --weight-dtype int4 --weight-group-size 1");
+  EXPECT_NE(odd.code, 0);
+  EXPECT_NE(odd.err.find("even"), std::string::npos) << odd.err;
 }
 
 // "kv cache: 24.00 KiB per rank (...)" -> bytes.

@@ -1,7 +1,7 @@
 // The seed architectures (Llama-3.1, Qwen3, Phi-3, and Mistral) on tiny checkpoints that keep each
 // model's exact structure, against transformers' logits and greedy ids
-// (tests/data/fixtures/*/golden.json, made by scripts/make_fixtures.py; golden_int8.json,
-// by scripts/make_quant_fixtures.py, for int8 weights quantized at load), at the tp size
+// (tests/data/fixtures/*/golden.json, made by scripts/make_fixtures.py; golden_quant.json,
+// by scripts/make_quant_fixtures.py, for int8 / int4 weights quantized at load), at the tp size
 // of the mpirun job: 1, 2, 4, and 8 (KV-head replication; Phi-3's 4 heads cannot split
 // over 8 ranks and is refused there, which is checked too).
 #include <mpi.h>
@@ -34,13 +34,13 @@ struct Fixture {
   std::string greedy_key;
   DType held = DType::kF32;  // the CPU backend's --weight-dtype
   DType kv = DType::kF32;    // the CPU backend's --kv-cache-dtype
-  std::string golden = "golden.json";  // golden_int8.json: scripts/make_quant_fixtures.py
+  std::string golden = "golden.json";  // golden_quant.json: scripts/make_quant_fixtures.py
   int64_t group = 64;        // --weight-group-size (int8)
 };
 
 std::ostream& operator<<(std::ostream& os, const Fixture& f) {
   return os << f.name << "/" << f.variant << (f.held == DType::kBF16 ? " held in bf16" : "")
-            << (f.held == DType::kI8 ? " quantized to int8 at load" : "")
+            << (is_quantized(f.held) ? std::string(" quantized to ") + dtype_name(f.held) + " at load" : "")
             << (f.kv == DType::kBF16 ? " with a bf16 KV cache" : "");
 }
 
@@ -64,10 +64,14 @@ std::vector<Fixture> all_fixtures() {
   // int8 at load (--weight-dtype int8 --weight-group-size 4) from the f32 and the bf16
   // checkpoints: transformers in f32 on the same weights quantized and dequantized by
   // scripts/make_quant_fixtures.py (numpy).
+  // int4 the same way (the least-squares search mirrored in numpy; the embedding and the
+  // lm_head in int8).
   for (const char* name : {"llama31", "qwen3", "phi3", "mistral"}) {
     for (const char* variant : {"f32", "bf16"}) {
-      out.push_back({name, variant, std::string("logits_int8_") + variant, std::string("output_ids_int8_") + variant,
-                     DType::kI8, DType::kF32, "golden_int8.json", 4});
+      for (const auto& [bits, held] : {std::pair{"int8_", DType::kI8}, {"int4_", DType::kI4}}) {
+        out.push_back({name, variant, std::string("logits_") + bits + variant, std::string("output_ids_") + bits + variant,
+                       held, DType::kF32, "golden_quant.json", 4});
+      }
     }
   }
   return out;
@@ -95,11 +99,11 @@ class FixtureTest : public testing::TestWithParam<Fixture> {
                    << " (refusal checked)";
     }
     const ShardPlan plan = ShardPlan::make(files_->config, world_->rank(), tp);
-    if (f.held == DType::kI8) {
+    if (is_quantized(f.held)) {
       bool fits = true;
       for (int r = 0; r < tp; ++r) {
         try {
-          check_weight_groups(files_->config, ShardPlan::make(files_->config, r, tp), f.group);
+          check_weight_groups(files_->config, ShardPlan::make(files_->config, r, tp), f.group, f.held);
         } catch (const Error&) {
           fits = false;
         }
@@ -159,7 +163,7 @@ INSTANTIATE_TEST_SUITE_P(Seeds, FixtureTest, testing::ValuesIn(all_fixtures()),
                          [](const testing::TestParamInfo<Fixture>& i) {
                            return i.param.name + "_" + i.param.variant +
                                   (i.param.held == DType::kBF16 ? "_held_bf16" : "") +
-                                  (i.param.held == DType::kI8 ? "_int8" : "") +
+                                  (is_quantized(i.param.held) ? std::string("_") + dtype_name(i.param.held) : "") +
                                   (i.param.kv == DType::kBF16 ? "_kv_bf16" : "");
                          });
 

@@ -266,9 +266,10 @@ std::vector<float> dequantized_reference(const std::vector<float>& w, int64_t n,
 }
 
 // quantize_pack_weight into an 8-byte aligned buffer (the header's alignment).
-std::vector<uint64_t> quantize(const std::vector<float>& w, int64_t n, int64_t k, int64_t group) {
-  std::vector<uint64_t> buf(static_cast<size_t>((quantized_matrix_bytes(n, k, group) + 7) / 8));
-  quantize_pack_weight(w.data(), n, k, group, buf.data());
+std::vector<uint64_t> quantize(const std::vector<float>& w, int64_t n, int64_t k, int64_t group,
+                               DType wt = DType::kI8) {
+  std::vector<uint64_t> buf(static_cast<size_t>((quantized_matrix_bytes(n, k, group, wt) + 7) / 8));
+  quantize_pack_weight(w.data(), n, k, group, buf.data(), wt);
   return buf;
 }
 
@@ -302,7 +303,7 @@ TEST(GemmInt8, DequantizedRowsMatchTheSchemeAndEachWeightIsWithinHalfAStep) {
 TEST(GemmInt8, MatchesADoubleReferenceOnTheDequantizedWeights) {
   for (Isa isa : paths()) {
     for (int64_t m : {1, 2, 3, 5, 12, 13, 31, 40}) {
-      for (auto [k, n, group] : {std::tuple<int64_t, int64_t, int64_t>{64, 23, 16}, {96, 40, 32}, {7, 5, 7}, {600, 33, 8}, {48, 70, 48}}) {
+      for (auto [k, n, group] : {std::tuple<int64_t, int64_t, int64_t>{64, 23, 16}, {96, 40, 32}, {7, 5, 7}, {600, 33, 8}, {48, 70, 48}, {600, 33, 300}}) {
         std::mt19937 g(static_cast<uint32_t>(m * 1000 + k + n));
         std::normal_distribution<float> d(0.0f, 1.0f);
         std::vector<float> x(static_cast<size_t>(m * k) + 1), w(static_cast<size_t>(n * k)),
@@ -343,26 +344,108 @@ TEST(GemmInt8, ARowAloneEqualsItsRowInABatchAndPathsAgree) {
   std::vector<float> x(m * k), w(n * k);
   for (auto& v : x) v = d(g);
   for (auto& v : w) v = d(g);
-  const auto packed = quantize(w, n, k, group);
-  std::vector<std::vector<float>> by_path;
+  for (DType wt : {DType::kI8, DType::kI4}) {
+    const auto packed = quantize(w, n, k, group, wt);
+    std::vector<std::vector<float>> by_path;
+    for (Isa isa : paths()) {
+      std::vector<float> all(m * n), all2(m * n);
+      set_num_threads(1);
+      matmul_nt_packed_isa(isa, x.data(), packed.data(), wt, all.data(), m, k, n);
+      set_num_threads(2);
+      matmul_nt_packed_isa(isa, x.data(), packed.data(), wt, all2.data(), m, k, n);
+      EXPECT_EQ(0, std::memcmp(all.data(), all2.data(), all.size() * 4)) << isa_name(isa) << " " << dtype_name(wt);
+      for (int64_t r : {0, 5, 12, 30, 31}) {
+        for (int64_t rows : {1, 2, 3}) {
+          const int64_t mm = r + rows <= m ? rows : 1;
+          std::vector<float> one(mm * n);
+          matmul_nt_packed_isa(isa, x.data() + r * k, packed.data(), wt, one.data(), mm, k, n);
+          EXPECT_EQ(0, std::memcmp(one.data(), all.data() + r * n, mm * n * 4))
+              << isa_name(isa) << " " << dtype_name(wt) << " rows " << r << " + " << mm;
+        }
+      }
+      set_num_threads(1);
+      if (isa != Isa::kGeneric) by_path.push_back(all);
+    }
+    for (size_t i = 1; i < by_path.size(); ++i) {
+      EXPECT_EQ(0, std::memcmp(by_path[0].data(), by_path[i].data(), m * n * 4)) << dtype_name(wt);
+    }
+  }
+}
+
+// int4: every group's (s, m, q) is at least as close to the weights, in squared error,
+// as plain round-to-nearest over [min, max] (the search's first candidate); q in
+// [0, 15]; a constant group is exact; odd group sizes are refused.
+TEST(GemmInt4, TheSearchIsNeverWorseThanRoundToNearestAndOftenBetter) {
+  const int64_t n = 37, k = 128, group = 32;
+  std::mt19937 g(3);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> w(n * k);
+  for (auto& v : w) v = d(g);
+  for (int64_t c = 0; c < group; ++c) w[static_cast<size_t>(k + c)] = 0.25f;  // a constant group
+  const auto packed = quantize(w, n, k, group, DType::kI4);
+  std::vector<float> row(k);
+  int better = 0, groups = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    unpack_row(packed.data(), DType::kI4, k, j, row.data());
+    for (int64_t g0 = 0; g0 < k; g0 += group) {
+      double mn = w[j * k + g0], mx = mn;
+      for (int64_t c = g0; c < g0 + group; ++c) {
+        mn = std::min<double>(mn, w[j * k + c]);
+        mx = std::max<double>(mx, w[j * k + c]);
+      }
+      double rtn = 0, got = 0;
+      for (int64_t c = g0; c < g0 + group; ++c) {
+        const double v = w[j * k + c];
+        const double s = (mx - mn) / 15;
+        const double q = s > 0 ? std::min(15.0, std::max(0.0, std::nearbyint((v - mn) / s))) : 0.0;
+        rtn += (q * s + mn - v) * (q * s + mn - v);
+        got += (row[c] - v) * (row[c] - v);
+      }
+      if (mx == mn) {
+        EXPECT_EQ(got, 0.0) << "constant group " << j << "," << g0;
+        continue;
+      }
+      ++groups;
+      EXPECT_LE(got, rtn * (1 + 1e-5) + 1e-12) << "row " << j << " group " << g0 / group;
+      if (got < rtn * 0.98) ++better;
+    }
+  }
+  EXPECT_GT(better, groups / 2) << better << " of " << groups << " groups improved by 2% or more";
+  std::vector<uint64_t> buf(1024);
+  EXPECT_THROW(quantize_pack_weight(w.data(), 4, 12, 3, buf.data(), DType::kI4), Error);  // odd group
+}
+
+TEST(GemmInt4, MatchesADoubleReferenceOnTheDequantizedWeights) {
   for (Isa isa : paths()) {
-    std::vector<float> all(m * n), all2(m * n);
-    set_num_threads(1);
-    matmul_nt_packed_isa(isa, x.data(), packed.data(), DType::kI8, all.data(), m, k, n);
-    set_num_threads(2);
-    matmul_nt_packed_isa(isa, x.data(), packed.data(), DType::kI8, all2.data(), m, k, n);
-    EXPECT_EQ(0, std::memcmp(all.data(), all2.data(), all.size() * 4)) << isa_name(isa);
-    for (int64_t r : {0, 5, 12, 30, 31}) {
-      for (int64_t rows : {1, 2}) {
-        std::vector<float> one(rows * n);
-        matmul_nt_packed_isa(isa, x.data() + r * k, packed.data(), DType::kI8, one.data(), r + rows <= m ? rows : 1, k, n);
-        EXPECT_EQ(0, std::memcmp(one.data(), all.data() + r * n, n * 4)) << isa_name(isa) << " row " << r << " of " << rows;
+    for (int64_t m : {1, 2, 3, 7, 13, 40}) {
+      for (auto [k, n, group] : {std::tuple<int64_t, int64_t, int64_t>{64, 23, 16}, {96, 40, 32}, {600, 33, 8}, {48, 70, 48}, {640, 17, 2}, {576, 40, 64}, {1536, 20, 64}}) {
+        std::mt19937 g(static_cast<uint32_t>(m * 1000 + k + n));
+        std::normal_distribution<float> d(0.0f, 1.0f);
+        std::vector<float> x(static_cast<size_t>(m * k) + 1), w(static_cast<size_t>(n * k)),
+            out(static_cast<size_t>(m * n) + 1, 99.0f), wd(static_cast<size_t>(n * k));
+        for (auto& v : x) v = d(g);
+        for (auto& v : w) v = d(g) + 0.5f;  // off-centre: the minimum matters
+        const auto packed = quantize(w, n, k, group, DType::kI4);
+        for (int64_t j = 0; j < n; ++j) unpack_row(packed.data(), DType::kI4, k, j, wd.data() + j * k);
+        matmul_nt_packed_isa(isa, x.data() + 1, packed.data(), DType::kI4, out.data() + 1, m, k, n);
+        for (int64_t i = 0; i < m; ++i) {
+          for (int64_t j = 0; j < n; ++j) {
+            // The kernel sums x * q s and x * m apart (|q s|, |m| <= about 2 max |w|).
+            double rowmax = 0;
+            for (int64_t t = 0; t < k; ++t) rowmax = std::max(rowmax, std::fabs(double(wd[j * k + t])));
+            double ref = 0, mag = 0;
+            for (int64_t t = 0; t < k; ++t) {
+              ref += double(x[1 + i * k + t]) * double(wd[j * k + t]);
+              mag += std::fabs(double(x[1 + i * k + t])) * (std::fabs(double(wd[j * k + t])) + 4 * rowmax);
+            }
+            ASSERT_NEAR(out[1 + i * n + j], ref, (double(k) + 2.0 * double(k / group) + 4) * std::ldexp(1.0, -24) * mag + 1e-30)
+                << isa_name(isa) << " m " << m << " k " << k << " n " << n << " G " << group << " at " << i << "," << j;
+          }
+        }
+        EXPECT_EQ(out[0], 99.0f) << "wrote before out";
       }
     }
-    set_num_threads(1);
-    if (isa != Isa::kGeneric) by_path.push_back(all);
   }
-  for (size_t i = 1; i < by_path.size(); ++i) EXPECT_EQ(0, std::memcmp(by_path[0].data(), by_path[i].data(), m * n * 4));
 }
 
 TEST(Gemm, UnknownIsaPathsAreRefusedByName) {

@@ -33,37 +33,125 @@ void pack_weight(const void* w, DType wt, int64_t n, int64_t k, void* packed) {
   }
 }
 
-int64_t quantized_matrix_bytes(int64_t n, int64_t k, int64_t group_size) {
+int64_t quantized_matrix_bytes(int64_t n, int64_t k, int64_t group_size, DType wt) {
+  const int64_t bits = wt == DType::kI4 ? 4 : 8;
   const int64_t panels = (n + kPanel - 1) / kPanel;
-  const int64_t value_bytes = (panels * kPanel * k + 63) / 64 * 64;
-  return kQuantHeaderBytes + value_bytes + panels * (k / group_size) * kPanel * static_cast<int64_t>(sizeof(float));
+  const int64_t value_bytes = (panels * kPanel * k * bits / 8 + 63) / 64 * 64;
+  const int64_t per_group = bits == 4 ? 2 : 1;  // scale (+ min)
+  return kQuantHeaderBytes + value_bytes +
+         per_group * panels * (k / group_size) * kPanel * static_cast<int64_t>(sizeof(float));
 }
 
-void quantize_pack_weight(const float* w, int64_t n, int64_t k, int64_t group_size, void* packed) {
-  if (group_size < 1 || k % group_size != 0) {
-    throw Error("the weight group size must divide the matrix's input width", "quantize_pack_weight",
-                "a divisor of " + std::to_string(k), std::to_string(group_size));
+namespace {
+
+// int4, one group of g values (gemm.h): the (s, m, q) of least squared error among
+// round-to-nearest over [min, max] and 20 rescalings of it, each refit by least squares.
+// All of it in double with sums in ascending order, so a sequential reference (the
+// numpy one in scripts/make_quant_fixtures.py) reproduces it exactly.
+void quantize_group_int4(const float* w, int64_t stride, int64_t g, uint8_t* q, float& s_out, float& m_out) {
+  double mn = w[0], mx = w[0];
+  for (int64_t i = 1; i < g; ++i) {
+    mn = std::min(mn, static_cast<double>(w[i * stride]));
+    mx = std::max(mx, static_cast<double>(w[i * stride]));
+  }
+  if (!(mx > mn)) {  // constant (or NaN): q = 0, m = the value
+    for (int64_t i = 0; i < g; ++i) q[i] = 0;
+    s_out = 0.0f;
+    m_out = static_cast<float>(mn);  // q - 8 times 0, plus the value
+    return;
+  }
+  uint8_t cand[1024];
+  double best_err = 0, best_s = 0, best_m = 0;
+  for (int step = -1; step <= 20; ++step) {
+    // step -1: round to nearest with s = (max - min) / 15, m = min; else iscale =
+    // (15 + (step - 10) / 10) / (max - min) and the least-squares (s, m) for its q.
+    const double iscale = step < 0 ? 15.0 / (mx - mn) : (15.0 + (step - 10) * 0.1) / (mx - mn);
+    double sq = 0, sqq = 0, sw = 0, sqw = 0;
+    for (int64_t i = 0; i < g; ++i) {
+      const double wi = w[i * stride];
+      const double v = std::min(15.0, std::max(0.0, std::nearbyint(iscale * (wi - mn))));
+      cand[i] = static_cast<uint8_t>(v);
+      sq += v;
+      sqq += v * v;
+      sw += wi;
+      sqw += v * wi;
+    }
+    double s = 0, m = 0;
+    if (step < 0) {
+      s = (mx - mn) / 15.0;
+      m = mn;
+    } else {
+      const double n = static_cast<double>(g);
+      const double det = n * sqq - sq * sq;
+      if (!(det > 0)) continue;
+      s = (n * sqw - sq * sw) / det;
+      m = (sqq * sw - sq * sqw) / det;
+      if (!(s > 0)) continue;
+    }
+    double err = 0;
+    for (int64_t i = 0; i < g; ++i) {
+      const double d = s * cand[i] + m - w[i * stride];
+      err += d * d;
+    }
+    if (step < 0 || err < best_err) {
+      best_err = err;
+      best_s = s;
+      best_m = m;
+      std::memcpy(q, cand, static_cast<size_t>(g));
+    }
+  }
+  // Stored as the offset of q - 8 (w = (q - 8) s + m'), so the kernels' two sums,
+  // s * sum(x (q - 8)) and m' * sum(x), are centred and cancel less in f32.
+  s_out = static_cast<float>(best_s);
+  m_out = static_cast<float>(best_m + 8.0 * best_s);
+}
+
+}  // namespace
+
+void quantize_pack_weight(const float* w, int64_t n, int64_t k, int64_t group_size, void* packed, DType wt) {
+  if (wt != DType::kI8 && wt != DType::kI4) {
+    throw Error("quantize_pack_weight makes int8 or int4", "quantize_pack_weight", "", dtype_name(wt));
+  }
+  const bool int4 = wt == DType::kI4;
+  if (group_size < 1 || k % group_size != 0 || (int4 && (group_size % 2 != 0 || group_size > 1024))) {
+    throw Error("the weight group size must divide the matrix's input width" +
+                    std::string(int4 ? " and be even (int4 packs two k steps a byte), at most 1024" : ""),
+                "quantize_pack_weight", "a divisor of " + std::to_string(k), std::to_string(group_size));
   }
   const int64_t panels = (n + kPanel - 1) / kPanel, groups = k / group_size;
-  std::memset(packed, 0, static_cast<size_t>(quantized_matrix_bytes(n, k, group_size)));
+  std::memset(packed, 0, static_cast<size_t>(quantized_matrix_bytes(n, k, group_size, wt)));
   auto* h = static_cast<QuantHeader*>(packed);
-  *h = QuantHeader{group_size, groups, k, panels};
+  *h = QuantHeader{group_size, groups, k, panels, int4 ? 4 : 8};
   const detail::QuantView v = detail::quant_view(packed);
-  auto* values = const_cast<int8_t*>(v.values);
+  auto* values = reinterpret_cast<uint8_t*>(const_cast<int8_t*>(v.values));
   auto* scales = const_cast<float*>(v.scales);
+  auto* mins = const_cast<float*>(v.mins);
 #pragma omp parallel for schedule(static)
   for (int64_t j = 0; j < n; ++j) {
     const float* row = w + j * k;
     const int64_t p = j / kPanel, lane = j % kPanel;
+    uint8_t q4[1024];
     for (int64_t g = 0; g < groups; ++g) {
+      const int64_t c0 = g * group_size;
+      if (int4) {
+        float s = 0, m = 0;
+        quantize_group_int4(row + c0, 1, group_size, q4, s, m);
+        scales[(p * groups + g) * kPanel + lane] = s;
+        mins[(p * groups + g) * kPanel + lane] = m;
+        for (int64_t c = c0; c < c0 + group_size; ++c) {  // pair c / 2, byte `lane`, nibble c % 2
+          uint8_t& b = values[p * kPanel * k / 2 + (c / 2) * kPanel + lane];
+          b = static_cast<uint8_t>(b | (q4[c - c0] << (4 * (c % 2))));
+        }
+        continue;
+      }
       float amax = 0.0f;
-      for (int64_t c = g * group_size; c < (g + 1) * group_size; ++c) amax = std::max(amax, std::fabs(row[c]));
+      for (int64_t c = c0; c < c0 + group_size; ++c) amax = std::max(amax, std::fabs(row[c]));
       const float s = amax / 127.0f;
       scales[(p * groups + g) * kPanel + lane] = s;
       if (s == 0.0f) continue;
-      for (int64_t c = g * group_size; c < (g + 1) * group_size; ++c) {
+      for (int64_t c = c0; c < c0 + group_size; ++c) {
         const float q = std::nearbyint(row[c] / s);  // round half to even (the default mode)
-        values[p * kPanel * k + c * kPanel + lane] = static_cast<int8_t>(std::clamp(q, -127.0f, 127.0f));
+        values[p * kPanel * k + c * kPanel + lane] = static_cast<uint8_t>(static_cast<int8_t>(std::clamp(q, -127.0f, 127.0f)));
       }
     }
   }
@@ -132,10 +220,18 @@ void widen_to_f32(const void* w, DType wt, int64_t n, float* out) {
 
 void unpack_row(const void* packed, DType wt, int64_t k, int64_t row, float* out) {
   const int64_t base = (row / kPanel) * kPanel * k + row % kPanel;
-  if (wt == DType::kI8) {
+  if (wt == DType::kI8 || wt == DType::kI4) {
     const detail::QuantView v = detail::quant_view(packed);
-    const float* s = v.scales + (row / kPanel) * v.groups * kPanel + row % kPanel;
-    for (int64_t c = 0; c < k; ++c) out[c] = static_cast<float>(v.values[base + c * kPanel]) * s[c / v.group_size * kPanel];
+    const int64_t at = (row / kPanel) * v.groups * kPanel + row % kPanel;
+    for (int64_t c = 0; c < k; ++c) {
+      const int64_t g = at + c / v.group_size * kPanel;
+      if (wt == DType::kI8) {
+        out[c] = static_cast<float>(v.values[base + c * kPanel]) * v.scales[g];
+      } else {  // (q - 8) s + m, one rounding each (the embedding lookup; GEMMs fold differently, gemm.h)
+        const auto* b = reinterpret_cast<const uint8_t*>(v.values) + (row / kPanel) * kPanel * k / 2 + (c / 2) * kPanel + row % kPanel;
+        out[c] = static_cast<float>(((*b >> (4 * (c % 2))) & 15) - 8) * v.scales[g] + v.mins[g];
+      }
+    }
     return;
   }
   for (int64_t c = 0; c < k; ++c) out[c] = detail::load_weight(packed, wt, base + c * kPanel);

@@ -44,6 +44,20 @@
 // whole groups once into the per-thread buffer and reuse it for every row tile. Every
 // invariance above holds the same way: one fixed sequence of f32 operations per output
 // element, whatever the rows, tile, k block or thread, and the same on AVX2 and AVX-512.
+//
+// int4 weights (DType::kI4, --weight-dtype int4): asymmetric, w ~ s q + m with q in
+// [0, 15] and an f32 scale s and offset per output column and group. Quantizing
+// searches each group's (s, m) for the least squared error, as llama.cpp's k-quants
+// do (quantize_pack_weight: 21 candidate scalings of max - min, each refit by least
+// squares; plain round-to-nearest is the first candidate). Values are packed two a
+// byte, two k steps per 16 bytes: byte l of pair c / 2 of a panel holds column l's q at
+// k = c (even) in its low nibble and at k = c + 1 in its high nibble, so one load gives
+// two k steps. The offsets follow the scales, [panels][groups][16], stored as
+// m' = m + 8 s so that w = (q - 8) s + m': centred, the two sums below cancel less in
+// f32. The reduction: per group a chain part over x * (q - 8) as for int8, and the row's
+// sum over the group's x, xs (one f32 chain in ascending k, computed once per call);
+// then out = fma(part, s, out), out = fma(xs, m', out), in ascending g (generic:
+// multiply then add).
 #pragma once
 
 #include <cstdint>
@@ -68,9 +82,10 @@ decltype(auto) dispatch_weight_dtype(DType wt, F&& f) {
     case DType::kBF16: return f(std::integral_constant<DType, DType::kBF16>{});
     case DType::kF16: return f(std::integral_constant<DType, DType::kF16>{});
     case DType::kI8: return f(std::integral_constant<DType, DType::kI8>{});
+    case DType::kI4: return f(std::integral_constant<DType, DType::kI4>{});
     case DType::kI32: break;
   }
-  throw Error("i32 is not a weight dtype (f32, bf16, f16 or int8)", "dispatch_weight_dtype");
+  throw Error("i32 is not a weight dtype (f32, bf16, f16 or int8 / int4)", "dispatch_weight_dtype");
 }
 
 /// Output columns per packed panel.
@@ -84,6 +99,7 @@ struct QuantHeader {
   int64_t groups;      // k / G
   int64_t k;           // the input width
   int64_t panels;      // ceil(n / kPanel)
+  int64_t bits;        // 8 (kI8) or 4 (kI4: with mins)
 };
 inline constexpr int64_t kQuantHeaderBytes = 64;
 
@@ -97,15 +113,18 @@ static inline int64_t packed_elements(int64_t n, int64_t k) { return (n + kPanel
 /// columns are zero).
 void pack_weight(const void* w, DType wt, int64_t n, int64_t k, void* packed);
 
-/// Bytes of the packed form of an [n, k] matrix quantized to int8 with groups of
-/// `group_size` along k: header + values (padded to kPanel columns) + f32 scales.
-int64_t quantized_matrix_bytes(int64_t n, int64_t k, int64_t group_size);
+/// Bytes of the packed form of an [n, k] matrix quantized to `wt` (kI8 or kI4) with
+/// groups of `group_size` along k: header + values (padded to kPanel columns; int4 two
+/// a byte) + f32 scales (+ f32 mins for int4).
+int64_t quantized_matrix_bytes(int64_t n, int64_t k, int64_t group_size, DType wt = DType::kI8);
 
-/// Quantizes `w` [n, k] row-major f32 to int8 (the file comment's scheme) into
-/// `packed` (quantized_matrix_bytes(n, k, group_size) bytes, 8-byte aligned; padding
-/// columns are zero with zero scales).
-/// @throws Error if group_size < 1 or does not divide k (naming both).
-void quantize_pack_weight(const float* w, int64_t n, int64_t k, int64_t group_size, void* packed);
+/// Quantizes `w` [n, k] row-major f32 to `wt` (kI8 or kI4; the file comment's schemes)
+/// into `packed` (quantized_matrix_bytes(n, k, group_size, wt) bytes, 8-byte aligned;
+/// padding columns are zero with zero scales).
+/// @throws Error if group_size < 1 or does not divide k (naming both), or is odd for
+/// int4.
+void quantize_pack_weight(const float* w, int64_t n, int64_t k, int64_t group_size, void* packed,
+                          DType wt = DType::kI8);
 
 /// out[m, n] = x[m, k] * w[n, k]^T from a packed weight (pack_weight), in f32 with the
 /// fixed reduction order of the file comment, on the active ISA path. x, packed and out
@@ -155,17 +174,31 @@ static inline int64_t row_block(int64_t k) {
 }
 // Element i of a weight array of type wt (not kI8), as f32.
 float load_weight(const void* w, DType wt, int64_t i);
-// A packed int8 matrix's parts (see QuantHeader).
+// out[r * groups + g] = x[r, gG] + x[r, gG + 1] + ... + x[r, gG + G - 1], one f32 chain
+// in ascending k (int4's minimum term; the same bits on every path).
+static inline void group_sums(const float* x, int64_t m, int64_t k, int64_t group, float* out) {
+  const int64_t groups = k / group;
+  for (int64_t r = 0; r < m; ++r) {
+    for (int64_t g = 0; g < groups; ++g) {
+      float s = 0.0f;
+      for (int64_t c = g * group; c < (g + 1) * group; ++c) s = s + x[r * k + c];
+      out[r * groups + g] = s;
+    }
+  }
+}
+// A packed quantized matrix's parts (see QuantHeader).
 struct QuantView {
-  const int8_t* values;  // panel layout, 1 byte an element
+  const int8_t* values;  // panel layout: int8 one a byte; int4 two k steps per 16 bytes
   const float* scales;   // [panels][groups][kPanel]
+  const float* mins;     // int4: [panels][groups][kPanel]; int8: null
   int64_t group_size, groups;
 };
 static inline QuantView quant_view(const void* packed) {  // static: see row_block
   const auto* h = static_cast<const QuantHeader*>(packed);
   const auto* values = static_cast<const int8_t*>(packed) + kQuantHeaderBytes;
-  const int64_t value_bytes = (h->panels * kPanel * h->k + 63) / 64 * 64;
-  return {values, reinterpret_cast<const float*>(values + value_bytes), h->group_size, h->groups};
+  const int64_t value_bytes = (h->panels * kPanel * h->k * h->bits / 8 + 63) / 64 * 64;
+  const auto* scales = reinterpret_cast<const float*>(values + value_bytes);
+  return {values, scales, h->bits == 4 ? scales + h->panels * h->groups * kPanel : nullptr, h->group_size, h->groups};
 }
 }  // namespace detail
 

@@ -7,6 +7,7 @@
 // widened in registers, a partial chain per group, scaled once per group (tile_q8).
 #include <immintrin.h>
 
+#include <cstdlib>
 #include <cstring>
 
 #include "kernels/cpu/gemm.h"
@@ -161,6 +162,108 @@ void panels_q8(const float* x, const void* packed, float* out, int64_t m, int64_
   }
 }
 
+// int4: the 16 bytes of a k pair -> the even step's q - 8 (low nibbles; columns 0-7,
+// 8-15) and the odd step's (high nibbles).
+inline void widen_pair(const int8_t* b, __m256 w[4]) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b));
+  const __m128i low = _mm_set1_epi8(15), eight = _mm_set1_epi8(8);
+  const __m128i e = _mm_sub_epi8(_mm_and_si128(v, low), eight);
+  const __m128i o = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(v, 4), low), eight);
+  w[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(e));
+  w[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(e, 8)));
+  w[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(o));
+  w[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(o, 8)));
+}
+
+// int4: R rows x P panels over all of k (R x P <= 2), two k steps per load; xs the rows'
+// group sums.
+template <int R, int P>
+inline void tile_q4(const float* x, const QuantView& qv, const float* xs, float* out, int64_t k, int64_t n, int64_t r0,
+                    int64_t p) {
+  __m256 acc[R][2 * P];
+  for (int i = 0; i < R; ++i)
+    for (int v = 0; v < 2 * P; ++v) acc[i][v] = _mm256_setzero_ps();
+  const float* xr[R];
+  for (int i = 0; i < R; ++i) xr[i] = x + (r0 + i) * k;
+  for (int64_t g = 0; g < qv.groups; ++g) {
+    __m256 part[R][2 * P];
+    for (int i = 0; i < R; ++i)
+      for (int v = 0; v < 2 * P; ++v) part[i][v] = _mm256_setzero_ps();
+    for (int64_t c = g * qv.group_size, c1 = c + qv.group_size; c < c1; c += 2) {
+      for (int q = 0; q < P; ++q) {
+        __m256 w[4];
+        widen_pair(qv.values + (p + q) * kPanel * k / 2 + c / 2 * kPanel, w);
+        for (int i = 0; i < R; ++i) {
+          const __m256 x0 = _mm256_broadcast_ss(xr[i] + c), x1 = _mm256_broadcast_ss(xr[i] + c + 1);
+          part[i][2 * q] = _mm256_fmadd_ps(x0, w[0], part[i][2 * q]);
+          part[i][2 * q + 1] = _mm256_fmadd_ps(x0, w[1], part[i][2 * q + 1]);
+          part[i][2 * q] = _mm256_fmadd_ps(x1, w[2], part[i][2 * q]);
+          part[i][2 * q + 1] = _mm256_fmadd_ps(x1, w[3], part[i][2 * q + 1]);
+        }
+      }
+    }
+    for (int q = 0; q < P; ++q) {
+      const float* sq = qv.scales + ((p + q) * qv.groups + g) * kPanel;
+      const float* mq = qv.mins + ((p + q) * qv.groups + g) * kPanel;
+      for (int h = 0; h < 2; ++h) {
+        const __m256 sv = _mm256_loadu_ps(sq + 8 * h), mv = _mm256_loadu_ps(mq + 8 * h);
+        for (int i = 0; i < R; ++i) {
+          acc[i][2 * q + h] = _mm256_fmadd_ps(part[i][2 * q + h], sv, acc[i][2 * q + h]);
+          acc[i][2 * q + h] = _mm256_fmadd_ps(_mm256_set1_ps(xs[(r0 + i) * qv.groups + g]), mv, acc[i][2 * q + h]);
+        }
+      }
+    }
+  }
+  for (int q = 0; q < P; ++q) {
+    const int64_t j0 = (p + q) * kPanel;
+    const int64_t cols = n - j0 < kPanel ? n - j0 : kPanel;
+    for (int i = 0; i < R; ++i) {
+      float tmp[kPanel];
+      _mm256_storeu_ps(tmp, acc[i][2 * q]);
+      _mm256_storeu_ps(tmp + 8, acc[i][2 * q + 1]);
+      std::memcpy(out + (r0 + i) * n + j0, tmp, static_cast<size_t>(cols) * sizeof(float));
+    }
+  }
+}
+
+// The rows' group sums of the current call (C allocation only, as attention_impl.h).
+struct GroupSums {
+  float* data = nullptr;
+  int64_t cap = 0;
+  ~GroupSums() { std::free(data); }
+  float* get(int64_t elems) {
+    if (elems > cap) {
+      std::free(data);
+      data = static_cast<float*>(std::malloc(static_cast<size_t>(elems) * sizeof(float)));
+      cap = elems;
+    }
+    return data;
+  }
+};
+thread_local GroupSums t_xs;
+
+void panels_q4(const float* x, const void* packed, float* out, int64_t m, int64_t k, int64_t n, int64_t p0,
+               int64_t p1) {
+  const QuantView qv = quant_view(packed);
+  float* xs = t_xs.get(m * qv.groups);
+  group_sums(x, m, k, qv.group_size, xs);
+  if (m == 1) {
+    int64_t p = p0;
+    for (; p + 2 <= p1; p += 2) tile_q4<1, 2>(x, qv, xs, out, k, n, 0, p);
+    if (p < p1) tile_q4<1, 1>(x, qv, xs, out, k, n, 0, p);
+    return;
+  }
+  const int64_t mb = row_block(k);
+  for (int64_t r0 = 0; r0 < m; r0 += mb) {
+    const int64_t r1 = r0 + mb < m ? r0 + mb : m;
+    for (int64_t p = p0; p < p1; ++p) {
+      int64_t r = r0;
+      for (; r + 2 <= r1; r += 2) tile_q4<2, 1>(x, qv, xs, out, k, n, r, p);
+      if (r < r1) tile_q4<1, 1>(x, qv, xs, out, k, n, r, p);
+    }
+  }
+}
+
 template <DType WT>
 void panels_dense(const float* x, const void* packed, float* out, int64_t m, int64_t k, int64_t n, int64_t p0,
                   int64_t p1) {
@@ -188,6 +291,8 @@ void panels(const float* x, const void* packed, float* out, int64_t m, int64_t k
             int64_t p1) {
   if constexpr (WT == DType::kI8) {
     panels_q8(x, packed, out, m, k, n, p0, p1);
+  } else if constexpr (WT == DType::kI4) {
+    panels_q4(x, packed, out, m, k, n, p0, p1);
   } else {
     panels_dense<WT>(x, packed, out, m, k, n, p0, p1);
   }

@@ -285,11 +285,13 @@ inline void tile_q8(const float* x, const QuantView& qv, float* out, int64_t k, 
 }
 
 // R rows x P panels over one k block of whole groups [c0, c0 + kc): wf holds the block's
-// q widened to f32 (panel q at wf + q * kPanel * kc), sq each panel's scales; the running
-// sums start at zero (c0 = 0) or at what the previous block stored in out.
-template <int R, int P>
-inline void tile_block_q8(const float* x, int64_t k, const float* wf, const float* const* sq, int64_t group,
-                          float* out, int64_t n, int64_t j0, int64_t c0, int64_t kc) {
+// q widened to f32 (panel q at wf + q * kPanel * kc), sq / mq each panel's scales /
+// mins (int4: Min, with xs the rows' group sums, `groups` apart); the running sums
+// start at zero (c0 = 0) or at what the previous block stored in out.
+template <int R, int P, bool Min>
+inline void tile_block_q(const float* x, int64_t k, const float* wf, const float* const* sq, const float* const* mq,
+                         const float* xs, int64_t groups, int64_t group, float* out, int64_t n, int64_t j0, int64_t c0,
+                         int64_t kc) {
   __m512 acc[R][P];
   __mmask16 mask[P];
   for (int q = 0; q < P; ++q) {
@@ -311,35 +313,51 @@ inline void tile_block_q8(const float* x, int64_t k, const float* wf, const floa
         for (int q = 0; q < P; ++q) part[i][q] = _mm512_fmadd_ps(xv, w[q], part[i][q]);
       }
     }
+    const int64_t g = (c0 + g0) / group;
     for (int q = 0; q < P; ++q) {
-      const __m512 sv = _mm512_loadu_ps(sq[q] + (c0 + g0) / group * kPanel);
+      const __m512 sv = _mm512_loadu_ps(sq[q] + g * kPanel);
       for (int i = 0; i < R; ++i) acc[i][q] = _mm512_fmadd_ps(part[i][q], sv, acc[i][q]);
+      if constexpr (Min) {
+        const __m512 mv = _mm512_loadu_ps(mq[q] + g * kPanel);
+        for (int i = 0; i < R; ++i) acc[i][q] = _mm512_fmadd_ps(_mm512_set1_ps(xs[i * groups + g]), mv, acc[i][q]);
+      }
     }
   }
   for (int q = 0; q < P; ++q)
     for (int i = 0; i < R; ++i) _mm512_mask_storeu_ps(out + i * n + j0 + q * kPanel, mask[q], acc[i][q]);
 }
 
-template <int P>
-inline void rows_block_q8(int64_t R, const float* x, int64_t k, const float* wf, const float* const* sq,
-                          int64_t group, float* out, int64_t n, int64_t j0, int64_t c0, int64_t kc) {
+template <int P, bool Min>
+inline void rows_block_q(int64_t R, const float* x, int64_t k, const float* wf, const float* const* sq,
+                         const float* const* mq, const float* xs, int64_t groups, int64_t group, float* out, int64_t n,
+                         int64_t j0, int64_t c0, int64_t kc) {
   switch (R) {
-    case 6: return tile_block_q8<6, P>(x, k, wf, sq, group, out, n, j0, c0, kc);
-    case 5: return tile_block_q8<5, P>(x, k, wf, sq, group, out, n, j0, c0, kc);
-    case 4: return tile_block_q8<4, P>(x, k, wf, sq, group, out, n, j0, c0, kc);
-    case 3: return tile_block_q8<3, P>(x, k, wf, sq, group, out, n, j0, c0, kc);
-    case 2: return tile_block_q8<2, P>(x, k, wf, sq, group, out, n, j0, c0, kc);
-    case 1: return tile_block_q8<1, P>(x, k, wf, sq, group, out, n, j0, c0, kc);
+    case 6: return tile_block_q<6, P, Min>(x, k, wf, sq, mq, xs, groups, group, out, n, j0, c0, kc);
+    case 5: return tile_block_q<5, P, Min>(x, k, wf, sq, mq, xs, groups, group, out, n, j0, c0, kc);
+    case 4: return tile_block_q<4, P, Min>(x, k, wf, sq, mq, xs, groups, group, out, n, j0, c0, kc);
+    case 3: return tile_block_q<3, P, Min>(x, k, wf, sq, mq, xs, groups, group, out, n, j0, c0, kc);
+    case 2: return tile_block_q<2, P, Min>(x, k, wf, sq, mq, xs, groups, group, out, n, j0, c0, kc);
+    case 1: return tile_block_q<1, P, Min>(x, k, wf, sq, mq, xs, groups, group, out, n, j0, c0, kc);
     default: return;
   }
+}
+
+// int4: the 16 bytes of a k pair -> q - 8 at the even step (low nibbles) and the odd one.
+inline void widen_pair(const int8_t* b, __m512& even, __m512& odd) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b));
+  const __m128i low = _mm_set1_epi8(15), eight = _mm_set1_epi8(8);
+  even = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_sub_epi8(_mm_and_si128(v, low), eight)));
+  odd = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(v, 4), low), eight)));
 }
 
 // Steps of more rows: row blocks whose x stays in L2; per panel pair, k blocks of whole
 // groups (about kKc inputs, at least one group), each widened once into the per-thread
 // buffer and run by every 6-row tile (6 x 2 running sums and 6 x 2 partial sums fill
-// the registers the f32 kernel's 12 x 2 tile uses).
-void panels_blocked_q8(const float* x, const QuantView& qv, float* out, int64_t m, int64_t k, int64_t n, int64_t p0,
-                       int64_t p1) {
+// the registers the f32 kernel's 12 x 2 tile uses). int4 (Int4): xs holds every row's
+// group sums.
+template <bool Int4>
+void panels_blocked_q(const float* x, const QuantView& qv, float* out, int64_t m, int64_t k, int64_t n, int64_t p0,
+                      int64_t p1, const float* xs) {
   const int64_t mb = rows_per_block(k);
   const int64_t G = qv.group_size;
   const int64_t kb = G >= kKc ? G : kKc / G * G;
@@ -350,18 +368,35 @@ void panels_blocked_q8(const float* x, const QuantView& qv, float* out, int64_t 
       const int64_t P = p + 2 <= p1 ? 2 : 1;
       const int64_t j0 = p * kPanel;
       const float* sq[2] = {qv.scales + p * qv.groups * kPanel, qv.scales + (p + 1) * qv.groups * kPanel};
+      const float* mq[2] = {nullptr, nullptr};
+      if (Int4) {
+        mq[0] = qv.mins + p * qv.groups * kPanel;
+        mq[1] = qv.mins + (p + 1) * qv.groups * kPanel;
+      }
       for (int64_t c0 = 0; c0 < k; c0 += kb) {
         const int64_t kc = k - c0 < kb ? k - c0 : kb;
         for (int64_t q = 0; q < P; ++q) {
-          const int8_t* wq = qv.values + (p + q) * kPanel * k + c0 * kPanel;
-          for (int64_t c = 0; c < kc; ++c) _mm512_storeu_ps(wf + q * kPanel * kc + c * kPanel, widen16(wq + c * kPanel));
+          float* dst = wf + q * kPanel * kc;
+          if (Int4) {
+            const int8_t* wq = qv.values + (p + q) * kPanel * k / 2 + c0 / 2 * kPanel;
+            for (int64_t c = 0; c < kc; c += 2) {
+              __m512 even, odd;
+              widen_pair(wq + c / 2 * kPanel, even, odd);
+              _mm512_storeu_ps(dst + c * kPanel, even);
+              _mm512_storeu_ps(dst + (c + 1) * kPanel, odd);
+            }
+          } else {
+            const int8_t* wq = qv.values + (p + q) * kPanel * k + c0 * kPanel;
+            for (int64_t c = 0; c < kc; ++c) _mm512_storeu_ps(dst + c * kPanel, widen16(wq + c * kPanel));
+          }
         }
         for (int64_t t0 = r0; t0 < r1; t0 += 6) {
           const int64_t R = r1 - t0 < 6 ? r1 - t0 : 6;
+          const float* xst = Int4 ? xs + t0 * qv.groups : nullptr;
           if (P == 2) {
-            rows_block_q8<2>(R, x + t0 * k, k, wf, sq, G, out + t0 * n, n, j0, c0, kc);
+            rows_block_q<2, Int4>(R, x + t0 * k, k, wf, sq, mq, xst, qv.groups, G, out + t0 * n, n, j0, c0, kc);
           } else {
-            rows_block_q8<1>(R, x + t0 * k, k, wf, sq, G, out + t0 * n, n, j0, c0, kc);
+            rows_block_q<1, Int4>(R, x + t0 * k, k, wf, sq, mq, xst, qv.groups, G, out + t0 * n, n, j0, c0, kc);
           }
         }
       }
@@ -370,10 +405,84 @@ void panels_blocked_q8(const float* x, const QuantView& qv, float* out, int64_t 
   }
 }
 
+// int4 GEMV-sized steps: R rows x P panels over all of k, two k steps per load.
+template <int R, int P>
+inline void tile_q4(const float* x, const QuantView& qv, const float* xs, float* out, int64_t k, int64_t n, int64_t r0,
+                    int64_t p) {
+  __m512 acc[R][P];
+  for (int i = 0; i < R; ++i)
+    for (int q = 0; q < P; ++q) acc[i][q] = _mm512_setzero_ps();
+  const float* xr[R];
+  for (int i = 0; i < R; ++i) xr[i] = x + (r0 + i) * k;
+  const int8_t* wq[P];
+  const float* sq[P];
+  const float* mq[P];
+  for (int q = 0; q < P; ++q) {
+    wq[q] = qv.values + (p + q) * kPanel * k / 2;
+    sq[q] = qv.scales + (p + q) * qv.groups * kPanel;
+    mq[q] = qv.mins + (p + q) * qv.groups * kPanel;
+  }
+  for (int64_t g = 0; g < qv.groups; ++g) {
+    __m512 part[R][P];
+    for (int i = 0; i < R; ++i)
+      for (int q = 0; q < P; ++q) part[i][q] = _mm512_setzero_ps();
+    for (int64_t c = g * qv.group_size, c1 = c + qv.group_size; c < c1; c += 2) {
+      __m512 even[P], odd[P];
+      for (int q = 0; q < P; ++q) widen_pair(wq[q] + c / 2 * kPanel, even[q], odd[q]);
+      for (int i = 0; i < R; ++i) {
+        const __m512 xv = _mm512_set1_ps(xr[i][c]);
+        for (int q = 0; q < P; ++q) part[i][q] = _mm512_fmadd_ps(xv, even[q], part[i][q]);
+      }
+      for (int i = 0; i < R; ++i) {
+        const __m512 xv = _mm512_set1_ps(xr[i][c + 1]);
+        for (int q = 0; q < P; ++q) part[i][q] = _mm512_fmadd_ps(xv, odd[q], part[i][q]);
+      }
+    }
+    for (int q = 0; q < P; ++q) {
+      const __m512 sv = _mm512_loadu_ps(sq[q] + g * kPanel), mv = _mm512_loadu_ps(mq[q] + g * kPanel);
+      for (int i = 0; i < R; ++i) {
+        acc[i][q] = _mm512_fmadd_ps(part[i][q], sv, acc[i][q]);
+        acc[i][q] = _mm512_fmadd_ps(_mm512_set1_ps(xs[(r0 + i) * qv.groups + g]), mv, acc[i][q]);
+      }
+    }
+  }
+  for (int q = 0; q < P; ++q) {
+    const int64_t j0 = (p + q) * kPanel;
+    const int64_t cols = n - j0 < kPanel ? n - j0 : kPanel;
+    const __mmask16 mask = static_cast<__mmask16>((1u << cols) - 1u);
+    for (int i = 0; i < R; ++i) _mm512_mask_storeu_ps(out + (r0 + i) * n + j0, mask, acc[i][q]);
+  }
+}
+
+thread_local Scratch t_xs;  // int4: the rows' group sums of the current call
+
+void panels_q4(const float* x, const void* packed, float* out, int64_t m, int64_t k, int64_t n, int64_t p0,
+               int64_t p1) {
+  const QuantView qv = quant_view(packed);
+  float* xs = t_xs.get(m * qv.groups);
+  group_sums(x, m, k, qv.group_size, xs);
+  if (m > 2) return panels_blocked_q<true>(x, qv, out, m, k, n, p0, p1, xs);
+  int64_t p = p0;
+  for (; p + 4 <= p1; p += 4) {
+    if (m == 2) {
+      tile_q4<2, 4>(x, qv, xs, out, k, n, 0, p);
+    } else {
+      tile_q4<1, 4>(x, qv, xs, out, k, n, 0, p);
+    }
+  }
+  for (; p < p1; ++p) {
+    if (m == 2) {
+      tile_q4<2, 1>(x, qv, xs, out, k, n, 0, p);
+    } else {
+      tile_q4<1, 1>(x, qv, xs, out, k, n, 0, p);
+    }
+  }
+}
+
 void panels_q8(const float* x, const void* packed, float* out, int64_t m, int64_t k, int64_t n, int64_t p0,
                int64_t p1) {
   const QuantView qv = quant_view(packed);
-  if (m > 2) return panels_blocked_q8(x, qv, out, m, k, n, p0, p1);
+  if (m > 2) return panels_blocked_q<false>(x, qv, out, m, k, n, p0, p1, nullptr);
   int64_t p = p0;
   for (; p + 4 <= p1; p += 4) {
     if (m == 2) {
@@ -414,6 +523,8 @@ void panels(const float* x, const void* packed, float* out, int64_t m, int64_t k
             int64_t p1) {
   if constexpr (WT == DType::kI8) {
     panels_q8(x, packed, out, m, k, n, p0, p1);
+  } else if constexpr (WT == DType::kI4) {
+    panels_q4(x, packed, out, m, k, n, p0, p1);
   } else {
     panels_dense<WT>(x, packed, out, m, k, n, p0, p1);
   }

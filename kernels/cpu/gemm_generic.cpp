@@ -39,7 +39,8 @@ float load_weight(const void* w, DType wt, int64_t i) {
       return f;
     }
     case DType::kI32:
-    case DType::kI8: break;  // not an element array: the packed weight never holds i32; int8 has scales
+    case DType::kI8:
+    case DType::kI4: break;  // not an element array: the packed weight never holds i32; int8 has scales
   }
   return 0.0f;
 }
@@ -47,7 +48,8 @@ float load_weight(const void* w, DType wt, int64_t i) {
 void gemm_panels_generic(const float* x, const void* packed, DType wt, float* out, int64_t m, int64_t k,
                          int64_t n, int64_t p0, int64_t p1) {
   const int64_t mb = row_block(k);
-  const QuantView q = wt == DType::kI8 ? quant_view(packed) : QuantView{};
+  const QuantView q = is_quantized(wt) ? quant_view(packed) : QuantView{};
+  const auto* nib = reinterpret_cast<const uint8_t*>(q.values);
   float wrow[kPanel];
   for (int64_t r0 = 0; r0 < m; r0 += mb) {
     const int64_t r1 = r0 + mb < m ? r0 + mb : m;
@@ -57,11 +59,20 @@ void gemm_panels_generic(const float* x, const void* packed, DType wt, float* ou
       for (int64_t r = r0; r < r1; r += 6) {
         const int64_t R = r1 - r < 6 ? r1 - r : 6;
         float acc[6][kPanel] = {};
-        if (wt == DType::kI8) {  // per group: a chain over x * q from zero, then + part * s (gemm.h)
+        if (is_quantized(wt)) {  // per group: a chain over x * q from zero, then + part * s (gemm.h)
+          float xs[6] = {};  // int4: the rows' sums over the group's x
           for (int64_t g = 0; g < q.groups; ++g) {
             float part[6][kPanel] = {};
+            if (wt == DType::kI4) {
+              for (int64_t i = 0; i < R; ++i) group_sums(x + (r + i) * k + g * q.group_size, 1, q.group_size, q.group_size, &xs[i]);
+            }
             for (int64_t c = g * q.group_size; c < (g + 1) * q.group_size; ++c) {
-              for (int64_t l = 0; l < kPanel; ++l) wrow[l] = static_cast<float>(q.values[base + c * kPanel + l]);
+              if (wt == DType::kI4) {
+                for (int64_t l = 0; l < kPanel; ++l)
+                  wrow[l] = static_cast<float>(((nib[p * kPanel * k / 2 + (c / 2) * kPanel + l] >> (4 * (c % 2))) & 15) - 8);
+              } else {
+                for (int64_t l = 0; l < kPanel; ++l) wrow[l] = static_cast<float>(q.values[base + c * kPanel + l]);
+              }
               for (int64_t i = 0; i < R; ++i) {
                 const float xv = x[(r + i) * k + c];
                 for (int64_t l = 0; l < kPanel; ++l) part[i][l] = part[i][l] + xv * wrow[l];
@@ -70,6 +81,11 @@ void gemm_panels_generic(const float* x, const void* packed, DType wt, float* ou
             const float* s = q.scales + (p * q.groups + g) * kPanel;
             for (int64_t i = 0; i < R; ++i)
               for (int64_t l = 0; l < kPanel; ++l) acc[i][l] = acc[i][l] + part[i][l] * s[l];
+            if (wt == DType::kI4) {
+              const float* mn = q.mins + (p * q.groups + g) * kPanel;
+              for (int64_t i = 0; i < R; ++i)
+                for (int64_t l = 0; l < kPanel; ++l) acc[i][l] = acc[i][l] + xs[i] * mn[l];
+            }
           }
         } else {
           for (int64_t c = 0; c < k; ++c) {
