@@ -4,6 +4,7 @@
 
 #include "common/error.h"
 #include "launch/cli_parse.h"
+#include "runtime/backend.h"
 #include "runtime/model_loader.h"
 
 namespace linnet {
@@ -15,6 +16,12 @@ EngineFlags paged_engine_flags(const std::string& dp_groups_take, const std::str
   f.tp_help = "Ranks per tensor-parallel group (default: all ranks); world = dp x tp, and the dp groups " + dp_groups_take;
   f.max_batch_help = max_batch_help;
   return f;
+}
+
+int64_t quantized_group_size(const EngineOptions& o) {
+  if (o.weight_dtype != "int8" && o.weight_dtype != "int4") return 0;
+  if (o.weight_group_size > 0) return o.weight_group_size;
+  return default_weight_group_size(o.weight_dtype == "int4" ? DType::kI4 : DType::kI8);
 }
 
 void add_engine_options(cxxopts::Options& opts, const EngineFlags& which) {

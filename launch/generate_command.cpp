@@ -106,6 +106,7 @@ ordered_json generate_settings(const GenerateOptions& o, const RequestSettings& 
   ordered_json s;
   s["model"] = (ec ? model_dir : real).string();
   s["weight_dtype"] = o.engine.weight_dtype;
+  if (const int64_t g = quantized_group_size(o.engine); g > 0) s["weight_group_size"] = g;
   s["kv_cache_dtype"] = o.engine.kv_cache_dtype;
   s["max_seq_len"] = max_seq_len;
   s["chat"] = o.chat;

@@ -95,6 +95,7 @@ void load_loss_run(const LossOptions& o, const LossInput& in, MpiGroups& groups,
     const std::filesystem::path real = std::filesystem::weakly_canonical(dir, ec);
     run.settings["model"] = (ec ? dir : real).string();
     run.settings["weight_dtype"] = o.engine.weight_dtype;
+    if (const int64_t g = quantized_group_size(o.engine); g > 0) run.settings["weight_group_size"] = g;
     run.settings["kv_cache_dtype"] = o.engine.kv_cache_dtype;
     if (w.world_rank == 0 && o.resume) check_journal_settings(in.resume.journal, run.settings, in.resume.settings_file);
   }

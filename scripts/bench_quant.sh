@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One sitting of weight dtypes side by side: linnet-tp's bf16 and int8 (quantized at
+# One sitting of weight dtypes side by side: linnet-tp's bf16, int8 and int4 (quantized at
 # load) against llama.cpp's BF16, Q8_0 and Q4_K_M GGUFs of the same checkpoint,
 # decode batch 1 and prefill, interleaved, on the same threads.
 #
@@ -27,7 +27,7 @@ echo "# $(date -u +%FT%TZ) $(git rev-parse --short HEAD) $(lscpu | sed -n 's/^Mo
 "$bin" bench --model "$model" --threads "$threads" --prompt-len 16 --new-tokens 1 --limits 2>/dev/null |
   grep -E '^(dram|fma)'
 for rep in $(seq "$reps"); do
-  for dt in bf16 int8; do
+  for dt in bf16 int8 int4; do
     out=$("$bin" bench --model "$model" --threads "$threads" --weight-dtype "$dt" --prompt-len "$prompt" \
       --new-tokens "$new" 2>/dev/null)
     printf 'linnet-tp %-5s run %d: %s; %s; %s; %s\n' "$dt" "$rep" \

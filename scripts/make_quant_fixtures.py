@@ -83,14 +83,17 @@ def quantize_dequantize_int4(w, group):
     best_s = np.zeros(len(wg))
     best_m = mn.copy()
     best_q = np.zeros_like(wg)
+    sw = np.zeros(len(wg)); sww = np.zeros(len(wg))
+    for i in range(group):                                    # ascending, as the C++ loop
+        sw = sw + wg[:, i]
+        sww = sww + wg[:, i] * wg[:, i]
     for step in range(-1, 21):
         iscale = 15.0 / safe_span if step < 0 else (15.0 + (step - 10) * 0.1) / safe_span
         q = np.clip(np.rint(iscale[:, None] * (wg - mn[:, None])), 0.0, 15.0)
-        sq = np.zeros(len(wg)); sqq = np.zeros(len(wg)); sw = np.zeros(len(wg)); sqw = np.zeros(len(wg))
+        sq = np.zeros(len(wg)); sqq = np.zeros(len(wg)); sqw = np.zeros(len(wg))
         for i in range(group):                                # ascending, as the C++ loop
             sq = sq + q[:, i]
             sqq = sqq + q[:, i] * q[:, i]
-            sw = sw + wg[:, i]
             sqw = sqw + q[:, i] * wg[:, i]
         if step < 0:
             s_, m_ = span / 15.0, mn
@@ -102,10 +105,8 @@ def quantize_dequantize_int4(w, group):
                 s_ = (nn * sqw - sq * sw) / det
                 m_ = (sqq * sw - sq * sqw) / det
             ok = live & (det > 0) & (s_ > 0)
-        err = np.zeros(len(wg))
-        for i in range(group):
-            d = s_ * q[:, i] + m_ - wg[:, i]
-            err = err + d * d
+        nn = float(group)
+        err = sww - 2.0 * s_ * sqw - 2.0 * m_ * sw + s_ * s_ * sqq + 2.0 * s_ * m_ * sq + nn * m_ * m_
         take = ok & ((step < 0) | (err < best_err))
         best_err = np.where(take, err, best_err)
         best_s = np.where(take, s_, best_s)

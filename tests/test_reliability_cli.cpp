@@ -281,6 +281,18 @@ TEST_F(Reliability, AResumeWithOtherSettingsIsRefused) {
   const Result edited = run(2, loss + " --resume");
   EXPECT_EQ(edited.code, 1);
   EXPECT_NE(edited.err.find("are not those linnet-tp writes"), std::string::npos) << edited.err;
+
+  // Quantized runs record their group size (the default when none is given): another
+  // one gives other weights, so it is refused as another dtype is.
+  fs::remove(out);
+  // (stories260k at tp 2: down_proj slices of 86, so groups of 1 or 2.)
+  const Result q2 = run(2, loss + " --weight-dtype int8 --weight-group-size 2");
+  ASSERT_EQ(q2.code, 0) << q2.err;
+  const Result q1 = run(2, loss + " --weight-dtype int8 --weight-group-size 1 --resume");
+  EXPECT_EQ(q1.code, 1);
+  EXPECT_NE(q1.err.find("weight_group_size is 1 in this run and was 2 in that one"), std::string::npos) << q1.err;
+  const Result same_group = run(2, loss + " --weight-dtype int8 --weight-group-size 2 --resume");
+  EXPECT_EQ(same_group.code, 0) << same_group.err;
 }
 
 // A kept line is checked against the input and against what linnet-tp writes; a refusal

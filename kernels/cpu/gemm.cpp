@@ -61,19 +61,24 @@ void quantize_group_int4(const float* w, int64_t stride, int64_t g, uint8_t* q, 
     return;
   }
   uint8_t cand[1024];
+  double sw = 0, sww = 0;
+  for (int64_t i = 0; i < g; ++i) {
+    const double wi = w[i * stride];
+    sw += wi;
+    sww += wi * wi;
+  }
   double best_err = 0, best_s = 0, best_m = 0;
   for (int step = -1; step <= 20; ++step) {
     // step -1: round to nearest with s = (max - min) / 15, m = min; else iscale =
     // (15 + (step - 10) / 10) / (max - min) and the least-squares (s, m) for its q.
     const double iscale = step < 0 ? 15.0 / (mx - mn) : (15.0 + (step - 10) * 0.1) / (mx - mn);
-    double sq = 0, sqq = 0, sw = 0, sqw = 0;
+    double sq = 0, sqq = 0, sqw = 0;
     for (int64_t i = 0; i < g; ++i) {
       const double wi = w[i * stride];
       const double v = std::min(15.0, std::max(0.0, std::nearbyint(iscale * (wi - mn))));
       cand[i] = static_cast<uint8_t>(v);
       sq += v;
       sqq += v * v;
-      sw += wi;
       sqw += v * wi;
     }
     double s = 0, m = 0;
@@ -88,11 +93,9 @@ void quantize_group_int4(const float* w, int64_t stride, int64_t g, uint8_t* q, 
       m = (sqq * sw - sq * sqw) / det;
       if (!(s > 0)) continue;
     }
-    double err = 0;
-    for (int64_t i = 0; i < g; ++i) {
-      const double d = s * cand[i] + m - w[i * stride];
-      err += d * d;
-    }
+    // sum (s q + m - w)^2 from the sums, in this order (the numpy reference's too).
+    const double n = static_cast<double>(g);
+    const double err = sww - 2.0 * s * sqw - 2.0 * m * sw + s * s * sqq + 2.0 * s * m * sq + n * m * m;
     if (step < 0 || err < best_err) {
       best_err = err;
       best_s = s;
