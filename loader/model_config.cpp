@@ -280,7 +280,7 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
   if (q && !dense) {
     f.fail("quantization_config",
            "quantized checkpoints are not supported yet (linnet-tp reads f32, bf16 and f16 weights); use the "
-           "unquantized checkpoint",
+           "unquantized checkpoint, with --weight-dtype int8 or int4 to quantize it at load",
            "f32, bf16 or f16 weights", describe_quantization(*q));
   }
   c.qk_norm = c.model_type == "qwen3";
