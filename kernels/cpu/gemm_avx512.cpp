@@ -8,7 +8,9 @@
 // chain in ascending k as on the AVX2 path, so both paths give the same bits (a fused
 // multiply-add rounds once, whatever the vector width). AVX512_BF16's vdpbf16ps is not
 // used: it would round the f32 activations to bf16 and pair the products, another
-// numerics than transformers'.
+// numerics than transformers'. int8 / int4 weights (gemm.h): widened in registers for
+// GEMV-sized steps (tile_q8, tile_q4: 4 panels), a k block of whole groups widened once
+// for more rows (panels_blocked_q: 6 x 2 tiles, as each needs running and partial sums).
 #include <immintrin.h>
 
 #include <cstdlib>
