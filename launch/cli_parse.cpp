@@ -172,6 +172,18 @@ void read_weight_dtype(const cxxopts::ParseResult& r, std::string& out) {
   }
 }
 
+void read_weight_group_size(const cxxopts::ParseResult& r, const std::string& weight_dtype, int64_t& out) {
+  if (!r.count("weight-group-size")) return;
+  read_in_range(r, "weight-group-size", 1, kMaxWeightGroupSize, out);
+  if (weight_dtype != "int8" && weight_dtype != "int4") {
+    invalid_value("--weight-group-size", "only with --weight-dtype int8 or int4", weight_dtype);
+  }
+  if (weight_dtype == "int4" && (out % 2 != 0 || out > 1024)) {
+    invalid_value("--weight-group-size", "an even size in [2, 1024] with --weight-dtype int4 (two values a byte)",
+                  std::to_string(out));
+  }
+}
+
 void read_comm_timeout(const cxxopts::ParseResult& r, double& seconds) {
   int64_t v = 0;
   if (!r.count("comm-timeout")) return;

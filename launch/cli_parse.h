@@ -86,6 +86,12 @@ inline constexpr const char* kKvCacheDtypeHelp =
     "KV cache dtype: f32 (default) or bf16 (half the cache bytes; each K/V value rounded to "
     "bf16 as it is stored, widened exactly as attention reads it; CPU backend only)";
 
+/// When --weight-group-size was given: `out` = its value, in [1, kMaxWeightGroupSize].
+/// @throws Error naming --weight-group-size when `weight_dtype` (--weight-dtype's value)
+/// is not int8 or int4, or for int4 when the value is odd or above 1024 (whether it
+/// divides the model's widths is checked against the model: check_weight_groups).
+void read_weight_group_size(const cxxopts::ParseResult& r, const std::string& weight_dtype, int64_t& out);
+
 /// The --weight-dtype option's help line, shared by generate, loss and bench.
 inline constexpr const char* kWeightDtypeHelp =
     "Weight matrices in memory: auto (the checkpoint's dtype; config.json's torch_dtype for random weights), "

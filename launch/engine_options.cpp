@@ -88,10 +88,7 @@ void read_engine_options(const cxxopts::ParseResult& r, const EngineFlags& which
   read_in_range(r, "threads", 1, kMaxThreads, o.threads);
   read_backend(r, o.backend);
   read_weight_dtype(r, o.weight_dtype);
-  read_in_range(r, "weight-group-size", 1, kMaxWeightGroupSize, o.weight_group_size);
-  if (r.count("weight-group-size") && o.weight_dtype != "int8" && o.weight_dtype != "int4") {
-    invalid_value("--weight-group-size", "only with --weight-dtype int8 or int4", o.weight_dtype);
-  }
+  read_weight_group_size(r, o.weight_dtype, o.weight_group_size);
   read_kv_cache_dtype(r, o.kv_cache_dtype);
   if (which.verbose) o.verbose = r.count("verbose") > 0;
 }

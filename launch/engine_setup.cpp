@@ -30,7 +30,9 @@ EnginePlan plan_engine(const EngineOptions& o, const ModelConfig& config, const 
   p.weight_dtype = held_weight_dtype(o.weight_dtype, o.backend, auto_dtype);
   p.kv_cache_dtype = held_kv_cache_dtype(o.kv_cache_dtype, o.backend);
   p.weight_group_size = o.weight_group_size > 0 ? o.weight_group_size : default_weight_group_size(p.weight_dtype);
-  if (is_quantized(p.weight_dtype)) check_weight_groups(config, plan, p.weight_group_size, p.weight_dtype);
+  if (is_quantized(p.weight_dtype)) {
+    check_weight_groups(config, plan, p.weight_group_size, p.weight_dtype, o.weight_group_size == 0);
+  }
   const int64_t g = p.weight_group_size;
   switch (sizing.kv) {
     case EngineSizing::Kv::kPaged:

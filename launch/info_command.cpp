@@ -58,7 +58,7 @@ std::optional<InfoOptions> parse_info_options(int argc, char** argv, std::string
   o.tp = r["tp"].as<int>();
   if (o.tp < 1) throw Error("invalid value", "--tp", ">= 1", std::to_string(o.tp));
   read_weight_dtype(r, o.weight_dtype);
-  read_in_range(r, "weight-group-size", 1, kMaxWeightGroupSize, o.weight_group_size);
+  read_weight_group_size(r, o.weight_dtype, o.weight_group_size);
   if (r.count("max-seq-len")) {
     o.max_seq_len = r["max-seq-len"].as<int64_t>();
     if (o.max_seq_len < 1) throw Error("invalid value", "--max-seq-len", ">= 1", std::to_string(o.max_seq_len));
@@ -117,6 +117,14 @@ int run_info(const InfoOptions& o, Job& job) {
     held = held_weight_dtype(o.weight_dtype, "cpu", auto_dtype);
     const int64_t max_seq_len = resolve_max_seq_len(c, o.max_seq_len);
     const ShardPlan first = ShardPlan::make(c, 0, o.tp);  // throws with the tp sizes that work
+    // Every rank's plan before any of the table is printed (a group size that does not
+    // fit is refused here, naming the flag).
+    std::vector<RankMemory> need;
+    for (int r = 0; r < o.tp; ++r) {
+      need.push_back(plan_engine(eo, c, ShardPlan::make(c, r, o.tp), auto_dtype,
+                                 {EngineSizing::Kv::kPacked, max_seq_len, 1}, -1, 1)
+                         .need);
+    }
     std::printf("tp %d (tp sizes that work: %s), KV cache of one sequence of %lld positions (generate --input "
                 "holds --max-batch of them unless --kv-cache-tokens says otherwise)", o.tp,
                 ShardPlan::working_tp_sizes(c).c_str(), static_cast<long long>(max_seq_len));
@@ -130,7 +138,7 @@ int run_info(const InfoOptions& o, Job& job) {
                 "vocab rows", (std::string("weights(") + dtype_name(held) + ")").c_str(), "KV cache");
     for (int r = 0; r < o.tp; ++r) {
       const ShardPlan p = ShardPlan::make(c, r, o.tp);
-      const RankMemory m = plan_engine(eo, c, p, auto_dtype, {EngineSizing::Kv::kPacked, max_seq_len, 1}, -1, 1).need;
+      const RankMemory& m = need[static_cast<size_t>(r)];
       std::printf("%-5d %-14s %-12s %-18s %-20s %-14s %-12s\n", r, range(p.head_begin, p.num_heads_local).c_str(),
                   range(p.kv_head_begin, p.num_kv_heads_local).c_str(),
                   range(p.intermediate_begin, p.intermediate_local).c_str(),

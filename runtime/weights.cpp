@@ -162,7 +162,7 @@ DType config_weight_dtype(const ModelConfig& c) {
   return DType::kF32;
 }
 
-void check_weight_groups(const ModelConfig& c, const ShardPlan& p, int64_t group_size, DType dtype) {
+void check_weight_groups(const ModelConfig& c, const ShardPlan& p, int64_t group_size, DType dtype, bool is_default) {
   if (dtype == DType::kI4 && (group_size % 2 != 0 || group_size > 1024)) {
     throw Error("int4 packs two inputs a byte: its groups are even, at most 1024", "--weight-group-size",
                 "an even size in [2, 1024]", std::to_string(group_size));
@@ -178,11 +178,17 @@ void check_weight_groups(const ModelConfig& c, const ShardPlan& p, int64_t group
   for (int64_t g = 1; g <= all && g <= 1024; ++g) {
     if (all % g == 0 && (dtype != DType::kI4 || g % 2 == 0)) work += (work.empty() ? "" : ", ") + std::to_string(g);
   }
+  const std::string got = std::to_string(group_size) + (is_default ? " (the default)" : "");
   for (const auto& [what, width] : widths) {
     if (group_size >= 1 && width % group_size == 0) continue;
-    throw Error(std::string(dtype_name(dtype)) + " groups must not straddle a matrix's input width or a rank's slice: " + what + " is " +
-                    std::to_string(width) + " wide at tp " + std::to_string(p.tp_size),
-                "--weight-group-size", "one of " + work, std::to_string(group_size));
+    const std::string why = std::string(dtype_name(dtype)) +
+                            " groups must not straddle a matrix's input width or a rank's slice: " + what + " is " +
+                            std::to_string(width) + " wide at tp " + std::to_string(p.tp_size);
+    if (work.empty()) {  // e.g. int4 with an odd slice: no group size fits this tp size
+      throw Error(why + "; no " + dtype_name(dtype) + " group size fits at this tp size (use int8, or another --tp)",
+                  "--weight-group-size", "", got);
+    }
+    throw Error(why, "--weight-group-size", "one of " + work, got);
   }
 }
 

@@ -64,9 +64,10 @@ DType vocab_weight_dtype(DType matrix_dtype);
 /// every group of an int8 matrix lies in one rank's slice and the quantized weights
 /// are the same at every tp size.
 /// @throws Error naming --weight-group-size, the matrix, its width at this tp size and
-/// the group sizes that would work.
+/// the group sizes that would work (or that none does); `is_default`: the size was not
+/// given, so the message says it is the default.
 void check_weight_groups(const ModelConfig& config, const ShardPlan& plan, int64_t group_size,
-                         DType dtype = DType::kI8);
+                         DType dtype = DType::kI8, bool is_default = false);
 
 /// The weight dtype config.json's torch_dtype names ("bfloat16" -> kBF16, "float16" ->
 /// kF16, else kF32): what auto means for random weights.

@@ -61,6 +61,7 @@ def quantize_dequantize(w, group):
     q = np.rint(wg / safe[:, :, None])
     q = np.where(s[:, :, None] > 0, q, np.float32(0.0))
     q = np.clip(q, -127, 127).astype(np.float32)
+    s = np.where(np.isfinite(wg).all(axis=2), s, np.float32(np.nan)).astype(np.float32)  # NaN / inf: NaN
     out = (q * s[:, :, None]).astype(np.float32)
     assert out.dtype == np.float32
     return out.reshape(n, k)
@@ -113,8 +114,9 @@ def quantize_dequantize_int4(w, group):
         best_m = np.where(take, m_, best_m)
         best_q = np.where(take[:, None], q, best_q)
     # Stored as w = (q - 8) s + m' with m' = m + 8 s (float32 each).
-    s32 = best_s.astype(np.float32)
-    m32 = (best_m + 8.0 * best_s).astype(np.float32)
+    bad = ~np.isfinite(wg).all(axis=1)                          # NaN / inf in the group: NaN
+    s32 = np.where(bad, np.nan, best_s).astype(np.float32)
+    m32 = np.where(bad, np.nan, best_m + 8.0 * best_s).astype(np.float32)
     out = ((best_q - 8.0).astype(np.float32) * s32[:, None]).astype(np.float32) + m32[:, None]
     return out.astype(np.float32).reshape(n, k)
 

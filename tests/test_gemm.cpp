@@ -448,6 +448,33 @@ TEST(GemmInt4, MatchesADoubleReferenceOnTheDequantizedWeights) {
   }
 }
 
+// A NaN or inf weight makes the outputs its group feeds NaN, as an f32 weight would,
+// wherever it sits in its group (not read as 0 or as the group's minimum); the other
+// output columns stay finite.
+TEST(GemmQuantized, ANonFiniteWeightMakesItsColumnNaNWhereverItSits) {
+  const int64_t n = 20, k = 64, group = 16;
+  for (DType wt : {DType::kI8, DType::kI4}) {
+    for (int64_t at : {0, 5, 15}) {
+      for (float bad : {std::nanf(""), INFINITY}) {
+        std::vector<float> w(n * k, 0.5f), x(k, 1.0f), out(n);
+        for (int64_t i = 0; i < n * k; ++i) w[i] = 0.01f * static_cast<float>(i % 13) - 0.05f;
+        w[3 * k + 16 + at] = bad;  // row 3, group 1
+        const auto packed = quantize(w, n, k, group, wt);
+        for (Isa isa : paths()) {
+          matmul_nt_packed_isa(isa, x.data(), packed.data(), wt, out.data(), 1, k, n);
+          for (int64_t j = 0; j < n; ++j) {
+            if (j == 3) {
+              EXPECT_TRUE(std::isnan(out[j])) << dtype_name(wt) << " " << isa_name(isa) << " at " << at;
+            } else {
+              EXPECT_TRUE(std::isfinite(out[j])) << dtype_name(wt) << " " << isa_name(isa) << " column " << j;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(Gemm, UnknownIsaPathsAreRefusedByName) {
   if (!isa_supported(Isa::kAvx2)) {
     EXPECT_THROW(set_isa(Isa::kAvx2), std::exception);

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 #include <cstring>
 #include <vector>
@@ -49,12 +50,19 @@ namespace {
 // All of it in double with sums in ascending order, so a sequential reference (the
 // numpy one in scripts/make_quant_fixtures.py) reproduces it exactly.
 void quantize_group_int4(const float* w, int64_t stride, int64_t g, uint8_t* q, float& s_out, float& m_out) {
+  for (int64_t i = 0; i < g; ++i) {
+    if (!std::isfinite(w[i * stride])) {  // NaN or inf: the group's outputs become NaN, as in f32
+      for (int64_t j = 0; j < g; ++j) q[j] = 0;
+      s_out = m_out = std::numeric_limits<float>::quiet_NaN();
+      return;
+    }
+  }
   double mn = w[0], mx = w[0];
   for (int64_t i = 1; i < g; ++i) {
     mn = std::min(mn, static_cast<double>(w[i * stride]));
     mx = std::max(mx, static_cast<double>(w[i * stride]));
   }
-  if (!(mx > mn)) {  // constant (or NaN): q = 0, m = the value
+  if (!(mx > mn)) {  // constant: q = 0, m = the value
     for (int64_t i = 0; i < g; ++i) q[i] = 0;
     s_out = 0.0f;
     m_out = static_cast<float>(mn);  // q - 8 times 0, plus the value
@@ -148,10 +156,16 @@ void quantize_pack_weight(const float* w, int64_t n, int64_t k, int64_t group_si
         continue;
       }
       float amax = 0.0f;
-      for (int64_t c = c0; c < c0 + group_size; ++c) amax = std::max(amax, std::fabs(row[c]));
-      const float s = amax / 127.0f;
+      bool finite = true;
+      for (int64_t c = c0; c < c0 + group_size; ++c) {
+        amax = std::max(amax, std::fabs(row[c]));
+        finite = finite && std::isfinite(row[c]);
+      }
+      // A NaN or inf weight makes its group's scale NaN (q = 0), so the outputs it feeds
+      // are NaN, as they are in f32, wherever it sits in the group.
+      const float s = finite ? amax / 127.0f : std::numeric_limits<float>::quiet_NaN();
       scales[(p * groups + g) * kPanel + lane] = s;
-      if (s == 0.0f) continue;
+      if (!(s > 0.0f)) continue;
       for (int64_t c = c0; c < c0 + group_size; ++c) {
         const float q = std::nearbyint(row[c] / s);  // round half to even (the default mode)
         values[p * kPanel * k + c * kPanel + lane] = static_cast<uint8_t>(static_cast<int8_t>(std::clamp(q, -127.0f, 127.0f)));

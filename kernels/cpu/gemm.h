@@ -32,7 +32,8 @@
 // int8 weights (DType::kI8, --weight-dtype int8): quantized at load, group-wise along k,
 // symmetric absmax (llama.cpp's Q8_0 and compressed-tensors' int8 "group" strategy):
 // for output column j and group g (k in [g G, g G + G)), s = max |w| / 127 in f32 and
-// q = round-half-even(w / s) in [-127, 127] (q = 0 where s = 0). The packed form is a
+// q = round-half-even(w / s) in [-127, 127] (q = 0 where s = 0; a group holding a NaN or
+// inf weight gets s = NaN, so the outputs it feeds are NaN as in f32). The packed form is a
 // QuantHeader, the q in the panel layout above (one byte each), then the f32 scales,
 // scale (j, g) at scales[((j / 16) * groups + g) * 16 + j % 16]. The reduction, fixed as
 // above: per group, a chain part = x[r,gG] q[j,gG] + ... + x[r,gG+G-1] q[j,gG+G-1] from
@@ -49,7 +50,8 @@
 // [0, 15] and an f32 scale s and offset per output column and group. Quantizing
 // searches each group's (s, m) for the least squared error, as llama.cpp's k-quants
 // do (quantize_pack_weight: 21 candidate scalings of max - min, each refit by least
-// squares; plain round-to-nearest is the first candidate). Values are packed two a
+// squares; plain round-to-nearest is the first candidate; a NaN or inf weight makes its
+// group's scale and offset NaN). Values are packed two a
 // byte, two k steps per 16 bytes: byte l of pair c / 2 of a panel holds column l's q at
 // k = c (even) in its low nibble and at k = c + 1 in its high nibble, so one load gives
 // two k steps. The offsets follow the scales, [panels][groups][16], stored as
