@@ -3,7 +3,6 @@
 #include <algorithm>
 
 #include "common/random_normal.h"
-#include "kernels/cpu/gemm.h"
 
 namespace linnet {
 
@@ -49,23 +48,6 @@ ModelWeights random_weights(Backend& backend, const ModelConfig& c, const ShardP
     w.layers.push_back(std::move(L));
   }
   return w;
-}
-
-int64_t decode_weight_elements(const ModelConfig& c, const ShardPlan& p) {
-  const int64_t h = c.hidden_size, hd = c.head_dim;
-  const int64_t per_layer = (p.num_heads_local + 2 * p.num_kv_heads_local) * hd * h + h * p.num_heads_local * hd +
-                            3 * p.intermediate_local * h;
-  return per_layer * c.num_hidden_layers + p.vocab_local * h;
-}
-
-int64_t decode_weight_bytes(const ModelConfig& c, const ShardPlan& p, DType dtype, int64_t group_size) {
-  if (!is_quantized(dtype)) return element_size(dtype) * decode_weight_elements(c, p);
-  const int64_t h = c.hidden_size, hd = c.head_dim;
-  auto q = [&](int64_t n, int64_t k, DType dt) { return cpu::quantized_matrix_bytes(n, k, group_size, dt); };
-  const int64_t per_layer = q((p.num_heads_local + 2 * p.num_kv_heads_local) * hd, h, dtype) +
-                            q(h, p.num_heads_local * hd, dtype) + q(2 * p.intermediate_local, h, dtype) +
-                            q(h, p.intermediate_local, dtype);
-  return per_layer * c.num_hidden_layers + q(p.vocab_local, h, vocab_weight_dtype(dtype));
 }
 
 }  // namespace linnet

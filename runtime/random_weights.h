@@ -21,14 +21,4 @@ namespace linnet {
 ModelWeights random_weights(Backend& backend, const ModelConfig& config, const ShardPlan& plan, uint64_t seed,
                             float stddev = 0.02f);
 
-/// Elements of the weight matrices one decode step reads on this rank (every layer
-/// matrix and the lm_head; the embedding table only its looked-up rows, which are left
-/// out): 2 flops each per token in `bench`.
-int64_t decode_weight_elements(const ModelConfig& config, const ShardPlan& plan);
-
-/// Bytes of those matrices held in `dtype` (int8: the packed values and f32 scales of
-/// groups of `group_size`, kernels/cpu/gemm.h): the numerator of achieved bandwidth in
-/// `bench`.
-int64_t decode_weight_bytes(const ModelConfig& config, const ShardPlan& plan, DType dtype, int64_t group_size);
-
 }  // namespace linnet

@@ -133,27 +133,38 @@ ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& c, const Sh
 
 DType vocab_weight_dtype(DType matrix_dtype) { return matrix_dtype == DType::kI4 ? DType::kI8 : matrix_dtype; }
 
-int64_t weight_bytes_local(const ModelConfig& c, const ShardPlan& p, DType matrix_dtype, int64_t group_size) {
-  const int64_t h = c.hidden_size;
-  const int64_t hd = c.head_dim;
+namespace {
+
+// Bytes of one [n, k] matrix held in `dtype` (quantized ones packed, with groups of `group_size`).
+int64_t matrix_bytes(int64_t n, int64_t k, DType dtype, int64_t group_size) {
+  if (is_quantized(dtype)) return cpu::quantized_matrix_bytes(n, k, std::max<int64_t>(1, group_size), dtype);
+  return element_size(dtype) * n * k;
+}
+
+}  // namespace
+
+int64_t decode_weight_elements(const ModelConfig& c, const ShardPlan& p) {
+  const int64_t h = c.hidden_size, hd = c.head_dim;
+  const int64_t per_layer = (p.num_heads_local + 2 * p.num_kv_heads_local) * hd * h + h * p.num_heads_local * hd +
+                            3 * p.intermediate_local * h;
+  return per_layer * c.num_hidden_layers + p.vocab_local * h;
+}
+
+int64_t decode_weight_bytes(const ModelConfig& c, const ShardPlan& p, DType dt, int64_t group_size) {
+  const int64_t h = c.hidden_size, hd = c.head_dim;
+  auto bytes = [&](int64_t n, int64_t k) { return matrix_bytes(n, k, dt, group_size); };
+  const int64_t per_layer = bytes((p.num_heads_local + 2 * p.num_kv_heads_local) * hd, h)  // wqkv
+                            + bytes(h, p.num_heads_local * hd)                              // wo
+                            + bytes(2 * p.intermediate_local, h)                            // gate, up
+                            + bytes(h, p.intermediate_local);                               // down
+  return per_layer * c.num_hidden_layers + matrix_bytes(p.vocab_local, h, vocab_weight_dtype(dt), group_size);
+}
+
+int64_t weight_bytes_local(const ModelConfig& c, const ShardPlan& p, DType dt, int64_t group_size) {
+  const int64_t h = c.hidden_size, hd = c.head_dim;
   const int64_t vectors = (2 * h + (c.qk_norm ? 2 * hd : 0)) * c.num_hidden_layers + h;  // norms
-  if (is_quantized(matrix_dtype)) {
-    auto q = [&](int64_t n, int64_t k, DType dt) {
-      return cpu::quantized_matrix_bytes(n, k, std::max<int64_t>(1, group_size), dt);
-    };
-    const DType dt = matrix_dtype;
-    const int64_t per_layer = q((p.num_heads_local + 2 * p.num_kv_heads_local) * hd, h, dt) +
-                              q(h, p.num_heads_local * hd, dt) + q(2 * p.intermediate_local, h, dt) +
-                              q(h, p.intermediate_local, dt);
-    const int64_t vocab = q(p.vocab_local, h, vocab_weight_dtype(dt)) * (c.tie_word_embeddings ? 1 : 2);
-    return per_layer * c.num_hidden_layers + vocab + static_cast<int64_t>(sizeof(float)) * vectors;
-  }
-  const int64_t per_layer = (p.num_heads_local + 2 * p.num_kv_heads_local) * hd * h  // wqkv
-                            + h * p.num_heads_local * hd                              // wo
-                            + 3 * p.intermediate_local * h;                           // gate, up, down
-  const int64_t vocab = p.vocab_local * h * (c.tie_word_embeddings ? 1 : 2);
-  return element_size(matrix_dtype) * (per_layer * c.num_hidden_layers + vocab) +
-         static_cast<int64_t>(sizeof(float)) * vectors;
+  const int64_t embedding = c.tie_word_embeddings ? 0 : matrix_bytes(p.vocab_local, h, vocab_weight_dtype(dt), group_size);
+  return decode_weight_bytes(c, p, dt, group_size) + embedding + static_cast<int64_t>(sizeof(float)) * vectors;
 }
 
 DType config_weight_dtype(const ModelConfig& c) {

@@ -44,11 +44,22 @@ struct ModelWeights {
 ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& config, const ShardPlan& plan,
                           DType matrix_dtype = DType::kF32);
 
-/// Bytes of weights this rank holds under `plan` with matrices in `matrix_dtype` and
-/// vectors in f32 (for the memory preflight, `linnet-tp info` and the start-up line);
-/// counts a tied lm_head once. int8 matrices count their packed form: values, f32
-/// scales (one per `group_size` inputs of each output) and padding
-/// (kernels/cpu/gemm.h: quantized_matrix_bytes).
+/// Elements of the weight matrices one decode step reads on this rank (every layer
+/// matrix and the lm_head; the embedding table only its looked-up rows, which are left
+/// out): 2 flops each per token in `bench`.
+int64_t decode_weight_elements(const ModelConfig& config, const ShardPlan& plan);
+
+/// Bytes of those matrices with the layers' in `matrix_dtype` and the lm_head in
+/// vocab_weight_dtype(matrix_dtype): int8 / int4 ones count their packed form (values,
+/// f32 scales and offsets per `group_size` inputs of each output, padding;
+/// kernels/cpu/gemm.h: quantized_matrix_bytes). The numerator of achieved bandwidth in
+/// `bench`.
+int64_t decode_weight_bytes(const ModelConfig& config, const ShardPlan& plan, DType matrix_dtype,
+                            int64_t group_size = 64);
+
+/// Bytes of weights this rank holds under `plan`: decode_weight_bytes, plus the
+/// embedding table when it is not the lm_head (tied ones count once), plus the norm
+/// vectors in f32 (for the memory preflight, `linnet-tp info` and the start-up line).
 int64_t weight_bytes_local(const ModelConfig& config, const ShardPlan& plan,
                            DType matrix_dtype = DType::kF32, int64_t group_size = 64);
 
