@@ -33,8 +33,9 @@ struct EngineOptions {
 };
 
 /// The int8 / int4 group size `o` asks for (its --weight-group-size, else the dtype's
-/// default: 64 for int8, 32 for int4); 0 when --weight-dtype is not int8 or int4. For the
-/// journal settings of generate and loss (a different group size gives other outputs).
+/// default: 64 for int8, 32 for int4); 0 when --weight-dtype is not int8 or int4. What
+/// plan_engine holds and what the journal settings of generate and loss record (a
+/// different group size gives other outputs).
 int64_t quantized_group_size(const EngineOptions& o);
 
 /// Which engine flags a command declares, and the help lines that differ per command.

@@ -29,7 +29,9 @@ EnginePlan plan_engine(const EngineOptions& o, const ModelConfig& config, const 
   EnginePlan p;
   p.weight_dtype = held_weight_dtype(o.weight_dtype, o.backend, auto_dtype);
   p.kv_cache_dtype = held_kv_cache_dtype(o.kv_cache_dtype, o.backend);
-  p.weight_group_size = o.weight_group_size > 0 ? o.weight_group_size : default_weight_group_size(p.weight_dtype);
+  // The group size the journals record (quantized_group_size); unused by other dtypes.
+  const int64_t asked = quantized_group_size(o);
+  p.weight_group_size = asked > 0 ? asked : kDefaultWeightGroupSize;
   if (is_quantized(p.weight_dtype)) {
     check_weight_groups(config, plan, p.weight_group_size, p.weight_dtype, o.weight_group_size == 0);
   }
