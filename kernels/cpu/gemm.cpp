@@ -8,9 +8,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <string>
-#include <cstring>
 #include <vector>
 
 #include <omp.h>
@@ -20,7 +20,7 @@
 namespace linnet::cpu {
 
 void pack_weight(const void* w, DType wt, int64_t n, int64_t k, void* packed) {
-  if (is_quantized(wt)) throw Error("pack_weight takes f32, bf16 or f16 weights (int8: quantize_pack_weight)", "pack_weight");
+  if (is_quantized(wt)) throw Error("pack_weight takes f32, bf16 or f16 weights (int8 / int4: quantize_pack_weight)", "pack_weight");
   const int64_t es = static_cast<int64_t>(dtype_size(wt));
   const auto* src = static_cast<const char*>(w);
   auto* dst = static_cast<char*>(packed);
@@ -49,9 +49,9 @@ namespace {
 // round-to-nearest over [min, max] and 20 rescalings of it, each refit by least squares.
 // All of it in double with sums in ascending order, so a sequential reference (the
 // numpy one in scripts/make_quant_fixtures.py) reproduces it exactly.
-void quantize_group_int4(const float* w, int64_t stride, int64_t g, uint8_t* q, float& s_out, float& m_out) {
+void quantize_group_int4(const float* w, int64_t g, uint8_t* q, float& s_out, float& m_out) {
   for (int64_t i = 0; i < g; ++i) {
-    if (!std::isfinite(w[i * stride])) {  // NaN or inf: the group's outputs become NaN, as in f32
+    if (!std::isfinite(w[i])) {  // NaN or inf: the group's outputs become NaN, as in f32
       for (int64_t j = 0; j < g; ++j) q[j] = 0;
       s_out = m_out = std::numeric_limits<float>::quiet_NaN();
       return;
@@ -59,8 +59,8 @@ void quantize_group_int4(const float* w, int64_t stride, int64_t g, uint8_t* q, 
   }
   double mn = w[0], mx = w[0];
   for (int64_t i = 1; i < g; ++i) {
-    mn = std::min(mn, static_cast<double>(w[i * stride]));
-    mx = std::max(mx, static_cast<double>(w[i * stride]));
+    mn = std::min(mn, static_cast<double>(w[i]));
+    mx = std::max(mx, static_cast<double>(w[i]));
   }
   if (!(mx > mn)) {  // constant: q = 0, m = the value
     for (int64_t i = 0; i < g; ++i) q[i] = 0;
@@ -68,10 +68,11 @@ void quantize_group_int4(const float* w, int64_t stride, int64_t g, uint8_t* q, 
     m_out = static_cast<float>(mn);  // q - 8 times 0, plus the value
     return;
   }
+  const double n = static_cast<double>(g);
   uint8_t cand[1024];
   double sw = 0, sww = 0;
   for (int64_t i = 0; i < g; ++i) {
-    const double wi = w[i * stride];
+    const double wi = w[i];
     sw += wi;
     sww += wi * wi;
   }
@@ -82,7 +83,7 @@ void quantize_group_int4(const float* w, int64_t stride, int64_t g, uint8_t* q, 
     const double iscale = step < 0 ? 15.0 / (mx - mn) : (15.0 + (step - 10) * 0.1) / (mx - mn);
     double sq = 0, sqq = 0, sqw = 0;
     for (int64_t i = 0; i < g; ++i) {
-      const double wi = w[i * stride];
+      const double wi = w[i];
       const double v = std::min(15.0, std::max(0.0, std::nearbyint(iscale * (wi - mn))));
       cand[i] = static_cast<uint8_t>(v);
       sq += v;
@@ -94,7 +95,6 @@ void quantize_group_int4(const float* w, int64_t stride, int64_t g, uint8_t* q, 
       s = (mx - mn) / 15.0;
       m = mn;
     } else {
-      const double n = static_cast<double>(g);
       const double det = n * sqq - sq * sq;
       if (!(det > 0)) continue;
       s = (n * sqw - sq * sw) / det;
@@ -102,7 +102,6 @@ void quantize_group_int4(const float* w, int64_t stride, int64_t g, uint8_t* q, 
       if (!(s > 0)) continue;
     }
     // sum (s q + m - w)^2 from the sums, in this order (the numpy reference's too).
-    const double n = static_cast<double>(g);
     const double err = sww - 2.0 * s * sqw - 2.0 * m * sw + s * s * sqq + 2.0 * s * m * sq + n * m * m;
     if (step < 0 || err < best_err) {
       best_err = err;
@@ -146,7 +145,7 @@ void quantize_pack_weight(const float* w, int64_t n, int64_t k, int64_t group_si
       const int64_t c0 = g * group_size;
       if (int4) {
         float s = 0, m = 0;
-        quantize_group_int4(row + c0, 1, group_size, q4, s, m);
+        quantize_group_int4(row + c0, group_size, q4, s, m);
         scales[(p * groups + g) * kPanel + lane] = s;
         mins[(p * groups + g) * kPanel + lane] = m;
         for (int64_t c = c0; c < c0 + group_size; ++c) {  // pair c / 2, byte `lane`, nibble c % 2

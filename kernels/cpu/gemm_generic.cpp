@@ -1,6 +1,7 @@
 // The portable GEMM path over packed panels (gemm.h): each output element one f32 chain
 // over ascending k, multiply then add, R <= 6 rows x one panel of 16 columns per tile;
-// int8 weights: a partial sum over each group's x * q, times the group's scale.
+// int8 / int4 weights: a partial sum over each group's x * q (int4: q - 8), times the
+// group's scale (int4: plus the group's sum of x times its offset).
 #include <cstring>
 
 #include "kernels/cpu/gemm.h"
@@ -40,7 +41,7 @@ float load_weight(const void* w, DType wt, int64_t i) {
     }
     case DType::kI32:
     case DType::kI8:
-    case DType::kI4: break;  // not an element array: the packed weight never holds i32; int8 has scales
+    case DType::kI4: break;  // not element arrays: i32 is no weight; int8 / int4 carry scales (quant_view)
   }
   return 0.0f;
 }
