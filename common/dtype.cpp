@@ -10,6 +10,8 @@ std::size_t dtype_size(DType t) {
     case DType::kI32: return 4;
     case DType::kI8: return 1;
     case DType::kI4: return 1;
+    case DType::kI64: return 8;
+    case DType::kF8E4M3: return 1;
   }
   return 0;
 }
@@ -22,6 +24,8 @@ const char* dtype_name(DType t) {
     case DType::kI32: return "i32";
     case DType::kI8: return "int8";
     case DType::kI4: return "int4";
+    case DType::kI64: return "i64";
+    case DType::kF8E4M3: return "fp8_e4m3";
   }
   return "?";
 }
@@ -36,6 +40,8 @@ const char* safetensors_dtype_name(DType t) {
     case DType::kI32: return "I32";
     case DType::kI8: return "I8";
     case DType::kI4: return "I4";
+    case DType::kI64: return "I64";
+    case DType::kF8E4M3: return "F8_E4M3";
   }
   return "?";
 }

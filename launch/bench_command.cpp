@@ -48,6 +48,9 @@ struct BenchShape {
 
 // "bf16", or "int8, groups of 64".
 std::string weight_format(const BenchShape& s) {
+  if (s.config.quantization) {
+    return s.config.quantization->describe() + "; embedding and lm_head " + dtype_name(s.weight_dtype);
+  }
   return std::string(dtype_name(s.weight_dtype)) +
          (is_quantized(s.weight_dtype) ? ", groups of " + std::to_string(s.weight_group_size) : "") +
          (s.weight_dtype == DType::kI4 ? ", embedding and lm_head int8" : "");
@@ -247,6 +250,9 @@ int run_bench(const BenchOptions& o, Job& job) {
         } else {
           config = ModelConfig::load(o.config);
         }
+        // Random weights are made dense, in --weight-dtype (which may quantize them), even
+        // from a pre-quantized checkpoint's config.
+        if (o.random_weights) config.quantization.reset();
         plan = ShardPlan::make(config, w.tp_rank, w.tp_size);
         if (o.engine.max_seq_len <= 0 && o.prompt_len + o.new_tokens > config.max_position_embeddings) {
           throw Error("--prompt-len + --new-tokens is longer than the model's context", "--prompt-len",

@@ -32,7 +32,20 @@ EnginePlan plan_engine(const EngineOptions& o, const ModelConfig& config, const 
   // The group size the journals record (quantized_group_size); unused by other dtypes.
   const int64_t asked = quantized_group_size(o);
   p.weight_group_size = asked > 0 ? asked : kDefaultWeightGroupSize;
-  if (is_quantized(p.weight_dtype)) {
+  if (config.quantization) {  // a pre-quantized checkpoint: its layers come packed as they are
+    if (is_quantized(p.weight_dtype)) {
+      throw Error("the checkpoint is quantized already (" + config.quantization->describe() +
+                      "); int8 / int4 quantize an unquantized checkpoint at load",
+                  "--weight-dtype", "auto, f32, bf16 or f16 (the dtype of its unquantized embedding and lm_head)",
+                  dtype_name(p.weight_dtype));
+    }
+    if (o.weight_group_size != 0) {
+      throw Error("the checkpoint is quantized already (" + config.quantization->describe() +
+                      "): its group size is its own",
+                  "--weight-group-size", "not given", std::to_string(o.weight_group_size));
+    }
+    check_quantized_checkpoint(config, plan);
+  } else if (is_quantized(p.weight_dtype)) {
     check_weight_groups(config, plan, p.weight_group_size, p.weight_dtype, o.weight_group_size == 0);
   }
   const int64_t g = p.weight_group_size;
@@ -119,7 +132,10 @@ void report_engine(const EngineOptions& o, const OpenedEngine& e, const ModelFil
                    int64_t rows, const WorldConfig& w) {
   const Engine& engine = *e.engine;
   const Backend& backend = *e.backend;
-  const std::string held = std::string(dtype_name(e.plan.weight_dtype)) +
+  const ModelConfig& cfg = files.config;
+  const std::string held = cfg.quantization
+                               ? cfg.quantization->describe() + "; embedding and lm_head " + dtype_name(e.plan.weight_dtype)
+                           : std::string(dtype_name(e.plan.weight_dtype)) +
                            (is_quantized(e.plan.weight_dtype)
                                 ? ", groups of " + std::to_string(e.plan.weight_group_size) + " quantized at load" +
                                       (e.plan.weight_dtype == DType::kI4 ? ", embedding and lm_head int8" : "")

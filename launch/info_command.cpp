@@ -91,15 +91,23 @@ int run_info(const InfoOptions& o, Job& job) {
     if (c.sliding_window) std::printf(", sliding_window %lld", static_cast<long long>(*c.sliding_window));
     if (c.qk_norm) std::printf(", QK-norm");
     if (c.fused_projections) std::printf(", fused qkv_proj / gate_up_proj");
+    if (c.quantization) std::printf(", layers quantized: %s", c.quantization->describe().c_str());
     std::printf("\n");
 
     DType held = config_weight_dtype(c);
     if (has_checkpoint(dir)) {
       const Checkpoint ckpt = Checkpoint::open(dir);  // headers only
       held = ckpt.dominant_dtype();
-      const std::vector<std::string> unused = ckpt.validate(tensor_specs(weight_table(c)));
+      const std::vector<std::string> unused = ckpt.validate(tensor_specs(weight_table(c), c));
       std::map<std::string, int> dtypes;
-      for (const WeightEntry& e : weight_table(c)) dtypes[safetensors_dtype_name(ckpt.find(e.name).first->dtype)]++;
+      for (const WeightEntry& e : weight_table(c)) {
+        if (stored_quantized(e, c)) {  // counted as what the packed words hold
+          dtypes[c.quantization->fp8 ? std::string("F8_E4M3")
+                                     : std::string(c.quantization->num_bits == 4 ? "int4" : "int8") + " (packed I32)"]++;
+        } else {
+          dtypes[safetensors_dtype_name(ckpt.find(e.name).first->dtype)]++;
+        }
+      }
       std::string d;
       for (const auto& [name, n] : dtypes) d += (d.empty() ? "" : ", ") + std::to_string(n) + " " + name;
       std::printf("checkpoint: %s of tensor data; the model's tensors: %s; all names and shapes match%s\n",

@@ -130,9 +130,18 @@ std::vector<std::string> Checkpoint::validate(const std::vector<TensorSpec>& spe
   for (const TensorSpec& spec : specs) {
     const auto [info, file] = find(spec.name);
     if (info) asked.insert(spec.name);
-    if (info && info->shape == spec.shape) continue;
+    const bool is_float = info && (info->dtype == DType::kF32 || info->dtype == DType::kF16 || info->dtype == DType::kBF16);
+    const bool dtype_ok = info && (spec.dtypes.empty() ? is_float
+                                                       : std::find(spec.dtypes.begin(), spec.dtypes.end(), info->dtype) != spec.dtypes.end());
+    if (info && info->shape == spec.shape && dtype_ok) continue;
     if (n_problems++ >= kMaxListedProblems) continue;
-    if (!info) {
+    if (info && info->shape == spec.shape) {
+      std::string want;
+      for (DType d : spec.dtypes) want += std::string(want.empty() ? "" : " or ") + safetensors_dtype_name(d);
+      listed.push_back(file->path().string() + ": tensor '" + spec.name + "' has the wrong dtype (expected " +
+                       (want.empty() ? std::string("F32, F16 or BF16") : want) + ", got " +
+                       safetensors_dtype_name(info->dtype) + ")");
+    } else if (!info) {
       listed.push_back("missing tensor '" + spec.name + "' (expected shape " +
                        shape_str(spec.shape) + ")");
     } else {

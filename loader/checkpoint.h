@@ -17,11 +17,12 @@
 
 namespace linnet {
 
-/// What the model needs of one checkpoint tensor. dtype: any of F32/F16/BF16 is
-/// accepted (the CPU backend converts to f32 at load).
+/// What the model needs of one checkpoint tensor: its shape and, by `dtypes`, its
+/// element type (empty: a float, any of F32/F16/BF16, converted at load as needed).
 struct TensorSpec {
   std::string name;
   std::vector<int64_t> shape;
+  std::vector<DType> dtypes = {};  // the accepted ones; empty = F32, F16 or BF16
 };
 
 /// The tensors of a checkpoint directory, across its shard files.
@@ -41,10 +42,9 @@ class Checkpoint {
   /// The tensor `name` and the file that holds it, or {nullptr, nullptr}.
   std::pair<const TensorInfo*, const SafetensorsFile*> find(std::string_view name) const;
 
-  /// Checks every spec for presence and shape (dtype is always one of F32/F16/BF16
-  /// once open() succeeded). Throws one Error that counts every problem and lists the
+  /// Checks every spec for presence, shape and dtype. Throws one Error that counts every problem and lists the
   /// first 20 (then "... and N more"), each with file, tensor, expected and actual
-  /// shape. Returns the names of checkpoint tensors no spec asked for (the caller lists
+  /// shape (or dtype). Returns the names of checkpoint tensors no spec asked for (the caller lists
   /// them in a warning).
   std::vector<std::string> validate(const std::vector<TensorSpec>& specs) const;
 

@@ -182,6 +182,113 @@ std::string describe_quantization(const json& q) {
   return out;
 }
 
+// config.json's "quantization_config": nullopt for compressed-tensors "dense" (float
+// weights); the WeightQuantization of a supported "pack-quantized" scheme; anything
+// else refused, naming the scheme (describe_quantization) and what is not supported.
+std::optional<WeightQuantization> read_quantization(const Fields& f, const json& q) {
+  const std::string what = describe_quantization(q);
+  auto refuse = [&](const std::string& why) {
+    f.fail("quantization_config",
+           "this quantized checkpoint is not supported: " + why +
+               " (linnet-tp reads compressed-tensors \"pack-quantized\" int4 / int8 and FP8 weight checkpoints, "
+               "and f32, bf16, f16 weights; --weight-dtype int8 or int4 quantizes an unquantized checkpoint at load)",
+           "compressed-tensors pack-quantized int4 (symmetric or with zero points) or int8 (symmetric), "
+           "strategy group or channel; or FP8 weights (float-quantized / naive-quantized), per channel or tensor",
+           what);
+  };
+  if (!q.is_object()) refuse("it is not an object");
+  const auto str = [&](const json& o, const char* key) -> std::string {
+    const auto it = o.find(key);
+    return it != o.end() && it->is_string() ? it->get<std::string>() : std::string();
+  };
+  const auto absent = [&](const json& o, const char* key) {
+    const auto it = o.find(key);
+    return it == o.end() || it->is_null() || (it->is_object() && it->empty());
+  };
+  const std::string method = str(q, "quant_method");
+  if (method != "compressed-tensors") refuse("quant_method " + json_brief(q.value("quant_method", json())));
+  const std::string format = str(q, "format");
+  if (format == "dense") return std::nullopt;
+  const bool float_format = format == "float-quantized" || format == "naive-quantized";
+  if (format != "pack-quantized" && !float_format) refuse("format " + json_brief(q.value("format", json())));
+  if (const std::string status = str(q, "quantization_status"); !status.empty() && status != "compressed")
+    refuse("quantization_status \"" + status + "\" (the weights are not stored compressed)");
+  for (const char* key : {"kv_cache_scheme", "sparsity_config", "transform_config"})
+    if (!absent(q, key)) refuse(std::string(key) + " " + json_brief(q[key]));
+  const auto groups = q.find("config_groups");
+  if (groups == q.end() || !groups->is_object() || groups->size() != 1)
+    refuse("config_groups must hold exactly one scheme");
+  const json& g = groups->begin().value();
+  if (!g.is_object()) refuse("config_groups entry is not an object");
+  if (const std::string gf = str(g, "format"); !gf.empty() && gf != format) refuse("group format \"" + gf + "\"");
+  const auto targets = g.find("targets");
+  if (targets == g.end() || !targets->is_array() || std::find(targets->begin(), targets->end(), json("Linear")) == targets->end())
+    refuse("targets must include \"Linear\" (every decoder projection quantized alike)");
+  WeightQuantization out;
+  if (!absent(g, "output_activations")) refuse("output_activations quantized (" + json_brief(g["output_activations"]) + ")");
+  if (!absent(g, "input_activations")) {
+    // FP8 weights with dynamic per-token FP8 activations ("FP8_DYNAMIC") run as the
+    // weight-only computation; any other activation scheme is refused.
+    const json& a = g["input_activations"];
+    const bool fp8_dynamic = float_format && a.is_object() && a.value("type", json()) == json("float") &&
+                             a.value("num_bits", json()) == json(8) && a.value("dynamic", json()) == json(true);
+    if (!fp8_dynamic) refuse("input_activations quantized (" + json_brief(a) + "): only weight-only schemes run");
+    out.activations_ignored = true;
+  }
+  const auto w = g.find("weights");
+  if (w == g.end() || !w->is_object()) refuse("no weights scheme");
+  if (float_format) {
+    if (str(*w, "type") != "float" || w->value("num_bits", json()) != json(8))
+      refuse(format + " weights other than FP8 (type \"float\", 8 bits)");
+    const std::string st = str(*w, "strategy");
+    if (st != "channel" && st != "tensor") refuse("FP8 weights strategy " + json_brief(w->value("strategy", json())));
+    if (const auto sym = w->find("symmetric"); sym != w->end() && *sym == json(false)) refuse("FP8 with zero points");
+    if (!absent(*w, "actorder") || !absent(*w, "block_structure")) refuse("FP8 actorder / block_structure");
+    out.fp8 = true;
+    out.num_bits = 8;
+    out.per_tensor = st == "tensor";
+  }
+  if (!float_format && str(*w, "type") != "int") refuse("weights type " + json_brief(w->value("type", json())));
+  if (!out.fp8) {
+    const auto bits = w->find("num_bits");
+    if (bits == w->end() || !bits->is_number_integer() || (*bits != 4 && *bits != 8))
+      refuse("weights num_bits " + json_brief(w->value("num_bits", json())) + " (4 or 8 run)");
+    out.num_bits = bits->get<int64_t>();
+    const auto sym = w->find("symmetric");
+    out.symmetric = sym == w->end() || sym->is_null() || (sym->is_boolean() && sym->get<bool>());
+    if (!out.symmetric && out.num_bits == 8) refuse("int8 with zero points (asymmetric)");
+    const std::string strategy = str(*w, "strategy");
+    if (strategy == "group") {
+      const auto gs = w->find("group_size");
+      if (gs == w->end() || !gs->is_number_integer() || gs->get<int64_t>() < 1 || gs->get<int64_t>() > kMaxDimension)
+        refuse("group_size " + json_brief(w->value("group_size", json())));
+      out.group_size = gs->get<int64_t>();
+      if (out.num_bits == 4 && out.group_size % 2 != 0) refuse("an odd int4 group_size");
+    } else if (strategy != "channel") {
+      refuse("weights strategy " + json_brief(w->value("strategy", json())));
+    }
+    if (!absent(*w, "actorder")) refuse("actorder " + json_brief((*w)["actorder"]) + " (g_idx)");
+    if (!absent(*w, "block_structure")) refuse("block_structure");
+  }
+  if (const auto dyn = w->find("dynamic"); dyn != w->end() && !dyn->is_null() && *dyn != json(false))
+    refuse("dynamic weights");
+  // The lm_head must stay dense: every "ignore" entry names it ("lm_head" or a regex
+  // "re:" ending in lm_head); any other module left out of the scheme is refused.
+  bool head_ignored = false;
+  if (const auto ig = q.find("ignore"); ig != q.end() && !ig->is_null()) {
+    if (!ig->is_array()) refuse("ignore is not a list");
+    for (const json& e : *ig) {
+      const std::string name = e.is_string() ? e.get<std::string>() : std::string();
+      const bool head = name == "lm_head" || (name.starts_with("re:") && name.ends_with("lm_head"));
+      if (!head) refuse("ignore entry " + json_brief(e) + " (only the lm_head may stay unquantized)");
+      head_ignored = true;
+    }
+  }
+  if (!head_ignored) refuse("the lm_head is quantized (\"lm_head\" not in ignore)");
+  return out;
+}
+
+
 // One RoPE object of config.json: "rope_scaling" (transformers 4) or "rope_parameters"
 // (transformers 5; its "rope_theta" into `theta`). nullopt for the default RoPE; llama3
 // scaling checked whole; any other type refused by name.
@@ -270,19 +377,11 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
   if (*model_type != "llama" && *model_type != "mistral" && *model_type != "qwen3" && *model_type != "phi3")
     f.not_implemented("model_type", kTypes, j["model_type"]);
   c.model_type = *model_type;
-  // Quantized checkpoints (compressed-tensors, GPTQ, AWQ, FP8, bitsandbytes): their weight
-  // tensors are packed integers or fp8 with scales, which the loader does not read yet.
-  // compressed-tensors' "dense" format stores the (fake-quantized) weights unpacked, as
-  // floats: those load as they are.
-  const json* q = f.get("quantization_config");
-  const bool dense = q && q->is_object() && q->value("quant_method", json()) == json("compressed-tensors") &&
-                     q->value("format", json()) == json("dense");
-  if (q && !dense) {
-    f.fail("quantization_config",
-           "quantized checkpoints are not supported yet (linnet-tp reads f32, bf16 and f16 weights); use the "
-           "unquantized checkpoint, with --weight-dtype int8 or int4 to quantize it at load",
-           "f32, bf16 or f16 weights", describe_quantization(*q));
-  }
+  // Quantized checkpoints: compressed-tensors' "pack-quantized" int4 / int8 weights are
+  // read (WeightQuantization); its "dense" format stores (fake-quantized) weights
+  // unpacked, as floats: those load as they are. Everything else (GPTQ, AWQ, FP8,
+  // bitsandbytes, other compressed-tensors formats and schemes) is refused by name.
+  if (const json* q = f.get("quantization_config")) c.quantization = read_quantization(f, *q);
   c.qk_norm = c.model_type == "qwen3";
   c.fused_projections = c.model_type == "phi3";
 
@@ -345,6 +444,16 @@ ModelConfig ModelConfig::from_text(std::string_view text, const std::string& sou
 
 ModelConfig ModelConfig::load(const std::filesystem::path& path) {
   return from_text(read_text_file(path, "model config"), path.string());
+}
+
+std::string WeightQuantization::describe() const {
+  if (fp8) {
+    return std::string("compressed-tensors FP8 e4m3 weights, ") + (per_tensor ? "per tensor" : "per channel") +
+           ", widened at load" + (activations_ignored ? " (dynamic FP8 input activations not applied)" : "");
+  }
+  return "compressed-tensors pack-quantized int" + std::to_string(num_bits) + ", " +
+         (group_size > 0 ? "groups of " + std::to_string(group_size) : std::string("per channel")) + ", " +
+         (symmetric ? "symmetric" : "with zero points");
 }
 
 }  // namespace linnet

@@ -24,6 +24,39 @@ struct RopeScaling {
   int64_t original_max_position_embeddings = 8192;
 };
 
+/// The weights of a pre-quantized checkpoint, from config.json's "quantization_config":
+/// compressed-tensors' "pack-quantized" format (what llm-compressor writes and vLLM
+/// reads, e.g. the published "quantized.w4a16" / "quantized.w8a16" checkpoints), weight
+/// only. Every nn.Linear of the decoder layers (q/k/v/o_proj, gate/up/down_proj; Phi-3's
+/// fused qkv_proj / gate_up_proj) is stored as `<name>.weight_packed` (I32: num_bits-bit
+/// values q + 2^(num_bits-1), packed densely along the input dimension, value c of a row
+/// at bit c * num_bits of the row's words, low bits first), `<name>.weight_scale`
+/// ([out, in / group_size], or [out, 1] per channel; a float dtype), `<name>.weight_shape`
+/// (the [out, in] it stands for) and, when asymmetric, `<name>.weight_zero_point` (I32:
+/// the zero points z + 2^(num_bits-1) packed along the output dimension, [ceil(out *
+/// num_bits / 32), groups]). The weight is w = (q - z) * scale (z = 0 when symmetric):
+/// compressed-tensors' dequantize(). The embedding and the lm_head (in "ignore") stay
+/// dense.
+/// FP8 (`fp8`; formats "naive-quantized" and "float-quantized", weights type "float",
+/// 8 bits, e4m3): each projection is `<name>.weight` (F8_E4M3, [out, in]) and
+/// `<name>.weight_scale` ([out, 1] per channel, [1] per tensor); w = fp8 * scale, widened
+/// to the held float dtype at load. Dynamic per-token FP8 input activations (the
+/// "FP8_DYNAMIC" scheme) are not applied (`activations_ignored`): the result is the
+/// weight-only computation.
+struct WeightQuantization {
+  int64_t num_bits = 4;     // 4 or 8
+  bool symmetric = true;    // false: zero points (int4 only)
+  int64_t group_size = 0;   // strategy "group": inputs per scale; 0: "channel" (one per output row) or FP8's "tensor"
+  bool fp8 = false;         // FP8 e4m3 weights (widened at load) instead of packed integers
+  bool per_tensor = false;  // FP8 strategy "tensor": one scale for the matrix
+  bool activations_ignored = false;  // FP8 with dynamic FP8 input activations, not applied
+
+  /// E.g. 'compressed-tensors pack-quantized int4, groups of 32, symmetric', or
+  /// 'compressed-tensors FP8 e4m3 weights, per channel, widened at load (dynamic FP8
+  /// input activations not applied)'.
+  std::string describe() const;
+};
+
 /// The architecture of a Llama-family decoder, from config.json.
 struct ModelConfig {
   std::string model_type;                 // "llama", "mistral", "qwen3", "phi3"
@@ -45,6 +78,7 @@ struct ModelConfig {
   std::optional<int64_t> bos_token_id;
   std::vector<int64_t> eos_token_ids;     // eos_token_id: an int or a list
   std::string torch_dtype;                // informational ("float32", "bfloat16", ...)
+  std::optional<WeightQuantization> quantization;  // a pre-quantized checkpoint's layer matrices
 
   /// Parses a config.json object. `source` (usually the file path) names the file in
   /// errors.
@@ -59,7 +93,10 @@ struct ModelConfig {
   ///   a rope_scaling or rope_parameters type (rope_type, or the older "type") other than
   ///   default / llama3 in either field, even when both are given (rope_parameters is
   ///   the one used), attention_bias or mlp_bias true,
-  ///   hidden_act other than "silu", Qwen3's use_sliding_window.
+  ///   hidden_act other than "silu", Qwen3's use_sliding_window, or a quantization_config
+  ///   other than compressed-tensors "dense" (float weights, loaded as they are) or the
+  ///   "pack-quantized" schemes WeightQuantization describes (the error names the method,
+  ///   format and scheme, and the field of the scheme that is not supported).
   static ModelConfig from_json(const nlohmann::json& j, const std::string& source);
 
   /// Parses the text of a config.json. `source` names the file in errors.

@@ -15,6 +15,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <utility>
 
 #include <nlohmann/json.hpp>
@@ -67,10 +68,21 @@ void convert_to_f32(DType dtype, const std::byte* src, int64_t n, float* out) {
         out[i] = bf16_to_float(b);
       }
       return;
+    case DType::kF8E4M3:  // OCP FP8 e4m3fn: bias 7, no infinities, S.1111.111 is NaN; exact in f32
+      for (int64_t i = 0; i < n; ++i) {
+        const auto b = static_cast<uint8_t>(src[i]);
+        const int e = (b >> 3) & 15, m = b & 7;
+        const float mag = e == 15 && m == 7 ? std::numeric_limits<float>::quiet_NaN()
+                          : e == 0          ? std::ldexp(static_cast<float>(m), -9)
+                                            : std::ldexp(static_cast<float>(8 + m), e - 10);
+        out[i] = (b & 0x80) ? -mag : mag;
+      }
+      return;
     case DType::kI32:
+    case DType::kI64:
     case DType::kI8:
     case DType::kI4:
-      break;  // never in a validated header
+      break;  // integers are copied as stored only (convert)
   }
 }
 
@@ -168,8 +180,14 @@ class HeaderParser {
       info.dtype = DType::kF16;
     } else if (ds == "BF16") {
       info.dtype = DType::kBF16;
+    } else if (ds == "I32") {  // compressed-tensors' packed int4 / int8 words and zero points
+      info.dtype = DType::kI32;
+    } else if (ds == "I64") {  // compressed-tensors' weight_shape
+      info.dtype = DType::kI64;
+    } else if (ds == "F8_E4M3") {  // compressed-tensors' FP8 weights
+      info.dtype = DType::kF8E4M3;
     } else {
-      fail("unsupported dtype " + ds + " for " + t + "; supported: F32, F16, BF16");
+      fail("unsupported dtype " + ds + " for " + t + "; supported: F32, F16, BF16, F8_E4M3, I32, I64");
     }
 
     const json& sh = entry["shape"];
@@ -337,6 +355,10 @@ void SafetensorsFile::read(const TensorInfo& info, const Slice2D& slice, DType o
   if (info.shape.size() > 2)
     throw Error(t + ": read takes 1-D or 2-D tensors", where, "rank <= 2",
                 "shape " + shape_str(info.shape));
+  const bool int_in = info.dtype == DType::kI32 || info.dtype == DType::kI64;
+  if ((int_in || out_dtype == DType::kI32 || out_dtype == DType::kI64) && out_dtype != info.dtype)
+    throw Error(t + ": integer tensors are read as stored, floats as floats", where,
+                safetensors_dtype_name(info.dtype), safetensors_dtype_name(out_dtype));
   // A 0-D tensor is read as one column; a 1-D one as one row.
   const int64_t rows = info.shape.size() == 2 ? info.shape[0] : 1;
   const int64_t cols = info.shape.empty() ? 1 : info.shape.back();

@@ -22,8 +22,10 @@
 
 namespace linnet {
 
-// The element types the loader accepts in a header: F32, F16, BF16 (common/dtype.h);
-// anything else is an error naming it.
+// The element types the loader accepts in a header: F32, F16, BF16, F8_E4M3 (read as
+// f32, exactly, or narrowed), and I32 / I64 (the packed words, zero points and shapes of
+// compressed-tensors checkpoints; read only as stored) (common/dtype.h); anything else
+// is an error naming it.
 
 /// out[i] = float_to_bf16(src[i]) (common/float16.h) (to == BF16) or float_to_half(src[i]) (to == F16),
 /// i < n.
@@ -76,7 +78,7 @@ class SafetensorsFile {
   ///   or is shorter than 8 bytes; the header length exceeds kMaxHeaderBytes or runs
   ///   past the end of the file; the header nests deeper than kMaxHeaderDepth or is
   ///   not a JSON object; an entry lacks dtype/shape/data_offsets or has
-  ///   them of the wrong JSON type; a dtype is not F32/F16/BF16 (the error names the
+  ///   them of the wrong JSON type; a dtype is not F32/F16/BF16/F8_E4M3/I32/I64 (the error names the
   ///   tensor and dtype); prod(shape) * itemsize != end - begin; a range lies outside
   ///   the data area; two ranges overlap; __metadata__ is not a map of strings (the
   ///   error names the key); the header repeats a key, such as a tensor name
@@ -107,7 +109,10 @@ class SafetensorsFile {
   void read_f32(const TensorInfo& info, const Slice2D& slice, float* out) const;
   /// read_f32 into `out` as `out_dtype` (2 or 4 bytes an element): the file's own
   /// dtype is copied as stored; f32 from F16/BF16 exactly; BF16/F16 from another dtype
-  /// rounded to nearest even (float_to_bf16 / float_to_half).
+  /// rounded to nearest even (float_to_bf16 / float_to_half). I32 / I64 tensors are
+  /// read as stored only.
+  /// @throws Error naming file and tensor as read_f32 does, or when an integer tensor is
+  ///   asked for as another dtype (or a float one as an integer).
   void read(const TensorInfo& info, const Slice2D& slice, DType out_dtype, void* out) const;
 
  private:

@@ -44,10 +44,41 @@ std::vector<WeightEntry> weight_table(const ModelConfig& c) {
   return t;
 }
 
-std::vector<TensorSpec> tensor_specs(const std::vector<WeightEntry>& table) {
+bool stored_quantized(const WeightEntry& e, const ModelConfig& c) {
+  return c.quantization && (e.shard == ShardStyle::kColumnParallel || e.shard == ShardStyle::kRowParallel);
+}
+
+std::string quantized_part_name(const WeightEntry& e, const char* part) {
+  const std::string_view suffix = "weight";
+  const std::string_view name = e.name;
+  const std::string_view base = name.ends_with(suffix) ? name.substr(0, name.size() - suffix.size()) : name;
+  return std::string(base) + part;
+}
+
+std::vector<TensorSpec> tensor_specs(const std::vector<WeightEntry>& table, const ModelConfig& c) {
   std::vector<TensorSpec> specs;
   specs.reserve(table.size());
-  for (const auto& e : table) specs.push_back({e.name, e.shape});
+  for (const auto& e : table) {
+    if (!stored_quantized(e, c)) {
+      specs.push_back({e.name, e.shape, {}});
+      continue;
+    }
+    const WeightQuantization& q = *c.quantization;
+    const int64_t out = e.shape[0], in = e.shape[1];
+    if (q.fp8) {
+      specs.push_back({e.name, e.shape, {DType::kF8E4M3}});
+      specs.push_back({quantized_part_name(e, "weight_scale"), q.per_tensor ? std::vector<int64_t>{1} : std::vector<int64_t>{out, 1}, {}});
+      continue;
+    }
+    const int64_t group = q.group_size > 0 ? q.group_size : in;
+    const int64_t groups = (in + group - 1) / group;
+    specs.push_back({quantized_part_name(e, "weight_packed"), {out, (in * q.num_bits + 31) / 32}, {DType::kI32}});
+    specs.push_back({quantized_part_name(e, "weight_scale"), {out, groups}, {}});
+    specs.push_back({quantized_part_name(e, "weight_shape"), {2}, {DType::kI64, DType::kI32}});
+    if (!q.symmetric) {
+      specs.push_back({quantized_part_name(e, "weight_zero_point"), {(out * q.num_bits + 31) / 32, groups}, {DType::kI32}});
+    }
+  }
   return specs;
 }
 

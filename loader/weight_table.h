@@ -64,7 +64,21 @@ struct WeightEntry {
 /// k_norm) and modeling_phi3.py (qkv_proj, gate_up_proj) state dicts.
 std::vector<WeightEntry> weight_table(const ModelConfig& config);
 
-/// The table as presence/shape specs for Checkpoint::validate.
-std::vector<TensorSpec> tensor_specs(const std::vector<WeightEntry>& table);
+/// Whether `e` is stored quantized in a checkpoint of `config`: a decoder projection
+/// (column- or row-parallel) when config.quantization is set (WeightQuantization).
+bool stored_quantized(const WeightEntry& e, const ModelConfig& config);
+
+/// The checkpoint name of one part of a quantized entry: `e.name` with its final
+/// "weight" replaced by `part` ("weight_packed", "weight_scale", "weight_zero_point",
+/// "weight_shape").
+std::string quantized_part_name(const WeightEntry& e, const char* part);
+
+/// The table as presence/shape/dtype specs for Checkpoint::validate. Entries stored
+/// quantized (stored_quantized) become their parts, for an [out, in] matrix with b-bit
+/// values and groups of G (G = in per channel): weight_packed [out, ceil(in b / 32)]
+/// I32, weight_scale [out, ceil(in / G)] float, weight_shape [2] I64 or I32, and when
+/// asymmetric weight_zero_point [ceil(out b / 32), ceil(in / G)] I32. FP8: weight
+/// [out, in] F8_E4M3 and weight_scale [out, 1] (per tensor [1]) float.
+std::vector<TensorSpec> tensor_specs(const std::vector<WeightEntry>& table, const ModelConfig& config);
 
 }  // namespace linnet

@@ -44,6 +44,7 @@ class CpuBackend final : public Backend {
   // the weight dtype; the Tensor keeps the logical shape [n, k].
   Tensor upload_matrix(const Tensor& host) override {
     if (host.shape().size() != 2) throw Error("a weight matrix must be 2-D", "CpuBackend::upload_matrix");
+    if (is_quantized(host.dtype())) return host;  // packed already (a pre-quantized checkpoint: load_weights)
     if (is_quantized(weight_dtype_)) return upload_quantized(host, weight_dtype_);
     if (host.dtype() != weight_dtype_ && host.dtype() != DType::kF32) {
       throw Error("a weight matrix must be f32 or in the backend's weight dtype", "CpuBackend::upload_matrix",

@@ -20,6 +20,7 @@
 
 #include "common/error.h"
 #include "common/cuda_check.h"
+#include "kernels/cpu/gemm.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/ops.h"
 #include "parallel/self_communicator.h"
@@ -112,6 +113,15 @@ class CudaBackend final : public Backend {
 
   Tensor upload_matrix(const Tensor& host) override {
     if (host.device() == Device::kCuda && host.dtype() == DType::kBF16) return host;
+    if (host.device() == Device::kCpu && is_quantized(host.dtype())) {
+      // A pre-quantized checkpoint's packed matrix (load_weights): dequantized on the
+      // host to f32, row by row (cpu::unpack_row: (q - z) s in f32), then held in bf16
+      // like any other matrix. No int4 / int8 CUDA kernel yet.
+      const int64_t n = host.dim(0), k = host.dim(1);
+      Tensor wide = Tensor::zeros({n, k}, DType::kF32);
+      for (int64_t j = 0; j < n; ++j) cpu::unpack_row(host.raw(), host.dtype(), k, j, wide.data() + j * k);
+      return upload_matrix(wide);
+    }
     if (host.dtype() != DType::kF32) {
       throw Error("a weight matrix must be f32 (or bf16 already on the device)", "CudaBackend::upload_matrix");
     }

@@ -20,7 +20,7 @@ ModelFiles open_model(const std::filesystem::path& dir) {
   Checkpoint checkpoint = Checkpoint::open(dir);
   std::vector<std::string> unused;
   try {
-    unused = checkpoint.validate(tensor_specs(weight_table(config)));
+    unused = checkpoint.validate(tensor_specs(weight_table(config), config));
   } catch (const Error& e) {
     // The expected shapes come from config.json: say so, since a wrong config makes
     // every tensor look wrong.

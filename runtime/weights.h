@@ -37,10 +37,15 @@ struct ModelWeights {
 /// Reads this rank's slices (and only those bytes) from `ckpt`, walking
 /// weight_table(config): weight matrices (embedding, lm_head, wqkv, wo, w_gate_up,
 /// w_down) as `matrix_dtype` (kF32, kBF16 or kF16: the file's dtype copied as stored,
-/// another converted, narrowing rounded to nearest even), norm weights as f32. Fused
+/// another converted, narrowing rounded to nearest even), norm weights as f32. With
+/// config.quantization (a pre-quantized checkpoint) the layers' matrices come packed
+/// instead, in kI4 / kI8 (kernels/cpu/gemm.h: pack_quantized_weight; groups of the
+/// checkpoint's group size, or one a row per channel), and only the embedding and the
+/// lm_head are read as `matrix_dtype`. Fused
 /// tensors (Phi-3 qkv_proj, gate_up_proj) are split into their segments first and each
 /// segment is sharded. The checkpoint must already be validated against the table.
-/// @throws Error from the loader on read failures.
+/// @throws Error from the loader on read failures, from check_quantized_checkpoint
+///   (first), or naming a quantized matrix whose weight_shape is not the table's.
 ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& config, const ShardPlan& plan,
                           DType matrix_dtype = DType::kF32);
 
@@ -49,7 +54,8 @@ ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& config, con
 /// out): 2 flops each per token in `bench`.
 int64_t decode_weight_elements(const ModelConfig& config, const ShardPlan& plan);
 
-/// Bytes of those matrices with the layers' in `matrix_dtype` and the lm_head in
+/// Bytes of those matrices with the layers' in `matrix_dtype` (a pre-quantized
+/// checkpoint's: their packed int4 / int8 form, whatever `matrix_dtype`) and the lm_head in
 /// vocab_weight_dtype(matrix_dtype): int8 / int4 ones count their packed form (values,
 /// f32 scales and offsets per `group_size` inputs of each output, padding;
 /// kernels/cpu/gemm.h: quantized_matrix_bytes). The numerator of achieved bandwidth in
@@ -79,6 +85,14 @@ DType vocab_weight_dtype(DType matrix_dtype);
 /// given, so the message says it is the default.
 void check_weight_groups(const ModelConfig& config, const ShardPlan& plan, int64_t group_size,
                          DType dtype = DType::kI8, bool is_default = false);
+
+/// Checks that this rank's slices of a pre-quantized checkpoint's matrices
+/// (config.quantization) hold whole groups: the group size divides hidden_size, the
+/// rank's o_proj width and its down_proj slice (per channel int4: each even). Nothing
+/// to check without config.quantization.
+/// @throws Error naming the scheme, the matrix, its width at this tp size, and the tp
+/// sizes (up to 16) that work.
+void check_quantized_checkpoint(const ModelConfig& config, const ShardPlan& plan);
 
 /// The weight dtype config.json's torch_dtype names ("bfloat16" -> kBF16, "float16" ->
 /// kF16, else kF32): what auto means for random weights.

@@ -161,35 +161,100 @@ TEST(ModelConfig, RefusedFeaturesNameTheField) {
   }
 }
 
-// Issue 24 (first step): a quantized checkpoint is refused by its config.json, naming the
-// method and the weights' format, before any tensor is looked at (its packed int32 /
-// fp8 tensors used to fail later as "unsupported dtype I32"). The quantization_config
-// objects are shaped as the published checkpoints' are: compressed-tensors W4A16 (as
-// llmcompressor writes it), compressed-tensors FP8, GPTQ, AWQ and bitsandbytes.
-TEST(ModelConfig, QuantizedCheckpointsAreRefusedNamingTheScheme) {
+// Issue 24: compressed-tensors "pack-quantized" weight-only int4 / int8 checkpoints are
+// read (as llmcompressor writes them); every other quantized checkpoint is refused by
+// its config.json, naming the method, the weights' format and what is not supported,
+// before any tensor is looked at. The objects are shaped as the published checkpoints'
+// are: compressed-tensors W4A16 / W8A16 / FP8 / W8A8, GPTQ, AWQ and bitsandbytes.
+TEST(ModelConfig, PackQuantizedCheckpointsAreReadAndOthersRefusedNamingTheScheme) {
+  const std::string w4 = R"({"quant_method": "compressed-tensors", "format": "pack-quantized",
+           "config_groups": {"group_0": {"targets": ["Linear"], "input_activations": null, "format": "pack-quantized",
+             "weights": {"num_bits": 4, "type": "int", "symmetric": true, "strategy": "group", "group_size": 32,
+                         "actorder": null, "dynamic": false, "observer": "minmax"}}},
+           "ignore": ["lm_head"], "quantization_status": "compressed", "kv_cache_scheme": null,
+           "sparsity_config": {}, "transform_config": {}, "version": "0.19.0"})";
+  {
+    json j = base_config();
+    j["quantization_config"] = json::parse(w4);
+    const ModelConfig c = ModelConfig::from_json(j, "config.json");
+    ASSERT_TRUE(c.quantization.has_value());
+    EXPECT_EQ(c.quantization->num_bits, 4);
+    EXPECT_TRUE(c.quantization->symmetric);
+    EXPECT_EQ(c.quantization->group_size, 32);
+    EXPECT_EQ(c.quantization->describe(), "compressed-tensors pack-quantized int4, groups of 32, symmetric");
+  }
+  {  // W8A16 per channel; an lm_head regex in ignore
+    json j = base_config();
+    json q = json::parse(w4);
+    q["config_groups"]["group_0"]["weights"] = json::parse(R"({"num_bits": 8, "type": "int", "symmetric": true, "strategy": "channel"})");
+    q["ignore"] = json::parse(R"(["re:.*lm_head"])");
+    j["quantization_config"] = q;
+    const ModelConfig c = ModelConfig::from_json(j, "config.json");
+    ASSERT_TRUE(c.quantization.has_value());
+    EXPECT_EQ(c.quantization->describe(), "compressed-tensors pack-quantized int8, per channel, symmetric");
+  }
   struct Case {
-    const char* config;
+    std::string config;
     std::vector<std::string> expected;  // in the message
   };
+  auto with = [&](const char* path, const char* value) {
+    json q = json::parse(w4);
+    q[json::json_pointer(path)] = json::parse(value);
+    return q.dump();
+  };
+  {  // FP8_DYNAMIC (float-quantized, dynamic per-token FP8 activations): weight-only
+    json j = base_config();
+    j["quantization_config"] = json::parse(R"({"quant_method": "compressed-tensors", "format": "float-quantized",
+           "config_groups": {"group_0": {"targets": ["Linear"],
+             "weights": {"num_bits": 8, "type": "float", "strategy": "channel", "symmetric": true},
+             "input_activations": {"num_bits": 8, "type": "float", "dynamic": true, "strategy": "token"}}},
+           "ignore": ["lm_head"]})");
+    const ModelConfig c = ModelConfig::from_json(j, "config.json");
+    ASSERT_TRUE(c.quantization.has_value());
+    EXPECT_TRUE(c.quantization->fp8);
+    EXPECT_TRUE(c.quantization->activations_ignored);
+    EXPECT_EQ(c.quantization->describe(),
+              "compressed-tensors FP8 e4m3 weights, per channel, widened at load (dynamic FP8 input activations not applied)");
+  }
   const Case cases[] = {
-      {R"({"quant_method": "compressed-tensors", "format": "pack-quantized",
-           "config_groups": {"group_0": {"targets": ["Linear"], "input_activations": null,
-             "weights": {"num_bits": 4, "type": "int", "symmetric": true, "strategy": "group", "group_size": 32}}},
-           "ignore": ["lm_head"], "quantization_status": "compressed"})",
-       {"\"compressed-tensors\"", "format \"pack-quantized\"", "weights int4", "strategy \"group\"", "group_size 32"}},
       {R"({"quant_method": "compressed-tensors", "format": "float-quantized",
            "config_groups": {"group_0": {"targets": ["Linear"],
              "weights": {"num_bits": 8, "type": "float", "strategy": "channel"},
-             "input_activations": {"num_bits": 8, "type": "float", "dynamic": true, "strategy": "token"}}}})",
-       {"\"compressed-tensors\"", "format \"float-quantized\"", "weights float8", "strategy \"channel\""}},
+             "input_activations": {"num_bits": 8, "type": "float", "dynamic": false, "strategy": "tensor"}}},
+           "ignore": ["lm_head"]})",
+       {"\"compressed-tensors\"", "format \"float-quantized\"", "weights float8", "input_activations quantized"}},
+      {R"({"quant_method": "compressed-tensors", "format": "naive-quantized",
+           "config_groups": {"group_0": {"targets": ["Linear"],
+             "weights": {"num_bits": 8, "type": "int", "strategy": "channel"}}}, "ignore": ["lm_head"]})",
+       {"naive-quantized weights other than FP8"}},
+      {R"({"quant_method": "compressed-tensors", "format": "float-quantized",
+           "config_groups": {"group_0": {"targets": ["Linear"],
+             "weights": {"num_bits": 8, "type": "float", "strategy": "group", "group_size": 128}}}, "ignore": ["lm_head"]})",
+       {"FP8 weights strategy \"group\""}},
       {R"({"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": true, "sym": true})",
-       {"\"gptq\"", "4-bit weights", "group_size 128"}},
+       {"\"gptq\"", "4-bit weights", "group_size 128", "quant_method \"gptq\""}},
       {R"({"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemm", "zero_point": true})",
        {"\"awq\"", "4-bit weights", "group_size 128"}},
       {R"({"quant_method": "fp8", "activation_scheme": "dynamic"})", {"\"fp8\"", "activation_scheme \"dynamic\""}},
       {R"({"quant_method": "bitsandbytes", "load_in_4bit": true})", {"\"bitsandbytes\""}},
       {R"({"bits": [4]})", {"an unnamed quant_method"}},
-      {R"("int4")", {"\"int4\""}},
+      {R"("int4")", {"\"int4\"", "not an object"}},
+      {with("/config_groups/group_0/input_activations", R"({"num_bits": 8, "type": "int", "strategy": "token", "dynamic": true})"),
+       {"input_activations quantized", "weight-only"}},
+      {with("/config_groups/group_0/weights/num_bits", "3"), {"num_bits 3"}},
+      {with("/config_groups/group_0/weights/type", R"("float")"), {"weights type \"float\""}},
+      {with("/config_groups/group_0/weights/strategy", R"("tensor")"), {"weights strategy \"tensor\""}},
+      {with("/config_groups/group_0/weights/group_size", "7"), {"an odd int4 group_size"}},
+      {with("/config_groups/group_0/weights/group_size", "0"), {"group_size 0"}},
+      {with("/config_groups/group_0/weights/actorder", R"("group")"), {"actorder \"group\" (g_idx)"}},
+      {with("/config_groups/group_0/targets", R"(["re:.*q_proj"])"), {"targets must include \"Linear\""}},
+      {with("/config_groups/group_1", R"({"targets": ["Linear"], "weights": {"num_bits": 8, "type": "int"}})"),
+       {"exactly one scheme"}},
+      {with("/ignore", R"([])"), {"the lm_head is quantized"}},
+      {with("/ignore", R"(["lm_head", "re:.*down_proj"])"), {"ignore entry \"re:.*down_proj\""}},
+      {with("/kv_cache_scheme", R"({"num_bits": 8, "type": "float"})"), {"kv_cache_scheme"}},
+      {with("/quantization_status", R"("frozen")"), {"quantization_status \"frozen\""}},
+      {with("/format", R"("marlin-24")"), {"format \"marlin-24\""}},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.config);
@@ -197,8 +262,17 @@ TEST(ModelConfig, QuantizedCheckpointsAreRefusedNamingTheScheme) {
     j["quantization_config"] = json::parse(c.config);
     const std::string msg = config_error(j);
     EXPECT_CONTAINS(msg, "field \"quantization_config\"");
-    EXPECT_CONTAINS(msg, "quantized checkpoints are not supported yet");
+    EXPECT_CONTAINS(msg, "this quantized checkpoint is not supported");
+    EXPECT_CONTAINS(msg, "pack-quantized");  // what does run
     for (const std::string& e : c.expected) EXPECT_CONTAINS(msg, e);
+  }
+  {  // int8 with zero points
+    json j = base_config();
+    json q = json::parse(w4);
+    q["config_groups"]["group_0"]["weights"] =
+        json::parse(R"({"num_bits": 8, "type": "int", "symmetric": false, "strategy": "channel"})");
+    j["quantization_config"] = q;
+    EXPECT_CONTAINS(config_error(j), "int8 with zero points");
   }
   // null is no quantization; compressed-tensors' "dense" format holds unpacked float
   // weights, which load as they are.
@@ -207,7 +281,7 @@ TEST(ModelConfig, QuantizedCheckpointsAreRefusedNamingTheScheme) {
     SCOPED_TRACE(config);
     json j = base_config();
     j["quantization_config"] = json::parse(config);
-    EXPECT_NO_THROW(ModelConfig::from_json(j, "config.json"));
+    EXPECT_FALSE(ModelConfig::from_json(j, "config.json").quantization.has_value());
   }
 }
 

@@ -5,9 +5,13 @@
 // of the mpirun job: 1, 2, 4, and 8 (KV-head replication; Phi-3's 4 heads cannot split
 // over 8 ranks and is refused there, which is checked too).
 #include <mpi.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 
@@ -21,6 +25,7 @@
 #include "runtime/model_loader.h"
 #include "runtime/weights.h"
 #include "tests/test_data.h"
+#include "tests/test_helpers.h"
 
 namespace linnet {
 namespace {
@@ -74,6 +79,19 @@ std::vector<Fixture> all_fixtures() {
       }
     }
   }
+  // Pre-quantized compressed-tensors checkpoints (pack-quantized: int4 symmetric and
+  // with zero points in groups of 4, int8 per channel; FP8 weights per channel, alone
+  // and as the FP8_DYNAMIC preset, whose dynamic activations are not applied), made by
+  // llm-compressor from the f32 checkpoint; the goldens are transformers' logits on the
+  // checkpoint as it reads it back (FP8_DYNAMIC: without its input_activations, the
+  // weight-only computation) (scripts/make_ct_fixtures.py). The embedding and lm_head
+  // stay f32.
+  for (const char* name : {"llama31", "qwen3", "phi3", "mistral"}) {
+    for (const char* scheme : {"w4a16", "w4a16_asym", "w8a16", "fp8", "fp8_dynamic"}) {
+      out.push_back({name, std::string("ct_") + scheme, std::string("logits_") + scheme,
+                     std::string("output_ids_") + scheme, DType::kF32, DType::kF32, "golden_ct.json"});
+    }
+  }
   return out;
 }
 
@@ -99,6 +117,21 @@ class FixtureTest : public testing::TestWithParam<Fixture> {
                    << " (refusal checked)";
     }
     const ShardPlan plan = ShardPlan::make(files_->config, world_->rank(), tp);
+    if (files_->config.quantization) {
+      bool fits = true;
+      for (int r = 0; r < tp; ++r) {
+        try {
+          check_quantized_checkpoint(files_->config, ShardPlan::make(files_->config, r, tp));
+        } catch (const Error&) {
+          fits = false;
+        }
+      }
+      if (!fits) {  // Llama-3.1's down_proj slice at tp 8 is 14 wide: groups of 4 would straddle ranks
+        EXPECT_EQ(tp, 8) << f << ": only tp 8 splits a group";
+        EXPECT_THROW(make_engine(*files_, plan, *backend_, *world_, 64), Error);
+        GTEST_SKIP() << f << ": the checkpoint's groups do not fit every slice at tp " << tp << " (refusal checked)";
+      }
+    }
     if (is_quantized(f.held)) {
       bool fits = true;
       for (int r = 0; r < tp; ++r) {
@@ -194,7 +227,7 @@ TEST(CheckpointValidation, EveryMismatchIsReportedAtOnce) {
   c.intermediate_size = 128;
   const Checkpoint ckpt = Checkpoint::open(dir);
   try {
-    ckpt.validate(tensor_specs(weight_table(c)));
+    ckpt.validate(tensor_specs(weight_table(c), c));
     FAIL() << "a wrong intermediate_size must not validate";
   } catch (const Error& e) {
     const std::string m = e.what();
@@ -204,6 +237,82 @@ TEST(CheckpointValidation, EveryMismatchIsReportedAtOnce) {
       EXPECT_NE(m.find(t), std::string::npos) << t << " in:\n" << m;
     }
     EXPECT_NE(m.find("expected [256, 64], got [320, 64]"), std::string::npos) << m;
+  }
+}
+
+// A pre-quantized checkpoint read with the wrong scheme, a part of the wrong dtype, an
+// integer part read as a float, a wrong weight_shape, and a tp size whose slices would
+// split its groups: each is refused naming the tensor (or flag) and the sizes.
+TEST(CompressedTensors, MismatchesAreNamed) {
+  const auto dir = test::test_data_dir() / "fixtures" / "llama31" / "ct_w4a16";
+  const ModelConfig c = ModelConfig::load(dir / "config.json");
+  ASSERT_TRUE(c.quantization.has_value());
+  const Checkpoint ckpt = Checkpoint::open(dir);
+  EXPECT_NO_THROW(ckpt.validate(tensor_specs(weight_table(c), c)));
+  {  // read as int8: every weight_packed is half the width int8 needs
+    ModelConfig c8 = c;
+    c8.quantization->num_bits = 8;
+    const std::string m = test::error_of([&] { ckpt.validate(tensor_specs(weight_table(c8), c8)); });
+    EXPECT_NE(m.find("model.layers.0.self_attn.q_proj.weight_packed' has the wrong shape (expected [64, 16], got [64, 8])"),
+              std::string::npos) << m;
+  }
+  {  // asymmetric: the zero points are missing
+    ModelConfig ca = c;
+    ca.quantization->symmetric = false;
+    const std::string m = test::error_of([&] { ckpt.validate(tensor_specs(weight_table(ca), ca)); });
+    EXPECT_NE(m.find("missing tensor 'model.layers.0.mlp.down_proj.weight_zero_point'"), std::string::npos) << m;
+  }
+  {  // without its quantization_config the float weights are missing
+    ModelConfig cd = c;
+    cd.quantization.reset();
+    const std::string m = test::error_of([&] { ckpt.validate(tensor_specs(weight_table(cd), cd)); });
+    EXPECT_NE(m.find("missing tensor 'model.layers.0.self_attn.q_proj.weight'"), std::string::npos) << m;
+  }
+  const std::string scale = "model.layers.0.self_attn.q_proj.weight_scale";
+  EXPECT_NE(test::error_of([&] { ckpt.validate({{scale, {64, 16}, {DType::kI32}}}); })
+                .find("'" + scale + "' has the wrong dtype (expected I32, got F32)"),
+            std::string::npos);
+  std::vector<float> out(8);
+  EXPECT_NE(test::error_of([&] {
+              ckpt.read("model.layers.0.self_attn.q_proj.weight_packed", Slice2D{0, 1, 0, 8}, DType::kF32, out.data());
+            }).find("integer tensors are read as stored"),
+            std::string::npos);
+  {  // a group size the stored scales do not have
+    ModelConfig cs = c;
+    cs.quantization->group_size = 8;  // same packed widths; scales [64, 8] where 16 are stored
+    const std::string m = test::error_of([&] { ckpt.validate(tensor_specs(weight_table(cs), cs)); });
+    EXPECT_NE(m.find(scale + "' has the wrong shape (expected [64, 8], got [64, 16])"), std::string::npos) << m;
+  }
+  {  // a weight_shape that says another matrix: a copy of the checkpoint with one edited
+    const auto tmp = std::filesystem::temp_directory_path() / ("linnet_ct_shape_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(tmp);
+    std::filesystem::copy_file(dir / "model.safetensors", tmp / "model.safetensors",
+                               std::filesystem::copy_options::overwrite_existing);
+    std::string bytes = test::read_file(tmp / "model.safetensors");
+    uint64_t n = 0;
+    std::memcpy(&n, bytes.data(), 8);
+    const auto header = nlohmann::json::parse(bytes.substr(8, n));
+    const std::string name = "model.layers.1.mlp.down_proj.weight_shape";
+    ASSERT_EQ(header[name]["dtype"], "I64");
+    const int64_t wrong[2] = {64, 113};
+    std::memcpy(bytes.data() + 8 + n + header[name]["data_offsets"][0].get<uint64_t>(), wrong, sizeof wrong);
+    {
+      std::ofstream f(tmp / "model.safetensors", std::ios::binary | std::ios::trunc);
+      f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    }
+    const Checkpoint edited = Checkpoint::open(tmp);
+    const std::string m = test::error_of([&] { load_weights(edited, c, ShardPlan::make(c, 0, 1)); });
+    std::filesystem::remove_all(tmp);
+    for (const char* part : {"weight_shape is not the shape the model needs", "model.layers.1.mlp.down_proj.weight_shape",
+                             "[64, 112]", "[64, 113]"}) {
+      EXPECT_NE(m.find(part), std::string::npos) << part << " in: " << m;
+    }
+  }
+  // tp 8 would cut Llama-3.1's 112-wide down_proj into 14-wide slices: not whole groups of 4.
+  const std::string m = test::error_of([&] { check_quantized_checkpoint(c, ShardPlan::make(c, 0, 8)); });
+  for (const char* part : {"groups of 4", "down_proj (this rank's intermediate slice) is 14 wide at tp 8", "--tp",
+                           "one of 1, 2, 4"}) {
+    EXPECT_NE(m.find(part), std::string::npos) << part << " in: " << m;
   }
 }
 

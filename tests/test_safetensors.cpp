@@ -218,6 +218,46 @@ TEST(Safetensors, BF16ConvertsTopHalfOfF32) {
             (std::vector<float>{0.0f, -std::numeric_limits<float>::infinity()}));
 }
 
+TEST(Safetensors, F8E4M3WidensExactlyAndIntegersAreReadAsStored) {
+  // Bit patterns and values of OCP FP8 e4m3 ("E4M3FN": bias 7, no infinities, S.1111.111
+  // the only NaN): 1, -2, 448 (the largest), 2^-6 (smallest normal), 2^-9 (smallest
+  // subnormal), 7 * 2^-9 (largest subnormal), -0, NaN, 1.125, 1.25 * 2^-5 (0x12).
+  const std::vector<uint8_t> bits = {0x38, 0xC0, 0x7E, 0x08, 0x01, 0x07, 0x80, 0x7F, 0x39, 0x12};
+  const std::vector<int32_t> words = {-1, 0x12345678, 7, INT32_MIN};
+  TempDir dir;
+  FileBuilder b;
+  b.add("w", "F8_E4M3", {2, 5}, bytes_of(bits));
+  b.add("packed", "I32", {2, 2}, bytes_of(words));
+  b.add("shape", "I64", {2}, bytes_of(std::vector<int64_t>{64, 112}));
+  const fs::path p = dir.path / "fp8.safetensors";
+  write_file(p, b.bytes());
+  SafetensorsFile f(p);
+  EXPECT_EQ(f.find("w")->dtype, DType::kF8E4M3);
+  const std::vector<float> v = read_all(f, "w", {0, 2, 0, 5});
+  EXPECT_EQ(v[0], 1.0f);
+  EXPECT_EQ(v[1], -2.0f);
+  EXPECT_EQ(v[2], 448.0f);
+  EXPECT_EQ(v[3], std::ldexp(1.0f, -6));
+  EXPECT_EQ(v[4], std::ldexp(1.0f, -9));
+  EXPECT_EQ(v[5], std::ldexp(7.0f, -9));
+  EXPECT_EQ(v[6], 0.0f);
+  EXPECT_TRUE(std::signbit(v[6]));
+  EXPECT_TRUE(std::isnan(v[7]));
+  EXPECT_EQ(v[8], 1.125f);
+  EXPECT_EQ(v[9], std::ldexp(1.25f, -5));
+  std::vector<int32_t> got(2);
+  f.read(*f.find("packed"), Slice2D{0, 2, 1, 2}, DType::kI32, got.data());
+  EXPECT_EQ(got, (std::vector<int32_t>{0x12345678, INT32_MIN}));
+  std::vector<int64_t> shape(2);
+  f.read(*f.find("shape"), Slice2D{0, 1, 0, 2}, DType::kI64, shape.data());
+  EXPECT_EQ(shape, (std::vector<int64_t>{64, 112}));
+  std::vector<float> as_float(4);
+  EXPECT_CONTAINS(error_of([&] { f.read(*f.find("packed"), Slice2D{0, 2, 0, 2}, DType::kF32, as_float.data()); }),
+                  "integer tensors are read as stored");
+  EXPECT_CONTAINS(error_of([&] { f.read(*f.find("w"), Slice2D{0, 1, 0, 4}, DType::kI32, as_float.data()); }),
+                  "integer tensors are read as stored");
+}
+
 TEST(Safetensors, DTypeNamesAndSizes) {
   EXPECT_STREQ(linnet::safetensors_dtype_name(DType::kF32), "F32");
   EXPECT_STREQ(linnet::safetensors_dtype_name(DType::kF16), "F16");
@@ -336,13 +376,13 @@ TEST(SafetensorsHeader, InMemoryParseMatchesTheMappedFile) {
 }
 
 TEST(SafetensorsMalformed, UnsupportedDtypeNamesTensorAndDtype) {
-  for (const std::string dtype : {"I64", "F64", "U8", "BOOL", "F8_E4M3", "Q4_K"}) {
+  for (const std::string dtype : {"I16", "F64", "U8", "BOOL", "F8_E5M2", "Q4_K"}) {
     const std::string header = "{\"ids\": {\"dtype\": \"" + dtype +
                                "\", \"shape\": [1], \"data_offsets\": [0, 8]}}";
     const std::string msg = open_error(raw_file(header, std::string(8, '\0')));
     EXPECT_CONTAINS(msg, "unsupported dtype " + dtype);
     EXPECT_CONTAINS(msg, "'ids'");
-    EXPECT_CONTAINS(msg, "F32, F16, BF16");
+    EXPECT_CONTAINS(msg, "F32, F16, BF16, F8_E4M3, I32, I64");
   }
 }
 

@@ -173,6 +173,43 @@ void quantize_pack_weight(const float* w, int64_t n, int64_t k, int64_t group_si
   }
 }
 
+void pack_quantized_weight(const uint8_t* codes, const float* scales, const float* offsets, int64_t n, int64_t k,
+                           int64_t group_size, void* packed, DType wt) {
+  if (wt != DType::kI8 && wt != DType::kI4) {
+    throw Error("pack_quantized_weight packs int8 or int4", "pack_quantized_weight", "", dtype_name(wt));
+  }
+  const bool int4 = wt == DType::kI4;
+  if (group_size < 1 || k % group_size != 0 || (int4 && group_size % 2 != 0)) {
+    throw Error("the weight group size must divide the matrix's input width" +
+                    std::string(int4 ? " and be even (int4 packs two k steps a byte)" : ""),
+                "pack_quantized_weight", "a divisor of " + std::to_string(k), std::to_string(group_size));
+  }
+  if (int4 && offsets == nullptr) throw Error("int4 needs its offsets", "pack_quantized_weight");
+  const int64_t panels = (n + kPanel - 1) / kPanel, groups = k / group_size;
+  std::memset(packed, 0, static_cast<size_t>(quantized_matrix_bytes(n, k, group_size, wt)));
+  auto* h = static_cast<QuantHeader*>(packed);
+  *h = QuantHeader{group_size, groups, k, panels, int4 ? 4 : 8};
+  const detail::QuantView v = detail::quant_view(packed);
+  auto* values = reinterpret_cast<uint8_t*>(const_cast<int8_t*>(v.values));
+  auto* sc = const_cast<float*>(v.scales);
+  auto* mn = const_cast<float*>(v.mins);
+  for (int64_t j = 0; j < n; ++j) {
+    const int64_t p = j / kPanel, lane = j % kPanel;
+    const uint8_t* row = codes + j * k;
+    for (int64_t g = 0; g < groups; ++g) {
+      sc[(p * groups + g) * kPanel + lane] = scales[j * groups + g];
+      if (int4) mn[(p * groups + g) * kPanel + lane] = offsets[j * groups + g];
+    }
+    for (int64_t c = 0; c < k; ++c) {
+      if (int4) {  // pair c / 2, byte `lane`, nibble c % 2 (the layout of quantize_pack_weight)
+        values[p * kPanel * k / 2 + (c / 2) * kPanel + lane] |= static_cast<uint8_t>((row[c] & 15) << (4 * (c % 2)));
+      } else {
+        values[p * kPanel * k + c * kPanel + lane] = row[c];
+      }
+    }
+  }
+}
+
 void matmul_nt_packed_isa(Isa isa, const float* x, const void* packed, DType wt, float* out, int64_t m,
                           int64_t k, int64_t n) {
   if (m <= 0 || n <= 0) return;

@@ -85,9 +85,11 @@ decltype(auto) dispatch_weight_dtype(DType wt, F&& f) {
     case DType::kF16: return f(std::integral_constant<DType, DType::kF16>{});
     case DType::kI8: return f(std::integral_constant<DType, DType::kI8>{});
     case DType::kI4: return f(std::integral_constant<DType, DType::kI4>{});
-    case DType::kI32: break;
+    case DType::kI32:
+    case DType::kI64:
+    case DType::kF8E4M3: break;
   }
-  throw Error("i32 is not a weight dtype (f32, bf16, f16 or int8 / int4)", "dispatch_weight_dtype");
+  throw Error("i32 / i64 / fp8 (widened at load) is not a kernel weight dtype (f32, bf16, f16 or int8 / int4)", "dispatch_weight_dtype");
 }
 
 /// Output columns per packed panel.
@@ -127,6 +129,17 @@ int64_t quantized_matrix_bytes(int64_t n, int64_t k, int64_t group_size, DType w
 /// int4.
 void quantize_pack_weight(const float* w, int64_t n, int64_t k, int64_t group_size, void* packed,
                           DType wt = DType::kI8);
+
+/// Packs a matrix that is quantized already (a pre-quantized checkpoint's values and
+/// scales) into the form quantize_pack_weight makes, so the same kernels run it.
+/// `codes` [n, k] row-major, one byte per value: kI8 the int8 q (two's complement; w =
+/// q s), kI4 q in [0, 15] (w = (q - 8) s + m'); `scales` and, for kI4, `offsets` (the m')
+/// [n, k / group_size] f32 row-major (offsets null for kI8). Any group size dividing k
+/// (int4: even), up to k itself (one scale per output row).
+/// @throws Error when group_size does not divide k (naming both), is odd for int4, or
+/// `wt` is not kI8 / kI4, or kI4 has no offsets.
+void pack_quantized_weight(const uint8_t* codes, const float* scales, const float* offsets, int64_t n, int64_t k,
+                           int64_t group_size, void* packed, DType wt);
 
 /// out[m, n] = x[m, k] * w[n, k]^T from a packed weight (pack_weight), in f32 with the
 /// fixed reduction order of the file comment, on the active ISA path. x, packed and out

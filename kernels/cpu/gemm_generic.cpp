@@ -40,8 +40,10 @@ float load_weight(const void* w, DType wt, int64_t i) {
       return f;
     }
     case DType::kI32:
+    case DType::kI64:
+    case DType::kF8E4M3:
     case DType::kI8:
-    case DType::kI4: break;  // not element arrays: i32 is no weight; int8 / int4 carry scales (quant_view)
+    case DType::kI4: break;  // not element arrays: i32 / i64 are no weights; int8 / int4 carry scales (quant_view)
   }
   return 0.0f;
 }
