@@ -39,11 +39,6 @@ EnginePlan plan_engine(const EngineOptions& o, const ModelConfig& config, const 
                   "--weight-dtype", "auto, f32, bf16 or f16 (the dtype of its unquantized embedding and lm_head)",
                   dtype_name(p.weight_dtype));
     }
-    if (o.weight_group_size != 0) {
-      throw Error("the checkpoint is quantized already (" + config.quantization->describe() +
-                      "): its group size is its own",
-                  "--weight-group-size", "not given", std::to_string(o.weight_group_size));
-    }
     check_quantized_checkpoint(config, plan);
   } else if (is_quantized(p.weight_dtype)) {
     check_weight_groups(config, plan, p.weight_group_size, p.weight_dtype, o.weight_group_size == 0);

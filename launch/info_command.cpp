@@ -135,19 +135,27 @@ int run_info(const InfoOptions& o, Job& job) {
     }
     std::printf("tp %d (tp sizes that work: %s), KV cache of one sequence of %lld positions (generate --input "
                 "holds --max-batch of them unless --kv-cache-tokens says otherwise)", o.tp,
-                ShardPlan::working_tp_sizes(c).c_str(), static_cast<long long>(max_seq_len));
+                (c.quantization ? quantized_tp_sizes(c) : ShardPlan::working_tp_sizes(c)).c_str(),
+                static_cast<long long>(max_seq_len));
     if (first.kv_replication > 1) {
       std::printf(", each KV head on %lld ranks", static_cast<long long>(first.kv_replication));
     }
     if (first.vocab_padded != c.vocab_size) {
       std::printf(", vocabulary padded to %lld", static_cast<long long>(first.vocab_padded));
     }
-    std::printf("\n%-5s %-14s %-12s %-18s %-20s %-14s %-12s\n", "rank", "q heads", "KV heads", "MLP units",
-                "vocab rows", (std::string("weights(") + dtype_name(held) + ")").c_str(), "KV cache");
+    std::printf("\n%-5s %-14s %-12s %-18s %-20s %-18s %-12s\n", "rank", "q heads", "KV heads", "MLP units",
+                "vocab rows",
+                (std::string("weights(") +
+                 (c.quantization && !c.quantization->fp8
+                      ? std::string(c.quantization->num_bits == 4 ? "int4" : "int8") + "+" + dtype_name(held)
+                      : std::string(dtype_name(held))) +
+                 ")")
+                    .c_str(),
+                "KV cache");
     for (int r = 0; r < o.tp; ++r) {
       const ShardPlan p = ShardPlan::make(c, r, o.tp);
       const RankMemory& m = need[static_cast<size_t>(r)];
-      std::printf("%-5d %-14s %-12s %-18s %-20s %-14s %-12s\n", r, range(p.head_begin, p.num_heads_local).c_str(),
+      std::printf("%-5d %-14s %-12s %-18s %-20s %-18s %-12s\n", r, range(p.head_begin, p.num_heads_local).c_str(),
                   range(p.kv_head_begin, p.num_kv_heads_local).c_str(),
                   range(p.intermediate_begin, p.intermediate_local).c_str(),
                   range(p.vocab_begin, p.vocab_local).c_str(), format_bytes(m.weight_bytes).c_str(),

@@ -388,34 +388,48 @@ void check_weight_groups(const ModelConfig& c, const ShardPlan& p, int64_t group
   }
 }
 
+namespace {
+
+// The input widths of a rank's matrices: hidden_size (column-parallel), its heads' width
+// (o_proj) and its intermediate slice (down_proj).
+std::vector<std::pair<const char*, int64_t>> input_widths(const ModelConfig& c, const ShardPlan& s) {
+  return {{"q/k/v_proj and gate/up_proj (hidden_size)", c.hidden_size},
+          {"o_proj (this rank's heads x head_dim)", s.num_heads_local * c.head_dim},
+          {"down_proj (this rank's intermediate slice)", s.intermediate_local}};
+}
+
+// Whether a `width`-wide slice holds whole groups of `q` (int4: even ones).
+bool holds_whole_groups(const WeightQuantization& q, int64_t width) {
+  const int64_t g = local_group(q, width);
+  return width % g == 0 && (q.num_bits != 4 || g % 2 == 0);
+}
+
+}  // namespace
+
+std::string quantized_tp_sizes(const ModelConfig& c) {
+  std::string work;
+  for (int tp = 1; tp <= 16; ++tp) {
+    bool ok = true;
+    try {
+      for (int r = 0; r < tp && ok; ++r) {
+        const ShardPlan s = ShardPlan::make(c, r, tp);
+        if (c.quantization && !c.quantization->fp8)
+          for (const auto& w : input_widths(c, s)) ok = ok && holds_whole_groups(*c.quantization, w.second);
+      }
+    } catch (const Error&) {
+      ok = false;
+    }
+    if (ok) work += (work.empty() ? "" : ", ") + std::to_string(tp);
+  }
+  return work;
+}
+
 void check_quantized_checkpoint(const ModelConfig& c, const ShardPlan& p) {
   if (!c.quantization || c.quantization->fp8) return;  // FP8 scales are per row or per matrix: any slice
   const WeightQuantization& q = *c.quantization;
-  // The input widths of this rank's matrices: hidden_size (column-parallel), its heads'
-  // width (o_proj) and its intermediate slice (down_proj).
-  auto widths = [&](const ShardPlan& s) {
-    return std::vector<std::pair<const char*, int64_t>>{
-        {"q/k/v_proj and gate/up_proj (hidden_size)", c.hidden_size},
-        {"o_proj (this rank's heads x head_dim)", s.num_heads_local * c.head_dim},
-        {"down_proj (this rank's intermediate slice)", s.intermediate_local}};
-  };
-  auto fits = [&](int64_t width) {
-    const int64_t g = local_group(q, width);
-    return width % g == 0 && (q.num_bits != 4 || g % 2 == 0);
-  };
-  for (const auto& [what, width] : widths(p)) {
-    if (fits(width)) continue;
-    std::string work;  // the tp sizes up to 16 whose every rank's slices fit
-    for (int tp = 1; tp <= 16; ++tp) {
-      bool ok = true;
-      try {
-        for (int r = 0; r < tp && ok; ++r)
-          for (const auto& wd : widths(ShardPlan::make(c, r, tp))) ok = ok && fits(wd.second);
-      } catch (const Error&) {
-        ok = false;
-      }
-      if (ok) work += (work.empty() ? "" : ", ") + std::to_string(tp);
-    }
+  for (const auto& [what, width] : input_widths(c, p)) {
+    if (holds_whole_groups(q, width)) continue;
+    const std::string work = quantized_tp_sizes(c);
     throw Error(q.describe() + ": a rank's slice would split a quantization group: " + what + " is " +
                     std::to_string(width) + " wide at tp " + std::to_string(p.tp_size) +
                     (q.group_size > 0 ? ", not a multiple of the group size " + std::to_string(q.group_size)

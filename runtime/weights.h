@@ -94,6 +94,10 @@ void check_weight_groups(const ModelConfig& config, const ShardPlan& plan, int64
 /// sizes (up to 16) that work.
 void check_quantized_checkpoint(const ModelConfig& config, const ShardPlan& plan);
 
+/// The tp sizes up to 16 at which ShardPlan::make and check_quantized_checkpoint accept
+/// every rank, e.g. "1, 2, 4" (empty when none does).
+std::string quantized_tp_sizes(const ModelConfig& config);
+
 /// The weight dtype config.json's torch_dtype names ("bfloat16" -> kBF16, "float16" ->
 /// kF16, else kF32): what auto means for random weights.
 DType config_weight_dtype(const ModelConfig& config);

@@ -323,6 +323,32 @@ TEST_F(Cli, InfoPlansTheSeedModelsFromTheirConfigs) {
   EXPECT_NE(s.out.find("47 F32; all names and shapes match"), std::string::npos) << s.out;
 }
 
+// A pre-quantized checkpoint: info names its scheme, counts its packed tensors and the
+// tp sizes whose slices hold whole groups; at another tp size, and with --weight-dtype
+// int4, it refuses naming the flag (exit 1: valid flags that do not fit this model).
+TEST_F(Cli, InfoAndTheFlagsOfAPreQuantizedCheckpoint) {
+  const std::string ct = quote((test::test_data_dir() / "fixtures" / "llama31" / "ct_w4a16").string());
+  const Result r = run(1, "info --model " + ct + " --tp 2");
+  ASSERT_EQ(r.code, 0) << r.err;
+  for (const char* part : {"layers quantized: compressed-tensors pack-quantized int4, groups of 4, symmetric",
+                           "7 F32, 14 int4 (packed I32); all names and shapes match", "tp sizes that work: 1, 2, 4)",
+                           "weights(int4+f32)"}) {
+    EXPECT_NE(r.out.find(part), std::string::npos) << part << " in:\n" << r.out;
+  }
+  const Result tp8 = run(1, "info --model " + ct + " --tp 8");
+  EXPECT_EQ(tp8.code, 1);
+  EXPECT_NE(tp8.err.find("--tp: compressed-tensors pack-quantized int4, groups of 4, symmetric: a rank's slice would "
+                         "split a quantization group: down_proj (this rank's intermediate slice) is 14 wide at tp 8"),
+            std::string::npos)
+      << tp8.err;
+  EXPECT_NE(tp8.err.find("(expected one of 1, 2, 4, got 8)"), std::string::npos) << tp8.err;
+  const Result int4 = run(1, "info --model " + ct + " --weight-dtype int4");
+  EXPECT_EQ(int4.code, 1);
+  EXPECT_NE(int4.err.find("--weight-dtype: the checkpoint is quantized already (compressed-tensors pack-quantized int4"),
+            std::string::npos)
+      << int4.err;
+}
+
 TEST_F(Cli, MissingModelDirectory) {
   expect_clean_failure("--model " + quote((tmp_ / "nope").string()) + " --prompt hi", "nope");
 }
