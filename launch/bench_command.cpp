@@ -49,7 +49,7 @@ struct BenchShape {
 // "bf16", or "int8, groups of 64".
 std::string weight_format(const BenchShape& s) {
   if (s.config.quantization) {
-    return s.config.quantization->describe() + "; embedding and lm_head " + dtype_name(s.weight_dtype);
+    return prequantized_weights_text(*s.config.quantization, s.weight_dtype);
   }
   return std::string(dtype_name(s.weight_dtype)) +
          (is_quantized(s.weight_dtype) ? ", groups of " + std::to_string(s.weight_group_size) : "") +

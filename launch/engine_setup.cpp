@@ -123,13 +123,18 @@ GenerationModel open_generation_model(const EngineOptions& o, const WorldConfig&
   return m;
 }
 
+std::string prequantized_weights_text(const WeightQuantization& q, DType held) {
+  return q.describe() + (q.fp8 ? "; held in " + std::string(dtype_name(held)) + ", as the embedding and lm_head"
+                               : "; embedding and lm_head " + std::string(dtype_name(held)));
+}
+
 void report_engine(const EngineOptions& o, const OpenedEngine& e, const ModelFiles& files, const ShardPlan& plan, int64_t max_seq_len,
                    int64_t rows, const WorldConfig& w) {
   const Engine& engine = *e.engine;
   const Backend& backend = *e.backend;
   const ModelConfig& cfg = files.config;
   const std::string held = cfg.quantization
-                               ? cfg.quantization->describe() + "; embedding and lm_head " + dtype_name(e.plan.weight_dtype)
+                               ? prequantized_weights_text(*cfg.quantization, e.plan.weight_dtype)
                            : std::string(dtype_name(e.plan.weight_dtype)) +
                            (is_quantized(e.plan.weight_dtype)
                                 ? ", groups of " + std::to_string(e.plan.weight_group_size) + " quantized at load" +

@@ -104,6 +104,12 @@ GenerationModel open_generation_model(const EngineOptions& o, const WorldConfig&
 /// Rank 0 prints the per-rank memory line ("[linnet-tp] per rank: weights ...") and, when
 /// `o` asked for --cuda-graphs that the engine cannot use, a warning; every rank an info
 /// line with its slice, backend and KV cache (generate, serve).
+/// How a pre-quantized checkpoint's weights are held, for the start-up line and bench:
+/// e.g. "compressed-tensors pack-quantized int4, groups of 32, symmetric; embedding and
+/// lm_head bf16", or for FP8 "...widened at load; held in bf16, as the embedding and
+/// lm_head". `held` is the dtype of the dense matrices (the plan's weight dtype).
+std::string prequantized_weights_text(const WeightQuantization& q, DType held);
+
 void report_engine(const EngineOptions& o, const OpenedEngine& e, const ModelFiles& files, const ShardPlan& plan, int64_t max_seq_len,
                    int64_t rows, const WorldConfig& w);
 
