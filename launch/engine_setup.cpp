@@ -44,18 +44,27 @@ EnginePlan plan_engine(const EngineOptions& o, const ModelConfig& config, const 
     check_weight_groups(config, plan, p.weight_group_size, p.weight_dtype, o.weight_group_size == 0);
   }
   const int64_t g = p.weight_group_size;
+  // The CUDA backend holds a pre-quantized checkpoint's matrices dequantized to bf16
+  // (cuda_backend.cpp: upload_matrix), so they are sized as dense bf16 there.
+  ModelConfig dense_on_device;
+  const bool cuda = (o.backend.empty() ? default_backend_kind() : o.backend) == "cuda";
+  if (cuda && config.quantization) {
+    dense_on_device = config;
+    dense_on_device.quantization.reset();
+  }
+  const ModelConfig& sized = cuda && config.quantization ? dense_on_device : config;
   switch (sizing.kv) {
     case EngineSizing::Kv::kPaged:
-      p.kv_tokens = resolve_kv_cache_tokens(config, plan, sizing.max_seq_len, sizing.rows, o.kv_cache_tokens,
+      p.kv_tokens = resolve_kv_cache_tokens(sized, plan, sizing.max_seq_len, sizing.rows, o.kv_cache_tokens,
                                             o.kv_cache_memory_fraction, node_available_bytes, ranks_on_node,
                                             p.weight_dtype, p.kv_cache_dtype, g);
-      p.need = rank_memory(config, plan, p.kv_tokens, 1, p.weight_dtype, p.kv_cache_dtype, g);
+      p.need = rank_memory(sized, plan, p.kv_tokens, 1, p.weight_dtype, p.kv_cache_dtype, g);
       break;
     case EngineSizing::Kv::kRows:
-      p.need = rank_memory(config, plan, sizing.max_seq_len, sizing.rows, p.weight_dtype, p.kv_cache_dtype, g);
+      p.need = rank_memory(sized, plan, sizing.max_seq_len, sizing.rows, p.weight_dtype, p.kv_cache_dtype, g);
       break;
     case EngineSizing::Kv::kPacked:
-      p.need = rank_memory(config, plan, sizing.max_seq_len, 1, p.weight_dtype, p.kv_cache_dtype, g);
+      p.need = rank_memory(sized, plan, sizing.max_seq_len, 1, p.weight_dtype, p.kv_cache_dtype, g);
       break;
   }
   return p;

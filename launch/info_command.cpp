@@ -99,6 +99,7 @@ int run_info(const InfoOptions& o, Job& job) {
       const Checkpoint ckpt = Checkpoint::open(dir);  // headers only
       held = ckpt.dominant_dtype();
       const std::vector<std::string> unused = ckpt.validate(tensor_specs(weight_table(c), c));
+      check_unused_quantized_parts(unused, weight_table(c), c, dir.string());
       std::map<std::string, int> dtypes;
       for (const WeightEntry& e : weight_table(c)) {
         if (stored_quantized(e, c)) {  // counted as what the packed words hold

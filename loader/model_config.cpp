@@ -9,6 +9,7 @@
 #include "loader/model_config.h"
 
 #include <algorithm>
+#include <regex>
 
 #include <nlohmann/json.hpp>
 
@@ -182,6 +183,15 @@ std::string describe_quantization(const json& q) {
   return out;
 }
 
+// o[key] by reference, or a JSON null when absent (never a copy: a value may be nested
+// arbitrarily deep, and copying it recurses as deep).
+const json& at(const json& o, const char* key) {
+  static const json kNull;
+  if (!o.is_object()) return kNull;
+  const auto it = o.find(key);
+  return it == o.end() ? kNull : *it;
+}
+
 // config.json's "quantization_config": nullopt for compressed-tensors "dense" (float
 // weights); the WeightQuantization of a supported "pack-quantized" scheme; anything
 // else refused, naming the scheme (describe_quantization) and what is not supported.
@@ -206,13 +216,13 @@ std::optional<WeightQuantization> read_quantization(const Fields& f, const json&
     return it == o.end() || it->is_null() || (it->is_object() && it->empty());
   };
   const std::string method = str(q, "quant_method");
-  if (method != "compressed-tensors") refuse("quant_method " + json_brief(q.value("quant_method", json())));
+  if (method != "compressed-tensors") refuse("quant_method " + json_brief(at(q, "quant_method")));
   const std::string format = str(q, "format");
   if (format == "dense") return std::nullopt;
   const bool float_format = format == "float-quantized" || format == "naive-quantized";
-  if (format != "pack-quantized" && !float_format) refuse("format " + json_brief(q.value("format", json())));
-  if (const std::string status = str(q, "quantization_status"); !status.empty() && status != "compressed")
-    refuse("quantization_status \"" + status + "\" (the weights are not stored compressed)");
+  if (format != "pack-quantized" && !float_format) refuse("format " + json_brief(at(q, "format")));
+  if (const json& status = at(q, "quantization_status"); !status.is_null() && status != json("compressed"))
+    refuse("quantization_status " + json_brief(status) + " (the weights are not stored compressed)");
   for (const char* key : {"kv_cache_scheme", "sparsity_config", "transform_config"})
     if (!absent(q, key)) refuse(std::string(key) + " " + json_brief(q[key]));
   const auto groups = q.find("config_groups");
@@ -230,42 +240,43 @@ std::optional<WeightQuantization> read_quantization(const Fields& f, const json&
     // FP8 weights with dynamic per-token FP8 activations ("FP8_DYNAMIC") run as the
     // weight-only computation; any other activation scheme is refused.
     const json& a = g["input_activations"];
-    const bool fp8_dynamic = float_format && a.is_object() && a.value("type", json()) == json("float") &&
-                             a.value("num_bits", json()) == json(8) && a.value("dynamic", json()) == json(true);
+    const bool fp8_dynamic = float_format && a.is_object() && at(a, "type") == json("float") &&
+                             at(a, "num_bits") == json(8) && at(a, "dynamic") == json(true);
     if (!fp8_dynamic) refuse("input_activations quantized (" + json_brief(a) + "): only weight-only schemes run");
     out.activations_ignored = true;
   }
   const auto w = g.find("weights");
   if (w == g.end() || !w->is_object()) refuse("no weights scheme");
   if (float_format) {
-    if (str(*w, "type") != "float" || w->value("num_bits", json()) != json(8))
+    if (str(*w, "type") != "float" || !at(*w, "num_bits").is_number_integer() || at(*w, "num_bits") != json(8))
       refuse(format + " weights other than FP8 (type \"float\", 8 bits)");
     const std::string st = str(*w, "strategy");
-    if (st != "channel" && st != "tensor") refuse("FP8 weights strategy " + json_brief(w->value("strategy", json())));
+    if (st != "channel" && st != "tensor") refuse("FP8 weights strategy " + json_brief(at(*w, "strategy")));
     if (const auto sym = w->find("symmetric"); sym != w->end() && *sym == json(false)) refuse("FP8 with zero points");
     if (!absent(*w, "actorder") || !absent(*w, "block_structure")) refuse("FP8 actorder / block_structure");
     out.fp8 = true;
     out.num_bits = 8;
     out.per_tensor = st == "tensor";
   }
-  if (!float_format && str(*w, "type") != "int") refuse("weights type " + json_brief(w->value("type", json())));
+  if (!float_format && str(*w, "type") != "int") refuse("weights type " + json_brief(at(*w, "type")));
   if (!out.fp8) {
     const auto bits = w->find("num_bits");
     if (bits == w->end() || !bits->is_number_integer() || (*bits != 4 && *bits != 8))
-      refuse("weights num_bits " + json_brief(w->value("num_bits", json())) + " (4 or 8 run)");
+      refuse("weights num_bits " + json_brief(at(*w, "num_bits")) + " (4 or 8 run)");
     out.num_bits = bits->get<int64_t>();
-    const auto sym = w->find("symmetric");
-    out.symmetric = sym == w->end() || sym->is_null() || (sym->is_boolean() && sym->get<bool>());
+    const json& sym = at(*w, "symmetric");
+    if (!sym.is_null() && !sym.is_boolean()) refuse("weights symmetric " + json_brief(sym) + " (true or false)");
+    out.symmetric = sym.is_null() || sym.get<bool>();
     if (!out.symmetric && out.num_bits == 8) refuse("int8 with zero points (asymmetric)");
     const std::string strategy = str(*w, "strategy");
     if (strategy == "group") {
       const auto gs = w->find("group_size");
       if (gs == w->end() || !gs->is_number_integer() || gs->get<int64_t>() < 1 || gs->get<int64_t>() > kMaxDimension)
-        refuse("group_size " + json_brief(w->value("group_size", json())));
+        refuse("group_size " + json_brief(at(*w, "group_size")));
       out.group_size = gs->get<int64_t>();
       if (out.num_bits == 4 && out.group_size % 2 != 0) refuse("an odd int4 group_size");
     } else if (strategy != "channel") {
-      refuse("weights strategy " + json_brief(w->value("strategy", json())));
+      refuse("weights strategy " + json_brief(at(*w, "strategy")));
     }
     if (!absent(*w, "actorder")) refuse("actorder " + json_brief((*w)["actorder"]) + " (g_idx)");
     if (!absent(*w, "block_structure")) refuse("block_structure");
@@ -279,7 +290,10 @@ std::optional<WeightQuantization> read_quantization(const Fields& f, const json&
     if (!ig->is_array()) refuse("ignore is not a list");
     for (const json& e : *ig) {
       const std::string name = e.is_string() ? e.get<std::string>() : std::string();
-      const bool head = name == "lm_head" || (name.starts_with("re:") && name.ends_with("lm_head"));
+      // "lm_head", or a regex that can match only it: "re:" then optional "^" and ".*",
+      // "lm_head", optional "$" (an alternation such as ".*|lm_head" matches every layer).
+      static const std::regex kHeadOnly(R"(re:\^?(\.\*)?lm_head\$?)");
+      const bool head = name == "lm_head" || std::regex_match(name, kHeadOnly);
       if (!head) refuse("ignore entry " + json_brief(e) + " (only the lm_head may stay unquantized)");
       head_ignored = true;
     }

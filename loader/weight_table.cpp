@@ -1,5 +1,10 @@
 #include "loader/weight_table.h"
 
+#include <set>
+#include <string_view>
+
+#include "common/error.h"
+
 namespace linnet {
 
 std::vector<WeightEntry> weight_table(const ModelConfig& c) {
@@ -80,6 +85,26 @@ std::vector<TensorSpec> tensor_specs(const std::vector<WeightEntry>& table, cons
     }
   }
   return specs;
+}
+
+void check_unused_quantized_parts(const std::vector<std::string>& unused, const std::vector<WeightEntry>& table,
+                                  const ModelConfig& c, const std::string& where) {
+  if (!c.quantization || unused.empty()) return;
+  std::set<std::string, std::less<>> modules;  // "model.layers.0.self_attn.q_proj."
+  for (const WeightEntry& e : table)
+    if (stored_quantized(e, c)) modules.insert(quantized_part_name(e, ""));
+  std::vector<std::string> stray;
+  for (const std::string& name : unused) {
+    const size_t dot = name.rfind('.');
+    if (dot != std::string::npos && modules.contains(std::string_view(name).substr(0, dot + 1))) stray.push_back(name);
+  }
+  if (stray.empty()) return;
+  std::string list;
+  for (size_t i = 0; i < stray.size() && i < 5; ++i) list += (i ? ", " : "") + stray[i];
+  if (stray.size() > 5) list += ", ... (" + std::to_string(stray.size()) + " in all)";
+  throw Error("the checkpoint holds quantization tensors its config.json scheme (" + c.quantization->describe() +
+                  ") does not use, so it would be read as another model: " + list,
+              where, "only the parts the scheme names (docs/cpu-kernels.md)", std::to_string(stray.size()) + " unused");
 }
 
 }  // namespace linnet

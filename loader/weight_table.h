@@ -81,4 +81,13 @@ std::string quantized_part_name(const WeightEntry& e, const char* part);
 /// [out, in] F8_E4M3 and weight_scale [out, 1] (per tensor [1]) float.
 std::vector<TensorSpec> tensor_specs(const std::vector<WeightEntry>& table, const ModelConfig& config);
 
+/// Refuses tensors of a quantized module the scheme does not use, among `unused` (what
+/// Checkpoint::validate returned): e.g. a weight_zero_point while config.json says
+/// symmetric, a weight_g_idx without actorder, an input_scale; reading the matrix
+/// without them would give other numbers than the checkpoint's. Nothing to check
+/// without config.quantization.
+/// @throws Error naming `where` (the checkpoint folder), the count and the first tensors.
+void check_unused_quantized_parts(const std::vector<std::string>& unused, const std::vector<WeightEntry>& table,
+                                  const ModelConfig& config, const std::string& where);
+
 }  // namespace linnet

@@ -32,6 +32,7 @@ ModelFiles open_model(const std::filesystem::path& dir) {
                     std::to_string(config.head_dim) + ", vocab_size " + std::to_string(config.vocab_size) +
                     ", num_hidden_layers " + std::to_string(config.num_hidden_layers) + ")");
   }
+  check_unused_quantized_parts(unused, weight_table(config), config, dir.string());
   return ModelFiles{dir, std::move(config), std::move(generation), std::move(checkpoint), std::move(unused)};
 }
 

@@ -110,8 +110,8 @@ void read_quantized(const Checkpoint& ckpt, const WeightEntry& e, const WeightQu
       ckpt.read(name, Slice2D{0, 1, 0, 2}, DType::kI64, shape.data());
     }
     if (shape != e.shape) {
-      throw Error("a quantized matrix's weight_shape is not the shape the model needs", name, shape_str(e.shape),
-                  shape_str(shape));
+      throw Error("tensor '" + name + "': a quantized matrix's weight_shape is not the shape the model needs",
+                  file ? file->path().string() : name, shape_str(e.shape), shape_str(shape));
     }
   }
   const int64_t rows = r1 - r0, cols = c1 - c0;

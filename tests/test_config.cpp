@@ -255,6 +255,9 @@ TEST(ModelConfig, PackQuantizedCheckpointsAreReadAndOthersRefusedNamingTheScheme
       {with("/kv_cache_scheme", R"({"num_bits": 8, "type": "float"})"), {"kv_cache_scheme"}},
       {with("/quantization_status", R"("frozen")"), {"quantization_status \"frozen\""}},
       {with("/format", R"("marlin-24")"), {"format \"marlin-24\""}},
+      {with("/config_groups/group_0/weights/symmetric", R"("true")"), {"weights symmetric \"true\" (true or false)"}},
+      {with("/ignore", R"(["re:.*|lm_head"])"), {"ignore entry \"re:.*|lm_head\""}},
+      {with("/quantization_status", "3"), {"quantization_status 3"}},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.config);
@@ -265,6 +268,18 @@ TEST(ModelConfig, PackQuantizedCheckpointsAreReadAndOthersRefusedNamingTheScheme
     EXPECT_CONTAINS(msg, "this quantized checkpoint is not supported");
     EXPECT_CONTAINS(msg, "pack-quantized");  // what does run
     for (const std::string& e : c.expected) EXPECT_CONTAINS(msg, e);
+  }
+  {  // a value nested far deeper than any parser stack allows copies of: refused, no crash
+    json j = base_config();
+    const std::string deep = std::string(300000, '[') + std::string(300000, ']');
+    for (const char* path : {"/format", "/quant_method", "/config_groups/group_0/weights/num_bits",
+                             "/config_groups/group_0/weights/strategy", "/config_groups/group_0/weights/type"}) {
+      SCOPED_TRACE(path);
+      json q = json::parse(w4);
+      q[json::json_pointer(path)] = json::parse(deep);
+      j["quantization_config"] = std::move(q);
+      EXPECT_CONTAINS(config_error(j), "this quantized checkpoint is not supported");
+    }
   }
   {  // int8 with zero points
     json j = base_config();

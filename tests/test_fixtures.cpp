@@ -308,6 +308,27 @@ TEST(CompressedTensors, MismatchesAreNamed) {
       EXPECT_NE(m.find(part), std::string::npos) << part << " in: " << m;
     }
   }
+  {  // zero points in the checkpoint while its config says symmetric: refused, not dropped
+    const auto asym = test::test_data_dir() / "fixtures" / "llama31" / "ct_w4a16_asym";
+    const auto tmp = std::filesystem::temp_directory_path() / ("linnet_ct_sym_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(tmp);
+    std::filesystem::copy_file(asym / "model.safetensors", tmp / "model.safetensors",
+                               std::filesystem::copy_options::overwrite_existing);
+    std::filesystem::copy_file(asym / "generation_config.json", tmp / "generation_config.json",
+                               std::filesystem::copy_options::overwrite_existing);
+    nlohmann::json cfg = test::read_json(asym / "config.json");
+    cfg["quantization_config"]["config_groups"]["group_0"]["weights"]["symmetric"] = true;
+    {
+      std::ofstream f(tmp / "config.json");
+      f << cfg.dump();
+    }
+    const std::string m = test::error_of([&] { open_model(tmp); });
+    std::filesystem::remove_all(tmp);
+    for (const char* part : {"quantization tensors its config.json scheme", "does not use",
+                             "model.layers.0.mlp.down_proj.weight_zero_point", "(14 in all)"}) {
+      EXPECT_NE(m.find(part), std::string::npos) << part << " in: " << m;
+    }
+  }
   // tp 8 would cut Llama-3.1's 112-wide down_proj into 14-wide slices: not whole groups of 4.
   const std::string m = test::error_of([&] { check_quantized_checkpoint(c, ShardPlan::make(c, 0, 8)); });
   for (const char* part : {"groups of 4", "down_proj (this rank's intermediate slice) is 14 wide at tp 8", "--tp",
