@@ -41,6 +41,7 @@ struct Fixture {
   DType kv = DType::kF32;    // the CPU backend's --kv-cache-dtype
   std::string golden = "golden.json";  // golden_quant.json: scripts/make_quant_fixtures.py
   int64_t group = 64;        // --weight-group-size (int8)
+  std::string weights_from = {};  // a variant whose model.safetensors this one shares (ct_fp8_dynamic)
 };
 
 std::ostream& operator<<(std::ostream& os, const Fixture& f) {
@@ -89,7 +90,8 @@ std::vector<Fixture> all_fixtures() {
   for (const char* name : {"llama31", "qwen3", "phi3", "mistral"}) {
     for (const char* scheme : {"w4a16", "w4a16_asym", "w8a16", "fp8", "fp8_dynamic"}) {
       out.push_back({name, std::string("ct_") + scheme, std::string("logits_") + scheme,
-                     std::string("output_ids_") + scheme, DType::kF32, DType::kF32, "golden_ct.json"});
+                     std::string("output_ids_") + scheme, DType::kF32, DType::kF32, "golden_ct.json", 64,
+                     std::string(scheme) == "fp8_dynamic" ? "ct_fp8" : ""});
     }
   }
   return out;
@@ -107,7 +109,18 @@ class FixtureTest : public testing::TestWithParam<Fixture> {
     const Fixture& f = GetParam();
     const auto dir = test::test_data_dir() / "fixtures" / f.name;
     golden_ = test::read_json(dir / f.golden);
-    files_ = std::make_unique<ModelFiles>(open_model(dir / f.variant));
+    std::filesystem::path model_dir = dir / f.variant;
+    if (!f.weights_from.empty()) {  // this variant's config.json with another's weights
+      tmp_ = std::filesystem::temp_directory_path() /
+             ("linnet_fixture_" + f.name + "_" + f.variant + "_" + std::to_string(::getpid()));
+      std::filesystem::create_directories(tmp_);
+      for (const char* file : {"config.json", "generation_config.json"})
+        std::filesystem::copy_file(model_dir / file, tmp_ / file, std::filesystem::copy_options::overwrite_existing);
+      std::filesystem::copy_file(dir / f.weights_from / "model.safetensors", tmp_ / "model.safetensors",
+                                 std::filesystem::copy_options::overwrite_existing);
+      model_dir = tmp_;
+    }
+    files_ = std::make_unique<ModelFiles>(open_model(model_dir));
     world_ = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD);
     backend_ = make_cpu_backend(1, f.held, f.kv, f.group);
     const int tp = world_->size();
@@ -154,6 +167,11 @@ class FixtureTest : public testing::TestWithParam<Fixture> {
     if (f.kv == DType::kBF16) atol_ = std::max(kAtol, golden_["tolerance_bf16_kv"].get<float>());
   }
 
+  void TearDown() override {
+    if (!tmp_.empty()) std::filesystem::remove_all(tmp_);
+  }
+
+  std::filesystem::path tmp_;  // a shared-weights variant's folder (weights_from)
   nlohmann::json golden_;
   std::unique_ptr<ModelFiles> files_;
   std::unique_ptr<MpiCommunicator> world_;
