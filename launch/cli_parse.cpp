@@ -176,7 +176,8 @@ void read_weight_group_size(const cxxopts::ParseResult& r, const std::string& we
   if (!r.count("weight-group-size")) return;
   read_in_range(r, "weight-group-size", 1, kMaxWeightGroupSize, out);
   if (weight_dtype != "int8" && weight_dtype != "int4") {
-    invalid_value("--weight-group-size", "only with --weight-dtype int8 or int4", weight_dtype);
+    invalid_value("--weight-group-size", "only with --weight-dtype int8 or int4",
+                  std::to_string(out) + " with --weight-dtype " + (weight_dtype.empty() ? "auto" : weight_dtype));
   }
   if (weight_dtype == "int4" && (out % 2 != 0 || out > 1024)) {
     invalid_value("--weight-group-size", "an even size in [2, 1024] with --weight-dtype int4 (two values a byte)",

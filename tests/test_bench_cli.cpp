@@ -94,7 +94,8 @@ TEST_F(BenchCli, QuantizedWeightsCountTheirPackedBytes) {
   EXPECT_NE(split.err.find("one of 1, 2, 4, 8, 16"), std::string::npos) << split.err;
   const Result alone = run(1, args + " --weight-group-size 16");
   EXPECT_NE(alone.code, 0);
-  EXPECT_NE(alone.err.find("only with --weight-dtype int8 or int4"), std::string::npos) << alone.err;
+  EXPECT_NE(alone.err.find("only with --weight-dtype int8 or int4, got 16 with --weight-dtype auto"), std::string::npos)
+      << alone.err;
 
   // int4: the layers' matrices half a byte a weight with an f32 scale and offset per 16
   // rows and group; the lm_head in int8.
