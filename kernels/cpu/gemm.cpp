@@ -118,40 +118,78 @@ void quantize_group_int4(const float* w, int64_t g, uint8_t* q, float& s_out, fl
 
 }  // namespace
 
+namespace {
+
+// The packed form of an [n, k] int8 / int4 matrix being written (gemm.h's layout): the
+// constructor checks `wt` and the group size (int4: even, at most `max_int4_group`),
+// zeroes the buffer and writes the header; then each output column's group scales
+// (int4: and offsets) and values go to their places. `where` names the caller in errors.
+class QuantWriter {
+ public:
+  QuantWriter(void* packed, int64_t n, int64_t k, int64_t group_size, DType wt, const char* where,
+              int64_t max_int4_group)
+      : k_(k), int4_(wt == DType::kI4) {
+    if (wt != DType::kI8 && wt != DType::kI4) {
+      throw Error(std::string(where) + " makes int8 or int4", where, "", dtype_name(wt));
+    }
+    const bool bounded = max_int4_group < std::numeric_limits<int64_t>::max();
+    if (group_size < 1 || k % group_size != 0 ||
+        (int4_ && (group_size % 2 != 0 || group_size > max_int4_group))) {
+      throw Error("the weight group size must divide the matrix's input width" +
+                      std::string(int4_ ? " and be even (int4 packs two k steps a byte)" : "") +
+                      (int4_ && bounded ? ", at most " + std::to_string(max_int4_group) : std::string()),
+                  where, "a divisor of " + std::to_string(k), std::to_string(group_size));
+    }
+    groups_ = k / group_size;
+    std::memset(packed, 0, static_cast<size_t>(quantized_matrix_bytes(n, k, group_size, wt)));
+    *static_cast<QuantHeader*>(packed) = QuantHeader{group_size, groups_, k, (n + kPanel - 1) / kPanel, int4_ ? 4 : 8};
+    const detail::QuantView v = detail::quant_view(packed);
+    values_ = reinterpret_cast<uint8_t*>(const_cast<int8_t*>(v.values));
+    scales_ = const_cast<float*>(v.scales);
+    mins_ = const_cast<float*>(v.mins);
+  }
+  int64_t groups() const { return groups_; }
+  // Column j's group g: scale s and, for int4, offset m (ignored for int8).
+  void set_group(int64_t j, int64_t g, float s, float m) const {
+    const int64_t at = ((j / kPanel) * groups_ + g) * kPanel + j % kPanel;
+    scales_[at] = s;
+    if (int4_) mins_[at] = m;
+  }
+  // Column j's value at input c: int8 its q (two's complement), int4 its q in [0, 15]
+  // (pair c / 2, byte j % kPanel, nibble c % 2).
+  void set_value(int64_t j, int64_t c, uint8_t code) const {
+    const int64_t p = j / kPanel, lane = j % kPanel;
+    if (int4_) {
+      values_[p * kPanel * k_ / 2 + (c / 2) * kPanel + lane] |= static_cast<uint8_t>((code & 15) << (4 * (c % 2)));
+    } else {
+      values_[p * kPanel * k_ + c * kPanel + lane] = code;
+    }
+  }
+
+ private:
+  int64_t k_, groups_ = 0;
+  bool int4_;
+  uint8_t* values_ = nullptr;
+  float* scales_ = nullptr;
+  float* mins_ = nullptr;
+};
+
+}  // namespace
+
 void quantize_pack_weight(const float* w, int64_t n, int64_t k, int64_t group_size, void* packed, DType wt) {
-  if (wt != DType::kI8 && wt != DType::kI4) {
-    throw Error("quantize_pack_weight makes int8 or int4", "quantize_pack_weight", "", dtype_name(wt));
-  }
+  const QuantWriter out(packed, n, k, group_size, wt, "quantize_pack_weight", 1024);  // 1024: q4's size below
   const bool int4 = wt == DType::kI4;
-  if (group_size < 1 || k % group_size != 0 || (int4 && (group_size % 2 != 0 || group_size > 1024))) {
-    throw Error("the weight group size must divide the matrix's input width" +
-                    std::string(int4 ? " and be even (int4 packs two k steps a byte), at most 1024" : ""),
-                "quantize_pack_weight", "a divisor of " + std::to_string(k), std::to_string(group_size));
-  }
-  const int64_t panels = (n + kPanel - 1) / kPanel, groups = k / group_size;
-  std::memset(packed, 0, static_cast<size_t>(quantized_matrix_bytes(n, k, group_size, wt)));
-  auto* h = static_cast<QuantHeader*>(packed);
-  *h = QuantHeader{group_size, groups, k, panels, int4 ? 4 : 8};
-  const detail::QuantView v = detail::quant_view(packed);
-  auto* values = reinterpret_cast<uint8_t*>(const_cast<int8_t*>(v.values));
-  auto* scales = const_cast<float*>(v.scales);
-  auto* mins = const_cast<float*>(v.mins);
 #pragma omp parallel for schedule(static)
   for (int64_t j = 0; j < n; ++j) {
     const float* row = w + j * k;
-    const int64_t p = j / kPanel, lane = j % kPanel;
     uint8_t q4[1024];
-    for (int64_t g = 0; g < groups; ++g) {
+    for (int64_t g = 0; g < out.groups(); ++g) {
       const int64_t c0 = g * group_size;
       if (int4) {
         float s = 0, m = 0;
         quantize_group_int4(row + c0, group_size, q4, s, m);
-        scales[(p * groups + g) * kPanel + lane] = s;
-        mins[(p * groups + g) * kPanel + lane] = m;
-        for (int64_t c = c0; c < c0 + group_size; ++c) {  // pair c / 2, byte `lane`, nibble c % 2
-          uint8_t& b = values[p * kPanel * k / 2 + (c / 2) * kPanel + lane];
-          b = static_cast<uint8_t>(b | (q4[c - c0] << (4 * (c % 2))));
-        }
+        out.set_group(j, g, s, m);
+        for (int64_t c = c0; c < c0 + group_size; ++c) out.set_value(j, c, q4[c - c0]);
         continue;
       }
       float amax = 0.0f;
@@ -163,11 +201,11 @@ void quantize_pack_weight(const float* w, int64_t n, int64_t k, int64_t group_si
       // A NaN or inf weight makes its group's scale NaN (q = 0), so the outputs it feeds
       // are NaN, as they are in f32, wherever it sits in the group.
       const float s = finite ? amax / 127.0f : std::numeric_limits<float>::quiet_NaN();
-      scales[(p * groups + g) * kPanel + lane] = s;
+      out.set_group(j, g, s, 0.0f);
       if (!(s > 0.0f)) continue;
       for (int64_t c = c0; c < c0 + group_size; ++c) {
         const float q = std::nearbyint(row[c] / s);  // round half to even (the default mode)
-        values[p * kPanel * k + c * kPanel + lane] = static_cast<uint8_t>(static_cast<int8_t>(std::clamp(q, -127.0f, 127.0f)));
+        out.set_value(j, c, static_cast<uint8_t>(static_cast<int8_t>(std::clamp(q, -127.0f, 127.0f))));
       }
     }
   }
@@ -175,38 +213,12 @@ void quantize_pack_weight(const float* w, int64_t n, int64_t k, int64_t group_si
 
 void pack_quantized_weight(const uint8_t* codes, const float* scales, const float* offsets, int64_t n, int64_t k,
                            int64_t group_size, void* packed, DType wt) {
-  if (wt != DType::kI8 && wt != DType::kI4) {
-    throw Error("pack_quantized_weight packs int8 or int4", "pack_quantized_weight", "", dtype_name(wt));
-  }
-  const bool int4 = wt == DType::kI4;
-  if (group_size < 1 || k % group_size != 0 || (int4 && group_size % 2 != 0)) {
-    throw Error("the weight group size must divide the matrix's input width" +
-                    std::string(int4 ? " and be even (int4 packs two k steps a byte)" : ""),
-                "pack_quantized_weight", "a divisor of " + std::to_string(k), std::to_string(group_size));
-  }
-  if (int4 && offsets == nullptr) throw Error("int4 needs its offsets", "pack_quantized_weight");
-  const int64_t panels = (n + kPanel - 1) / kPanel, groups = k / group_size;
-  std::memset(packed, 0, static_cast<size_t>(quantized_matrix_bytes(n, k, group_size, wt)));
-  auto* h = static_cast<QuantHeader*>(packed);
-  *h = QuantHeader{group_size, groups, k, panels, int4 ? 4 : 8};
-  const detail::QuantView v = detail::quant_view(packed);
-  auto* values = reinterpret_cast<uint8_t*>(const_cast<int8_t*>(v.values));
-  auto* sc = const_cast<float*>(v.scales);
-  auto* mn = const_cast<float*>(v.mins);
+  const QuantWriter out(packed, n, k, group_size, wt, "pack_quantized_weight", std::numeric_limits<int64_t>::max());
+  if (wt == DType::kI4 && offsets == nullptr) throw Error("int4 needs its offsets", "pack_quantized_weight");
   for (int64_t j = 0; j < n; ++j) {
-    const int64_t p = j / kPanel, lane = j % kPanel;
-    const uint8_t* row = codes + j * k;
-    for (int64_t g = 0; g < groups; ++g) {
-      sc[(p * groups + g) * kPanel + lane] = scales[j * groups + g];
-      if (int4) mn[(p * groups + g) * kPanel + lane] = offsets[j * groups + g];
-    }
-    for (int64_t c = 0; c < k; ++c) {
-      if (int4) {  // pair c / 2, byte `lane`, nibble c % 2 (the layout of quantize_pack_weight)
-        values[p * kPanel * k / 2 + (c / 2) * kPanel + lane] |= static_cast<uint8_t>((row[c] & 15) << (4 * (c % 2)));
-      } else {
-        values[p * kPanel * k + c * kPanel + lane] = row[c];
-      }
-    }
+    for (int64_t g = 0; g < out.groups(); ++g)
+      out.set_group(j, g, scales[j * out.groups() + g], offsets ? offsets[j * out.groups() + g] : 0.0f);
+    for (int64_t c = 0; c < k; ++c) out.set_value(j, c, codes[j * k + c]);
   }
 }
 
