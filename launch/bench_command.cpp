@@ -46,14 +46,9 @@ struct BenchShape {
   double load_s;  // making or loading the weights and the engine
 };
 
-// "bf16", or "int8, groups of 64".
+// "bf16", or "int8, groups of 64" (held_weights_text).
 std::string weight_format(const BenchShape& s) {
-  if (s.config.quantization) {
-    return prequantized_weights_text(*s.config.quantization, s.weight_dtype);
-  }
-  return std::string(dtype_name(s.weight_dtype)) +
-         (is_quantized(s.weight_dtype) ? ", groups of " + std::to_string(s.weight_group_size) : "") +
-         (s.weight_dtype == DType::kI4 ? ", embedding and lm_head int8" : "");
+  return held_weights_text(s.config, s.weight_dtype, s.weight_group_size, "");
 }
 
 // Rank 0: the setup lines (backend, weights, kernels, KV cache, CUDA graphs).

@@ -46,13 +46,8 @@ EnginePlan plan_engine(const EngineOptions& o, const ModelConfig& config, const 
   const int64_t g = p.weight_group_size;
   // The CUDA backend holds a pre-quantized checkpoint's matrices dequantized to bf16
   // (cuda_backend.cpp: upload_matrix), so they are sized as dense bf16 there.
-  ModelConfig dense_on_device;
-  const bool cuda = (o.backend.empty() ? default_backend_kind() : o.backend) == "cuda";
-  if (cuda && config.quantization) {
-    dense_on_device = config;
-    dense_on_device.quantization.reset();
-  }
-  const ModelConfig& sized = cuda && config.quantization ? dense_on_device : config;
+  ModelConfig sized = config;
+  if ((o.backend.empty() ? default_backend_kind() : o.backend) == "cuda") sized.quantization.reset();
   switch (sizing.kv) {
     case EngineSizing::Kv::kPaged:
       p.kv_tokens = resolve_kv_cache_tokens(sized, plan, sizing.max_seq_len, sizing.rows, o.kv_cache_tokens,
@@ -132,23 +127,22 @@ GenerationModel open_generation_model(const EngineOptions& o, const WorldConfig&
   return m;
 }
 
-std::string prequantized_weights_text(const WeightQuantization& q, DType held) {
-  return q.describe() + (q.fp8 ? "; held in " + std::string(dtype_name(held)) + ", as the embedding and lm_head"
-                               : "; embedding and lm_head " + std::string(dtype_name(held)));
+std::string held_weights_text(const ModelConfig& config, DType held, int64_t group_size, const char* after_groups) {
+  const std::string name = dtype_name(held);
+  if (const auto& q = config.quantization) {
+    return q->describe() + (q->fp8 ? "; held in " + name + ", as the embedding and lm_head" : "; embedding and lm_head " + name);
+  }
+  if (!is_quantized(held)) return name;
+  return name + ", groups of " + std::to_string(group_size) + after_groups +
+         (held == DType::kI4 ? ", embedding and lm_head int8" : "");
 }
 
 void report_engine(const EngineOptions& o, const OpenedEngine& e, const ModelFiles& files, const ShardPlan& plan, int64_t max_seq_len,
                    int64_t rows, const WorldConfig& w) {
   const Engine& engine = *e.engine;
   const Backend& backend = *e.backend;
-  const ModelConfig& cfg = files.config;
-  const std::string held = cfg.quantization
-                               ? prequantized_weights_text(*cfg.quantization, e.plan.weight_dtype)
-                           : std::string(dtype_name(e.plan.weight_dtype)) +
-                           (is_quantized(e.plan.weight_dtype)
-                                ? ", groups of " + std::to_string(e.plan.weight_group_size) + " quantized at load" +
-                                      (e.plan.weight_dtype == DType::kI4 ? ", embedding and lm_head int8" : "")
-                                : "");
+  const std::string held =
+      held_weights_text(files.config, e.plan.weight_dtype, e.plan.weight_group_size, " quantized at load");
   const RankMemory& need = e.plan.need;
   if (w.world_rank == 0 && o.cuda_graphs && !engine.cuda_graphs()) {
     warn_once("--cuda-graphs has no effect here: graphs need --backend cuda and NCCL (or a single rank)");

@@ -101,15 +101,17 @@ struct GenerationModel {
 GenerationModel open_generation_model(const EngineOptions& o, const WorldConfig& w,
                                       const std::function<void(RequestSettings&)>& flags);
 
+/// How the weights of `config`'s model are held, for the start-up line and bench: "bf16";
+/// quantized at load "int4, groups of 32<after_groups>, embedding and lm_head int8"; a
+/// pre-quantized checkpoint "compressed-tensors pack-quantized int4, groups of 32,
+/// symmetric; embedding and lm_head bf16", or for FP8 "...widened at load; held in bf16,
+/// as the embedding and lm_head". `held` is the plan's weight dtype, `group_size` its
+/// at-load group size.
+std::string held_weights_text(const ModelConfig& config, DType held, int64_t group_size, const char* after_groups);
+
 /// Rank 0 prints the per-rank memory line ("[linnet-tp] per rank: weights ...") and, when
 /// `o` asked for --cuda-graphs that the engine cannot use, a warning; every rank an info
 /// line with its slice, backend and KV cache (generate, serve).
-/// How a pre-quantized checkpoint's weights are held, for the start-up line and bench:
-/// e.g. "compressed-tensors pack-quantized int4, groups of 32, symmetric; embedding and
-/// lm_head bf16", or for FP8 "...widened at load; held in bf16, as the embedding and
-/// lm_head". `held` is the dtype of the dense matrices (the plan's weight dtype).
-std::string prequantized_weights_text(const WeightQuantization& q, DType held);
-
 void report_engine(const EngineOptions& o, const OpenedEngine& e, const ModelFiles& files, const ShardPlan& plan, int64_t max_seq_len,
                    int64_t rows, const WorldConfig& w);
 

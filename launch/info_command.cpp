@@ -98,10 +98,11 @@ int run_info(const InfoOptions& o, Job& job) {
     if (has_checkpoint(dir)) {
       const Checkpoint ckpt = Checkpoint::open(dir);  // headers only
       held = ckpt.dominant_dtype();
-      const std::vector<std::string> unused = ckpt.validate(tensor_specs(weight_table(c), c));
-      check_unused_quantized_parts(unused, weight_table(c), c, dir.string());
+      const std::vector<WeightEntry> table = weight_table(c);
+      const std::vector<std::string> unused = ckpt.validate(tensor_specs(table, c));
+      check_unused_quantized_parts(unused, table, c, dir.string());
       std::map<std::string, int> dtypes;
-      for (const WeightEntry& e : weight_table(c)) {
+      for (const WeightEntry& e : table) {
         if (stored_quantized(e, c)) {  // counted as what the packed words hold
           dtypes[c.quantization->fp8 ? std::string("F8_E4M3")
                                      : std::string(c.quantization->num_bits == 4 ? "int4" : "int8") + " (packed I32)"]++;

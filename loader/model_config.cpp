@@ -145,6 +145,21 @@ class Fields {
   const std::string& source_;
 };
 
+// o[key] by reference, or a JSON null when absent (never a copy: a value may be nested
+// arbitrarily deep, and copying it recurses as deep).
+const json& at(const json& o, const char* key) {
+  static const json kNull;
+  if (!o.is_object()) return kNull;
+  const auto it = o.find(key);
+  return it == o.end() ? kNull : *it;
+}
+
+// o[key] when it is a string, else "".
+std::string string_at(const json& o, const char* key) {
+  const json& v = at(o, key);
+  return v.is_string() ? v.get<std::string>() : std::string();
+}
+
 // What a config.json "quantization_config" describes, for the refusal: the method and, as
 // far as the object says, the weights' format, type, bits and grouping, e.g.
 // 'compressed-tensors, format "pack-quantized", weights int4, strategy "group", group_size
@@ -154,42 +169,29 @@ std::string describe_quantization(const json& q) {
   if (!q.is_object()) return json_brief(q);
   std::string out;
   auto add = [&](const std::string& part) { out += (out.empty() ? "" : ", ") + part; };
-  auto str_of = [](const json& o, const char* key) -> std::string {
-    const auto it = o.find(key);
-    return it != o.end() && it->is_string() ? it->get<std::string>() : std::string();
-  };
   auto int_of = [](const json& o, const char* key) -> std::string {
     const auto it = o.find(key);
     return it != o.end() && it->is_number_integer() ? std::to_string(it->get<int64_t>()) : std::string();
   };
-  const std::string method = str_of(q, "quant_method");
+  const std::string method = string_at(q, "quant_method");
   add(method.empty() ? std::string("an unnamed quant_method") : json_brief(json(method)));
-  if (const std::string f = str_of(q, "format"); !f.empty()) add("format " + json_brief(json(f)));
+  if (const std::string f = string_at(q, "format"); !f.empty()) add("format " + json_brief(json(f)));
   if (const std::string b = int_of(q, "bits"); !b.empty()) add(b + "-bit weights");
   if (const std::string g = int_of(q, "group_size"); !g.empty()) add("group_size " + g);
-  if (const std::string a = str_of(q, "activation_scheme"); !a.empty()) add("activation_scheme " + json_brief(json(a)));
+  if (const std::string a = string_at(q, "activation_scheme"); !a.empty()) add("activation_scheme " + json_brief(json(a)));
   const auto groups = q.find("config_groups");
   if (groups != q.end() && groups->is_object() && !groups->empty()) {
     const json& first = groups->begin().value();
     const auto w = first.is_object() ? first.find("weights") : first.end();
     if (first.is_object() && w != first.end() && w->is_object()) {
-      const std::string type = str_of(*w, "type"), bits = int_of(*w, "num_bits");
+      const std::string type = string_at(*w, "type"), bits = int_of(*w, "num_bits");
       if (!type.empty() || !bits.empty()) add("weights " + type + bits);
-      if (const std::string st = str_of(*w, "strategy"); !st.empty()) add("strategy " + json_brief(json(st)));
+      if (const std::string st = string_at(*w, "strategy"); !st.empty()) add("strategy " + json_brief(json(st)));
       if (const std::string g = int_of(*w, "group_size"); !g.empty()) add("group_size " + g);
     }
     if (groups->size() > 1) add(std::to_string(groups->size()) + " config_groups");
   }
   return out;
-}
-
-// o[key] by reference, or a JSON null when absent (never a copy: a value may be nested
-// arbitrarily deep, and copying it recurses as deep).
-const json& at(const json& o, const char* key) {
-  static const json kNull;
-  if (!o.is_object()) return kNull;
-  const auto it = o.find(key);
-  return it == o.end() ? kNull : *it;
 }
 
 // config.json's "quantization_config": nullopt for compressed-tensors "dense" (float
@@ -207,17 +209,13 @@ std::optional<WeightQuantization> read_quantization(const Fields& f, const json&
            what);
   };
   if (!q.is_object()) refuse("it is not an object");
-  const auto str = [&](const json& o, const char* key) -> std::string {
-    const auto it = o.find(key);
-    return it != o.end() && it->is_string() ? it->get<std::string>() : std::string();
+  const auto absent = [](const json& o, const char* key) {
+    const json& v = at(o, key);
+    return v.is_null() || (v.is_object() && v.empty());
   };
-  const auto absent = [&](const json& o, const char* key) {
-    const auto it = o.find(key);
-    return it == o.end() || it->is_null() || (it->is_object() && it->empty());
-  };
-  const std::string method = str(q, "quant_method");
+  const std::string method = string_at(q, "quant_method");
   if (method != "compressed-tensors") refuse("quant_method " + json_brief(at(q, "quant_method")));
-  const std::string format = str(q, "format");
+  const std::string format = string_at(q, "format");
   if (format == "dense") return std::nullopt;
   const bool float_format = format == "float-quantized" || format == "naive-quantized";
   if (format != "pack-quantized" && !float_format) refuse("format " + json_brief(at(q, "format")));
@@ -230,7 +228,7 @@ std::optional<WeightQuantization> read_quantization(const Fields& f, const json&
     refuse("config_groups must hold exactly one scheme");
   const json& g = groups->begin().value();
   if (!g.is_object()) refuse("config_groups entry is not an object");
-  if (const std::string gf = str(g, "format"); !gf.empty() && gf != format) refuse("group format \"" + gf + "\"");
+  if (const std::string gf = string_at(g, "format"); !gf.empty() && gf != format) refuse("group format \"" + gf + "\"");
   const auto targets = g.find("targets");
   if (targets == g.end() || !targets->is_array() || std::find(targets->begin(), targets->end(), json("Linear")) == targets->end())
     refuse("targets must include \"Linear\" (every decoder projection quantized alike)");
@@ -248,9 +246,9 @@ std::optional<WeightQuantization> read_quantization(const Fields& f, const json&
   const auto w = g.find("weights");
   if (w == g.end() || !w->is_object()) refuse("no weights scheme");
   if (float_format) {
-    if (str(*w, "type") != "float" || !at(*w, "num_bits").is_number_integer() || at(*w, "num_bits") != json(8))
+    if (string_at(*w, "type") != "float" || !at(*w, "num_bits").is_number_integer() || at(*w, "num_bits") != json(8))
       refuse(format + " weights other than FP8 (type \"float\", 8 bits)");
-    const std::string st = str(*w, "strategy");
+    const std::string st = string_at(*w, "strategy");
     if (st != "channel" && st != "tensor") refuse("FP8 weights strategy " + json_brief(at(*w, "strategy")));
     if (const auto sym = w->find("symmetric"); sym != w->end() && *sym == json(false)) refuse("FP8 with zero points");
     if (!absent(*w, "actorder") || !absent(*w, "block_structure")) refuse("FP8 actorder / block_structure");
@@ -258,7 +256,7 @@ std::optional<WeightQuantization> read_quantization(const Fields& f, const json&
     out.num_bits = 8;
     out.per_tensor = st == "tensor";
   }
-  if (!float_format && str(*w, "type") != "int") refuse("weights type " + json_brief(at(*w, "type")));
+  if (!float_format && string_at(*w, "type") != "int") refuse("weights type " + json_brief(at(*w, "type")));
   if (!out.fp8) {
     const auto bits = w->find("num_bits");
     if (bits == w->end() || !bits->is_number_integer() || (*bits != 4 && *bits != 8))
@@ -268,7 +266,7 @@ std::optional<WeightQuantization> read_quantization(const Fields& f, const json&
     if (!sym.is_null() && !sym.is_boolean()) refuse("weights symmetric " + json_brief(sym) + " (true or false)");
     out.symmetric = sym.is_null() || sym.get<bool>();
     if (!out.symmetric && out.num_bits == 8) refuse("int8 with zero points (asymmetric)");
-    const std::string strategy = str(*w, "strategy");
+    const std::string strategy = string_at(*w, "strategy");
     if (strategy == "group") {
       const auto gs = w->find("group_size");
       if (gs == w->end() || !gs->is_number_integer() || gs->get<int64_t>() < 1 || gs->get<int64_t>() > kMaxDimension)

@@ -18,9 +18,10 @@ ModelFiles open_model(const std::filesystem::path& dir) {
   ModelConfig config = ModelConfig::load(dir / "config.json");
   GenerationConfig generation = GenerationConfig::load(dir / "generation_config.json");
   Checkpoint checkpoint = Checkpoint::open(dir);
+  const std::vector<WeightEntry> table = weight_table(config);
   std::vector<std::string> unused;
   try {
-    unused = checkpoint.validate(tensor_specs(weight_table(config), config));
+    unused = checkpoint.validate(tensor_specs(table, config));
   } catch (const Error& e) {
     // The expected shapes come from config.json: say so, since a wrong config makes
     // every tensor look wrong.
@@ -32,7 +33,7 @@ ModelFiles open_model(const std::filesystem::path& dir) {
                     std::to_string(config.head_dim) + ", vocab_size " + std::to_string(config.vocab_size) +
                     ", num_hidden_layers " + std::to_string(config.num_hidden_layers) + ")");
   }
-  check_unused_quantized_parts(unused, weight_table(config), config, dir.string());
+  check_unused_quantized_parts(unused, table, config, dir.string());
   return ModelFiles{dir, std::move(config), std::move(generation), std::move(checkpoint), std::move(unused)};
 }
 

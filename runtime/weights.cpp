@@ -91,29 +91,32 @@ int64_t local_group(const WeightQuantization& q, int64_t local_in) { return q.gr
 
 DType quantized_dtype(const WeightQuantization& q) { return q.num_bits == 4 ? DType::kI4 : DType::kI8; }
 
+// Checks that the quantized checkpoint matrix `e`'s weight_shape is the [out, in] the
+// model needs.
+void check_weight_shape(const Checkpoint& ckpt, const WeightEntry& e) {
+  const std::string name = quantized_part_name(e, "weight_shape");
+  const auto [info, file] = ckpt.find(name);
+  std::vector<int64_t> shape(2);
+  if (info && info->dtype == DType::kI32) {
+    int32_t v[2];
+    ckpt.read(name, Slice2D{0, 1, 0, 2}, DType::kI32, v);
+    shape = {v[0], v[1]};
+  } else {
+    ckpt.read(name, Slice2D{0, 1, 0, 2}, DType::kI64, shape.data());
+  }
+  if (shape != e.shape) {
+    throw Error("tensor '" + name + "': a quantized matrix's weight_shape is not the shape the model needs",
+                file ? file->path().string() : name, shape_str(e.shape), shape_str(shape));
+  }
+}
+
 // Rows [r0, r1) and input columns [c0, c1) of the quantized checkpoint matrix `e` into
 // `st` from its row dst_row: values unpacked from weight_packed, scales, and int4
 // offsets m' = -z s from the zero points (so that w = (q - 8) s + m', which is
-// compressed-tensors' (q_signed - z) s with q_signed = q - 8). Checks weight_shape.
+// compressed-tensors' (q_signed - z) s with q_signed = q - 8).
 void read_quantized(const Checkpoint& ckpt, const WeightEntry& e, const WeightQuantization& q, int64_t r0, int64_t r1,
                     int64_t c0, int64_t c1, QuantStage& st, int64_t dst_row) {
   const int64_t bits = q.num_bits;
-  {  // weight_shape must be the matrix the table expects
-    const std::string name = quantized_part_name(e, "weight_shape");
-    const auto [info, file] = ckpt.find(name);
-    std::vector<int64_t> shape(2);
-    if (info && info->dtype == DType::kI32) {
-      int32_t v[2];
-      ckpt.read(name, Slice2D{0, 1, 0, 2}, DType::kI32, v);
-      shape = {v[0], v[1]};
-    } else {
-      ckpt.read(name, Slice2D{0, 1, 0, 2}, DType::kI64, shape.data());
-    }
-    if (shape != e.shape) {
-      throw Error("tensor '" + name + "': a quantized matrix's weight_shape is not the shape the model needs",
-                  file ? file->path().string() : name, shape_str(e.shape), shape_str(shape));
-    }
-  }
   const int64_t rows = r1 - r0, cols = c1 - c0;
   const int64_t G = local_group(q, cols);
   const int64_t g0 = q.group_size > 0 ? c0 / G : 0, ng = cols / G;
@@ -219,6 +222,24 @@ ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& c, const Sh
     LayerWeights* L = e.layer >= 0 ? &w.layers[static_cast<size_t>(e.layer)] : nullptr;
     const bool packed = quant && !quant->fp8 && stored_quantized(e, c);
     const bool fp8 = quant && quant->fp8 && stored_quantized(e, c);
+    if (packed) check_weight_shape(ckpt, e);
+    // Row-parallel: all h rows, this rank's input columns [c0, c0 + width), in the
+    // checkpoint's form (packed int4 / int8, FP8 widened to dt, or dt).
+    auto row_parallel = [&](int64_t c0, int64_t width) {
+      if (packed) {
+        QuantStage st;
+        st.init(h, width, local_group(*quant, width), quantized_dtype(*quant));
+        read_quantized(ckpt, e, *quant, 0, h, c0, c0 + width, st, 0);
+        return st.pack();
+      }
+      Tensor t = Tensor::zeros({h, width}, dt);
+      if (fp8) {
+        read_fp8(ckpt, e, *quant, 0, h, c0, c0 + width, dt, t.raw());
+      } else {
+        ckpt.read(e.name, Slice2D{0, h, c0, c0 + width}, file_dt, t.raw());
+      }
+      return t;
+    };
     // Column-parallel tensors, plain or fused: each segment's shard goes to its rows of
     // the stacked wqkv / w_gate_up.
     std::vector<WeightSegment> segments = e.segments;
@@ -272,37 +293,11 @@ ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& c, const Sh
           ckpt.read(e.name, Slice2D{first, first + t.rows, 0, h}, file_dt, dst);
         }
         break;
-      case WeightRole::kOProj:
-        // Row-parallel: the input columns that meet this rank's heads.
-        if (packed) {
-          QuantStage st;
-          st.init(h, q_rows, local_group(*quant, q_rows), quantized_dtype(*quant));
-          read_quantized(ckpt, e, *quant, 0, h, p.head_begin * hd, p.head_begin * hd + q_rows, st, 0);
-          L->wo = st.pack();
-          break;
-        }
-        L->wo = Tensor::zeros({h, q_rows}, dt);
-        if (fp8) {
-          read_fp8(ckpt, e, *quant, 0, h, p.head_begin * hd, p.head_begin * hd + q_rows, dt, L->wo.raw());
-          break;
-        }
-        ckpt.read(e.name, Slice2D{0, h, p.head_begin * hd, p.head_begin * hd + q_rows}, file_dt, L->wo.raw());
+      case WeightRole::kOProj:  // the input columns that meet this rank's heads
+        L->wo = row_parallel(p.head_begin * hd, q_rows);
         break;
       case WeightRole::kDownProj:
-        if (packed) {
-          QuantStage st;
-          st.init(h, inter, local_group(*quant, inter), quantized_dtype(*quant));
-          read_quantized(ckpt, e, *quant, 0, h, p.intermediate_begin, p.intermediate_begin + inter, st, 0);
-          L->w_down = st.pack();
-          break;
-        }
-        L->w_down = Tensor::zeros({h, inter}, dt);
-        if (fp8) {
-          read_fp8(ckpt, e, *quant, 0, h, p.intermediate_begin, p.intermediate_begin + inter, dt, L->w_down.raw());
-          break;
-        }
-        ckpt.read(e.name, Slice2D{0, h, p.intermediate_begin, p.intermediate_begin + inter}, file_dt,
-                  L->w_down.raw());
+        L->w_down = row_parallel(p.intermediate_begin, inter);
         break;
     }
   }
@@ -358,16 +353,27 @@ DType config_weight_dtype(const ModelConfig& c) {
   return DType::kF32;
 }
 
+namespace {
+
+// The input widths of a rank's quantized matrices, named for messages: hidden_size (the
+// column-parallel ones, and the vocabulary tables when quantized at load: `with_vocab`),
+// its heads' width (o_proj) and its intermediate slice (down_proj).
+std::vector<std::pair<const char*, int64_t>> input_widths(const ModelConfig& c, const ShardPlan& s, bool with_vocab) {
+  return {{with_vocab ? "q/k/v_proj, gate/up_proj, embed_tokens and lm_head (hidden_size)"
+                      : "q/k/v_proj and gate/up_proj (hidden_size)",
+           c.hidden_size},
+          {"o_proj (this rank's heads x head_dim)", s.num_heads_local * c.head_dim},
+          {"down_proj (this rank's intermediate slice)", s.intermediate_local}};
+}
+
+}  // namespace
+
 void check_weight_groups(const ModelConfig& c, const ShardPlan& p, int64_t group_size, DType dtype, bool is_default) {
   if (dtype == DType::kI4 && (group_size % 2 != 0 || group_size > 1024)) {
     throw Error("int4 packs two inputs a byte: its groups are even, at most 1024", "--weight-group-size",
                 "an even size in [2, 1024]", std::to_string(group_size));
   }
-  const int64_t attn = p.num_heads_local * c.head_dim;
-  const std::pair<const char*, int64_t> widths[] = {
-      {"q/k/v_proj, gate/up_proj, embed_tokens and lm_head (hidden_size)", c.hidden_size},
-      {"o_proj (this rank's heads x head_dim)", attn},
-      {"down_proj (this rank's intermediate slice)", p.intermediate_local}};
+  const auto widths = input_widths(c, p, /*with_vocab=*/true);
   int64_t all = 0;
   for (const auto& w : widths) all = std::gcd(all, w.second);
   std::string work;
@@ -390,14 +396,6 @@ void check_weight_groups(const ModelConfig& c, const ShardPlan& p, int64_t group
 
 namespace {
 
-// The input widths of a rank's matrices: hidden_size (column-parallel), its heads' width
-// (o_proj) and its intermediate slice (down_proj).
-std::vector<std::pair<const char*, int64_t>> input_widths(const ModelConfig& c, const ShardPlan& s) {
-  return {{"q/k/v_proj and gate/up_proj (hidden_size)", c.hidden_size},
-          {"o_proj (this rank's heads x head_dim)", s.num_heads_local * c.head_dim},
-          {"down_proj (this rank's intermediate slice)", s.intermediate_local}};
-}
-
 // Whether a `width`-wide slice holds whole groups of `q` (int4: even ones).
 bool holds_whole_groups(const WeightQuantization& q, int64_t width) {
   const int64_t g = local_group(q, width);
@@ -414,7 +412,7 @@ std::string quantized_tp_sizes(const ModelConfig& c) {
       for (int r = 0; r < tp && ok; ++r) {
         const ShardPlan s = ShardPlan::make(c, r, tp);
         if (c.quantization && !c.quantization->fp8)
-          for (const auto& w : input_widths(c, s)) ok = ok && holds_whole_groups(*c.quantization, w.second);
+          for (const auto& w : input_widths(c, s, false)) ok = ok && holds_whole_groups(*c.quantization, w.second);
       }
     } catch (const Error&) {
       ok = false;
@@ -427,7 +425,7 @@ std::string quantized_tp_sizes(const ModelConfig& c) {
 void check_quantized_checkpoint(const ModelConfig& c, const ShardPlan& p) {
   if (!c.quantization || c.quantization->fp8) return;  // FP8 scales are per row or per matrix: any slice
   const WeightQuantization& q = *c.quantization;
-  for (const auto& [what, width] : input_widths(c, p)) {
+  for (const auto& [what, width] : input_widths(c, p, false)) {
     if (holds_whole_groups(q, width)) continue;
     const std::string work = quantized_tp_sizes(c);
     throw Error(q.describe() + ": a rank's slice would split a quantization group: " + what + " is " +
