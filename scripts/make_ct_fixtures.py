@@ -37,16 +37,14 @@ import tempfile
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import compressed_tensors  # noqa: E402
-import llmcompressor  # noqa: E402
-import transformers  # noqa: E402
-from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme  # noqa: E402
-from llmcompressor import oneshot  # noqa: E402
-from llmcompressor.modifiers.quantization import QuantizationModifier  # noqa: E402
-from transformers import AutoModelForCausalLM  # noqa: E402
-from transformers.utils.quantization_config import CompressedTensorsConfig  # noqa: E402
+import compressed_tensors
+import llmcompressor
+import transformers
+from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+from llmcompressor import oneshot
+from llmcompressor.modifiers.quantization import QuantizationModifier
+from transformers import AutoModelForCausalLM
+from transformers.utils.quantization_config import CompressedTensorsConfig
 
 FIXTURES = ["llama31", "qwen3", "phi3", "mistral"]
 GROUP = 4
