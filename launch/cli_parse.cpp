@@ -198,6 +198,12 @@ void read_kv_cache_dtype(const cxxopts::ParseResult& r, std::string& out) {
   if (out != "f32" && out != "bf16") throw Error("invalid value", "--kv-cache-dtype", "f32 or bf16", out);
 }
 
+void read_activation_dtype(const cxxopts::ParseResult& r, std::string& out) {
+  if (!r.count("activation-dtype")) return;
+  out = r["activation-dtype"].as<std::string>();
+  if (out != "f32" && out != "int8") throw Error("invalid value", "--activation-dtype", "f32 or int8", out);
+}
+
 void invalid_value(const char* option, const std::string& expected, const std::string& actual) {
   throw Error("invalid value", option, expected, actual);
 }

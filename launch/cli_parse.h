@@ -86,6 +86,16 @@ inline constexpr const char* kKvCacheDtypeHelp =
     "KV cache dtype: f32 (default) or bf16 (half the cache bytes; each K/V value rounded to "
     "bf16 as it is stored, widened exactly as attention reads it; CPU backend only)";
 
+/// When --activation-dtype was given: `out` = its value.
+/// @throws Error naming --activation-dtype when it is not f32 or int8.
+void read_activation_dtype(const cxxopts::ParseResult& r, std::string& out);
+
+/// The --activation-dtype option's help line.
+inline constexpr const char* kActivationDtypeHelp =
+    "What int4 weights multiply: f32 (default) or int8 (each row's activations quantized per 32 inputs, "
+    "integer dot products: VNNI on AVX-512; faster decode, a small accuracy cost: docs/cpu-kernels.md; "
+    "needs --weight-dtype int4 or an int4 checkpoint with groups of a multiple of 32, CPU backend)";
+
 /// When --weight-group-size was given: `out` = its value, in [1, kMaxWeightGroupSize].
 /// @throws Error naming --weight-group-size when `weight_dtype` (--weight-dtype's value)
 /// is not int8 or int4, or for int4 when the value is odd or above 1024 (whether it

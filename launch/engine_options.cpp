@@ -48,6 +48,7 @@ void add_engine_options(cxxopts::Options& opts, const EngineFlags& which) {
     ("weight-dtype", kWeightDtypeHelp, cxxopts::value<std::string>())
     ("weight-group-size", kWeightGroupSizeHelp, cxxopts::value<int64_t>())
     ("kv-cache-dtype", kKvCacheDtypeHelp, cxxopts::value<std::string>())
+    ("activation-dtype", kActivationDtypeHelp, cxxopts::value<std::string>())
     ("comm-timeout", kCommTimeoutHelp, cxxopts::value<int64_t>());
   if (which.verbose) opts.add_options()("verbose", which.verbose_help);
   // clang-format on
@@ -90,6 +91,7 @@ void read_engine_options(const cxxopts::ParseResult& r, const EngineFlags& which
   read_weight_dtype(r, o.weight_dtype);
   read_weight_group_size(r, o.weight_dtype, o.weight_group_size);
   read_kv_cache_dtype(r, o.kv_cache_dtype);
+  read_activation_dtype(r, o.activation_dtype);
   if (which.verbose) o.verbose = r.count("verbose") > 0;
 }
 

@@ -23,6 +23,7 @@ struct EngineOptions {
   std::string weight_dtype = "auto";  // --weight-dtype auto|f32|bf16|f16|int8|int4 (held_weight_dtype)
   int64_t weight_group_size = 0;      // --weight-group-size: int8 / int4 inputs per scale (0: default_weight_group_size)
   std::string kv_cache_dtype = "f32"; // --kv-cache-dtype f32|bf16 (held_kv_cache_dtype)
+  std::string activation_dtype = "f32";  // --activation-dtype f32|int8: what int4 weights multiply (kernels/cpu/gemm.h)
   bool cuda_graphs = false;           // --cuda-graphs: replay decode steps as CUDA graphs
   bool verbose = false;               // --verbose
   // The paged KV pool of generate and serve (EngineFlags::paged_pool):

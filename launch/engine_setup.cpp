@@ -6,6 +6,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "kernels/cpu/gemm.h"
 #include "parallel/comm_watch.h"
 #include "loader/model_path.h"
 #include "requests/request.h"
@@ -43,6 +44,12 @@ EnginePlan plan_engine(const EngineOptions& o, const ModelConfig& config, const 
   } else if (is_quantized(p.weight_dtype)) {
     check_weight_groups(config, plan, p.weight_group_size, p.weight_dtype, o.weight_group_size == 0);
   }
+  if (o.activation_dtype == "int8") {
+    if ((o.backend.empty() ? default_backend_kind() : o.backend) == "cuda") {
+      throw Error("int8 activations are a mode of the CPU kernels", "--activation-dtype", "f32 with --backend cuda", "int8");
+    }
+    check_int8_activations(config, plan, p.weight_dtype, p.weight_group_size);
+  }
   const int64_t g = p.weight_group_size;
   // The CUDA backend holds a pre-quantized checkpoint's matrices dequantized to bf16
   // (cuda_backend.cpp: upload_matrix), so they are sized as dense bf16 there.
@@ -76,6 +83,7 @@ OpenedEngine open_engine(const EngineOptions& o, const ModelConfig& config, cons
   // bench (kRows) holds its weights where the backend computes; the others check the host.
   if (sizing.kv != EngineSizing::Kv::kRows) check_memory(e.plan.need, available, w.local_size);
   e.threads = kernel_threads_per_rank(o.threads, w.local_size);
+  cpu::set_int4_activation_dtype(o.activation_dtype == "int8" ? DType::kI8 : DType::kF32);
   e.backend = make_backend(o.backend, e.threads, w.local_rank, w.local_size, e.plan.weight_dtype,
                            e.plan.kv_cache_dtype, e.plan.weight_group_size);
   if (sizing.kv == EngineSizing::Kv::kRows && e.backend->device() == Device::kCpu) {
@@ -130,11 +138,14 @@ GenerationModel open_generation_model(const EngineOptions& o, const WorldConfig&
 std::string held_weights_text(const ModelConfig& config, DType held, int64_t group_size, const char* after_groups) {
   const std::string name = dtype_name(held);
   if (const auto& q = config.quantization) {
-    return q->describe() + (q->fp8 ? "; held in " + name + ", as the embedding and lm_head" : "; embedding and lm_head " + name);
+    return q->describe() + (q->fp8 ? "; held in " + name + ", as the embedding and lm_head" : "; embedding and lm_head " + name) +
+           (cpu::int4_activation_dtype() == DType::kI8 ? "; int8 activations" : "");
   }
+  // The int8-activation mode (set by open_engine before anything reports) says so.
+  const std::string acts = cpu::int4_activation_dtype() == DType::kI8 ? "; int8 activations" : "";
   if (!is_quantized(held)) return name;
   return name + ", groups of " + std::to_string(group_size) + after_groups +
-         (held == DType::kI4 ? ", embedding and lm_head int8" : "");
+         (held == DType::kI4 ? ", embedding and lm_head int8" : "") + acts;
 }
 
 void report_engine(const EngineOptions& o, const OpenedEngine& e, const ModelFiles& files, const ShardPlan& plan, int64_t max_seq_len,

@@ -108,6 +108,7 @@ ordered_json generate_settings(const GenerateOptions& o, const RequestSettings& 
   s["weight_dtype"] = o.engine.weight_dtype;
   if (const int64_t g = quantized_group_size(o.engine); g > 0) s["weight_group_size"] = g;
   s["kv_cache_dtype"] = o.engine.kv_cache_dtype;
+  if (o.engine.activation_dtype != "f32") s["activation_dtype"] = o.engine.activation_dtype;  // other outputs
   s["max_seq_len"] = max_seq_len;
   s["chat"] = o.chat;
   s["max_new_tokens"] = d.max_new_tokens;

@@ -97,6 +97,7 @@ void load_loss_run(const LossOptions& o, const LossInput& in, MpiGroups& groups,
     run.settings["weight_dtype"] = o.engine.weight_dtype;
     if (const int64_t g = quantized_group_size(o.engine); g > 0) run.settings["weight_group_size"] = g;
     run.settings["kv_cache_dtype"] = o.engine.kv_cache_dtype;
+    if (o.engine.activation_dtype != "f32") run.settings["activation_dtype"] = o.engine.activation_dtype;  // other outputs
     if (w.world_rank == 0 && o.resume) check_journal_settings(in.resume.journal, run.settings, in.resume.settings_file);
   }
   run.files = std::make_unique<ModelFiles>(open_model(dir));

@@ -437,3 +437,25 @@ void check_quantized_checkpoint(const ModelConfig& c, const ShardPlan& p) {
 }
 
 }  // namespace linnet
+
+namespace linnet {
+
+void check_int8_activations(const ModelConfig& c, const ShardPlan& p, DType held, int64_t group_size) {
+  const auto& q = c.quantization;
+  const bool int4 = q ? (!q->fp8 && q->num_bits == 4) : held == DType::kI4;
+  if (!int4) {
+    throw Error("int8 activations are a mode of the int4 kernels; the layers here are " +
+                    (q ? q->describe() : std::string(dtype_name(held))),
+                "--activation-dtype", "f32 (or int8 with --weight-dtype int4 or an int4 checkpoint)", "int8");
+  }
+  for (const auto& [what, width] : input_widths(c, p, false)) {
+    const int64_t g = q ? local_group(*q, width) : group_size;
+    if (g % cpu::kActBlock == 0) continue;
+    throw Error("int8 activations are scaled per " + std::to_string(cpu::kActBlock) +
+                    " inputs, inside the int4 groups: " + what + " has groups of " + std::to_string(g) +
+                    " at tp " + std::to_string(p.tp_size),
+                "--activation-dtype", "f32, or int4 groups of a multiple of " + std::to_string(cpu::kActBlock), "int8");
+  }
+}
+
+}  // namespace linnet

@@ -94,6 +94,14 @@ void check_weight_groups(const ModelConfig& config, const ShardPlan& plan, int64
 /// sizes (up to 16) that work.
 void check_quantized_checkpoint(const ModelConfig& config, const ShardPlan& plan);
 
+/// Checks that --activation-dtype int8 (kernels/cpu/gemm.h: int8 activations for int4
+/// weights) fits: the layers' matrices are int4 (`held` kI4 quantized at load with
+/// `group_size`, or a pre-quantized int4 checkpoint) and every group this rank holds is
+/// a multiple of cpu::kActBlock (32) inputs.
+/// @throws Error naming --activation-dtype and what does not fit (the layers' dtype, or
+/// the matrix and its group size at this tp size).
+void check_int8_activations(const ModelConfig& config, const ShardPlan& plan, DType held, int64_t group_size);
+
 /// The tp sizes up to 16 at which ShardPlan::make and check_quantized_checkpoint accept
 /// every rank, e.g. "1, 2, 4" (empty when none does).
 std::string quantized_tp_sizes(const ModelConfig& config);

@@ -475,6 +475,198 @@ TEST(GemmQuantized, ANonFiniteWeightMakesItsColumnNaNWhereverItSits) {
   }
 }
 
+// --- int8 activations for int4 weights (gemm.h: --activation-dtype int8) ---
+
+// Sets the mode for one test and puts f32 back.
+struct Int8Activations {
+  Int8Activations() { set_int4_activation_dtype(DType::kI8); }
+  ~Int8Activations() { set_int4_activation_dtype(DType::kF32); }
+};
+
+// A pre-quantized int4 matrix: codes q in [0, 15], scales s > 0 and offsets m' per
+// (row, group), packed as a checkpoint's would be; w = (q - 8) s + m'.
+struct Int4Matrix {
+  std::vector<uint8_t> q;
+  std::vector<float> s, off;
+  std::vector<uint64_t> packed;
+};
+Int4Matrix make_int4(int64_t n, int64_t k, int64_t group, uint32_t seed) {
+  std::mt19937 g(seed);
+  std::uniform_int_distribution<int> code(0, 15);
+  std::uniform_real_distribution<float> scale(0.01f, 0.2f), offset(-0.3f, 0.3f);
+  Int4Matrix w;
+  w.q.resize(static_cast<size_t>(n * k));
+  for (auto& v : w.q) v = static_cast<uint8_t>(code(g));
+  w.s.resize(static_cast<size_t>(n * (k / group)));
+  w.off.resize(w.s.size());
+  for (auto& v : w.s) v = scale(g);
+  for (auto& v : w.off) v = offset(g);
+  w.packed.resize(static_cast<size_t>(quantized_matrix_bytes(n, k, group, DType::kI4) / 8 + 1));
+  pack_quantized_weight(w.q.data(), w.s.data(), w.off.data(), n, k, group, w.packed.data(), DType::kI4);
+  return w;
+}
+
+// The activation scheme of gemm.h, written out again: per block of 32, d = max |x| / 127
+// and xq = round-half-even(x * (127 / max |x|)), in f32 as specified.
+void reference_activations(const std::vector<float>& x, int64_t m, int64_t k, std::vector<int>& xq,
+                           std::vector<float>& d) {
+  xq.assign(static_cast<size_t>(m * k), 0);
+  d.assign(static_cast<size_t>(m * k / 32), 0.0f);
+  for (int64_t r = 0; r < m; ++r) {
+    for (int64_t b = 0; b < k / 32; ++b) {
+      float amax = 0;
+      for (int64_t i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[r * k + b * 32 + i]));
+      if (amax == 0) continue;
+      const float inv = 127.0f / amax;
+      for (int64_t i = 0; i < 32; ++i) {
+        xq[r * k + b * 32 + i] = static_cast<int>(std::clamp(std::nearbyint(x[r * k + b * 32 + i] * inv), -127.0f, 127.0f));
+      }
+      d[r * (k / 32) + b] = amax / 127.0f;
+    }
+  }
+}
+
+TEST(GemmInt4Int8Activations, MatchesADoubleReferenceOfTheScheme) {
+  Int8Activations mode;
+  for (auto [k, n, group] : {std::tuple<int64_t, int64_t, int64_t>{64, 23, 32}, {96, 40, 32}, {640, 33, 64},
+                             {576, 40, 576}, {1536, 20, 128}}) {
+    const Int4Matrix w = make_int4(n, k, group, static_cast<uint32_t>(k + n));
+    for (int64_t m : {1, 2, 3, 5, 9, 40}) {
+      std::mt19937 g(static_cast<uint32_t>(m * 7 + k));
+      std::normal_distribution<float> dist(0.0f, 1.0f);
+      std::vector<float> x(static_cast<size_t>(m * k));
+      for (auto& v : x) v = dist(g) * (1.0f + 3.0f * static_cast<float>(&v - x.data()) / static_cast<float>(x.size()));
+      std::fill(x.begin(), x.begin() + 32, 0.0f);  // an all-zero block
+      std::vector<int> xq;
+      std::vector<float> d;
+      reference_activations(x, m, k, xq, d);
+      {  // the kernels' quantizer is the scheme exactly
+        std::vector<int8_t> kq(static_cast<size_t>(m * k));
+        std::vector<float> kd(static_cast<size_t>(m * k / 32));
+        std::vector<int32_t> t8(kd.size());
+        detail::quantize_activations(x.data(), m, k, kq.data(), kd.data(), t8.data());
+        for (size_t i = 0; i < kq.size(); ++i) ASSERT_EQ(kq[i], xq[i]) << "xq at " << i;
+        for (size_t i = 0; i < kd.size(); ++i) ASSERT_EQ(kd[i], d[i]) << "d at " << i;
+      }
+      for (Isa isa : paths()) {
+        std::vector<float> out(static_cast<size_t>(m * n) + 1, 99.0f);
+        matmul_nt_packed_isa(isa, x.data(), w.packed.data(), DType::kI4, out.data(), m, k, n);
+        for (int64_t i = 0; i < m; ++i) {
+          for (int64_t j = 0; j < n; ++j) {
+            double ref = 0, mag = 0;
+            for (int64_t g0 = 0; g0 < k / group; ++g0) {
+              const double s = w.s[j * (k / group) + g0], off = w.off[j * (k / group) + g0];
+              double part = 0, part_mag = 0, xs = 0, xs_mag = 0;
+              for (int64_t b = g0 * group / 32; b < (g0 + 1) * group / 32; ++b) {
+                long t = 0, t_mag = 0;
+                for (int64_t c = b * 32; c < b * 32 + 32; ++c) {
+                  t += (w.q[j * k + c] - 8L) * xq[i * k + c];
+                  t_mag += std::labs((w.q[j * k + c] - 8L) * xq[i * k + c]);
+                }
+                part += double(t) * d[i * (k / 32) + b];
+                part_mag += double(t_mag) * d[i * (k / 32) + b];
+              }
+              for (int64_t c = g0 * group; c < (g0 + 1) * group; ++c) {
+                xs += x[i * k + c];
+                xs_mag += std::fabs(x[i * k + c]);
+              }
+              ref += s * part + off * xs;
+              mag += s * part_mag + std::fabs(off) * xs_mag;
+            }
+            ASSERT_NEAR(out[i * n + j], ref, double(k + 8) * std::ldexp(1.0, -24) * mag + 1e-30)
+                << isa_name(isa) << " m " << m << " k " << k << " n " << n << " G " << group << " at " << i << "," << j;
+          }
+        }
+        EXPECT_EQ(out[m * n], 99.0f) << "wrote past out";
+      }
+    }
+  }
+}
+
+// The invariances of gemm.h hold in the mode: a row alone equals the same row in a
+// batch and the thread count changes no bit, on every path; the integer sums are exact,
+// so AVX2 and AVX-512 (VNNI where this CPU has it) give the same bits.
+TEST(GemmInt4Int8Activations, ARowAloneEqualsItsRowInABatchAndPathsAgree) {
+  Int8Activations mode;
+  const int64_t k = 1024, n = 150, m = 33, group = 64;
+  const Int4Matrix w = make_int4(n, k, group, 9);
+  std::mt19937 g(11);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> x(m * k);
+  for (auto& v : x) v = dist(g);
+  std::vector<std::vector<float>> by_path;
+  for (Isa isa : paths()) {
+    std::vector<float> all(m * n), all2(m * n);
+    set_num_threads(1);
+    matmul_nt_packed_isa(isa, x.data(), w.packed.data(), DType::kI4, all.data(), m, k, n);
+    set_num_threads(2);
+    matmul_nt_packed_isa(isa, x.data(), w.packed.data(), DType::kI4, all2.data(), m, k, n);
+    EXPECT_EQ(0, std::memcmp(all.data(), all2.data(), all.size() * 4)) << isa_name(isa);
+    for (int64_t r : {0, 4, 13, 31, 32}) {
+      for (int64_t rows : {1, 2, 3, 5}) {
+        const int64_t mm = r + rows <= m ? rows : 1;
+        std::vector<float> one(mm * n);
+        matmul_nt_packed_isa(isa, x.data() + r * k, w.packed.data(), DType::kI4, one.data(), mm, k, n);
+        EXPECT_EQ(0, std::memcmp(one.data(), all.data() + r * n, mm * n * 4)) << isa_name(isa) << " rows " << r << " + " << mm;
+      }
+    }
+    set_num_threads(1);
+    if (isa != Isa::kGeneric) by_path.push_back(all);
+  }
+  for (size_t i = 1; i < by_path.size(); ++i) EXPECT_EQ(0, std::memcmp(by_path[0].data(), by_path[i].data(), m * n * 4));
+}
+
+// What the mode costs against f32 activations on the same weights (random normal x; the
+// model-level figure is in docs/cpu-kernels.md): small but not zero, so the mode is on.
+TEST(GemmInt4Int8Activations, StaysNearTheF32ActivationsAndDiffersFromThem) {
+  const int64_t k = 2048, n = 64, m = 4, group = 32;
+  const Int4Matrix w = make_int4(n, k, group, 21);
+  std::mt19937 g(23);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> x(m * k), f32(m * n), i8(m * n);
+  for (auto& v : x) v = dist(g);
+  for (Isa isa : paths()) {
+    matmul_nt_packed_isa(isa, x.data(), w.packed.data(), DType::kI4, f32.data(), m, k, n);
+    {
+      Int8Activations mode;
+      matmul_nt_packed_isa(isa, x.data(), w.packed.data(), DType::kI4, i8.data(), m, k, n);
+    }
+    double err = 0, norm = 0;
+    for (size_t i = 0; i < f32.size(); ++i) {
+      err += (i8[i] - f32[i]) * double(i8[i] - f32[i]);
+      norm += double(f32[i]) * f32[i];
+    }
+    EXPECT_LT(std::sqrt(err / norm), 0.01) << isa_name(isa);
+    EXPECT_GT(std::sqrt(err / norm), 1e-5) << isa_name(isa);
+  }
+}
+
+// A NaN or inf activation makes its row's outputs NaN (as in f32) and no other row's;
+// a group size that is not a multiple of 32 is refused naming the flag.
+TEST(GemmInt4Int8Activations, NonFiniteActivationsAndGroupSizesAreHandled) {
+  Int8Activations mode;
+  const int64_t k = 128, n = 20, m = 3;
+  const Int4Matrix w = make_int4(n, k, 32, 5);
+  for (float bad : {std::nanf(""), INFINITY}) {
+    std::vector<float> x(m * k, 0.5f), out(m * n);
+    x[k + 70] = bad;
+    for (Isa isa : paths()) {
+      matmul_nt_packed_isa(isa, x.data(), w.packed.data(), DType::kI4, out.data(), m, k, n);
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j)
+          EXPECT_EQ(std::isnan(out[i * n + j]), i == 1) << isa_name(isa) << " at " << i << "," << j;
+    }
+  }
+  const Int4Matrix w16 = make_int4(n, k, 16, 5);
+  std::vector<float> x(k, 1.0f), out(n);
+  try {
+    matmul_nt_packed(x.data(), w16.packed.data(), DType::kI4, out.data(), 1, k, n);
+    ADD_FAILURE() << "groups of 16 were accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--activation-dtype"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Gemm, UnknownIsaPathsAreRefusedByName) {
   if (!isa_supported(Isa::kAvx2)) {
     EXPECT_THROW(set_isa(Isa::kAvx2), std::exception);

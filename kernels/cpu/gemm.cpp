@@ -7,6 +7,7 @@
 #include "kernels/cpu/gemm.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -222,23 +223,29 @@ void pack_quantized_weight(const uint8_t* codes, const float* scales, const floa
   }
 }
 
-void matmul_nt_packed_isa(Isa isa, const float* x, const void* packed, DType wt, float* out, int64_t m,
-                          int64_t k, int64_t n) {
-  if (m <= 0 || n <= 0) return;
-  if (k <= 0) {
-    std::fill(out, out + m * n, 0.0f);
-    return;
-  }
-  if (!isa_supported(isa)) throw Error("this CPU cannot run the kernel path", "matmul_nt", "generic", isa_name(isa));
-  auto panels_fn = isa == Isa::kAvx512 ? detail::gemm_panels_avx512
-                   : isa == Isa::kAvx2 ? detail::gemm_panels_avx2
-                                       : detail::gemm_panels_generic;
+namespace {
+
+std::atomic<int> g_int4_activations{static_cast<int>(DType::kF32)};
+
+// The int8-activation mode's x, quantized once a call by the calling thread and read
+// by every thread (C allocation only, as attention_impl.h).
+struct ActScratch {
+  std::vector<int8_t> xq;
+  std::vector<float> d, xs;
+  std::vector<int32_t> t8;
+};
+thread_local ActScratch t_act;
+
+// Splits panels [0, panels) of an [m, k] x [k, n] product over the rank's threads and
+// runs `share(p0, p1)` on each share (see the file comment).
+template <class Share>
+void split_panels(int64_t m, int64_t k, int64_t n, const Share& share) {
   const int64_t panels = (n + kPanel - 1) / kPanel;
   // Small GEMMs stay on one thread (a parallel region costs more than they do).
   const int64_t flops = 2 * m * k * n;
   const int threads = flops < (int64_t{1} << 17) ? 1 : static_cast<int>(std::min<int64_t>(num_threads(), panels));
   if (threads <= 1) {
-    panels_fn(x, packed, wt, out, m, k, n, 0, panels);
+    share(0, panels);
     return;
   }
   if (m <= 2) {
@@ -247,7 +254,7 @@ void matmul_nt_packed_isa(Isa isa, const float* x, const void* packed, DType wt,
     {
       const int t = omp_get_thread_num(), T = omp_get_num_threads();
       const int64_t p0 = panels * t / T, p1 = panels * (t + 1) / T;
-      if (p1 > p0) panels_fn(x, packed, wt, out, m, k, n, p0, p1);
+      if (p1 > p0) share(p0, p1);
     }
     return;
   }
@@ -258,8 +265,53 @@ void matmul_nt_packed_isa(Isa isa, const float* x, const void* packed, DType wt,
   const int64_t chunk = std::max<int64_t>(2, panels / (int64_t{8} * threads) / 2 * 2);
   const int64_t chunks = (panels + chunk - 1) / chunk;
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
-  for (int64_t c = 0; c < chunks; ++c)
-    panels_fn(x, packed, wt, out, m, k, n, c * chunk, std::min(panels, (c + 1) * chunk));
+  for (int64_t c = 0; c < chunks; ++c) share(c * chunk, std::min(panels, (c + 1) * chunk));
+}
+
+}  // namespace
+
+void set_int4_activation_dtype(DType dt) {
+  if (dt != DType::kF32 && dt != DType::kI8) {
+    throw Error("int4 weights multiply f32 or int8 activations", "set_int4_activation_dtype", "f32 or i8", dtype_name(dt));
+  }
+  g_int4_activations.store(static_cast<int>(dt));
+}
+
+DType int4_activation_dtype() { return static_cast<DType>(g_int4_activations.load()); }
+
+void matmul_nt_packed_isa(Isa isa, const float* x, const void* packed, DType wt, float* out, int64_t m,
+                          int64_t k, int64_t n) {
+  if (m <= 0 || n <= 0) return;
+  if (k <= 0) {
+    std::fill(out, out + m * n, 0.0f);
+    return;
+  }
+  if (!isa_supported(isa)) throw Error("this CPU cannot run the kernel path", "matmul_nt", "generic", isa_name(isa));
+  if (wt == DType::kI4 && int4_activation_dtype() == DType::kI8) {
+    const detail::QuantView qv = detail::quant_view(packed);
+    if (qv.group_size % kActBlock != 0) {
+      throw Error("int8 activations need int4 groups of a multiple of " + std::to_string(kActBlock) + " inputs",
+                  "--activation-dtype int8", "a group size divisible by 32", std::to_string(qv.group_size));
+    }
+    ActScratch& a = t_act;
+    const auto blocks = static_cast<size_t>(m * (k / kActBlock));
+    a.xq.resize(static_cast<size_t>(m * k));
+    a.d.resize(blocks);
+    a.t8.resize(blocks);
+    a.xs.resize(static_cast<size_t>(m * qv.groups));
+    detail::quantize_activations(x, m, k, a.xq.data(), a.d.data(), a.t8.data());
+    detail::group_sums(x, m, k, qv.group_size, a.xs.data());
+    const detail::ActView av{a.xq.data(), a.d.data(), a.t8.data(), a.xs.data()};
+    auto fn = isa == Isa::kGeneric                                 ? detail::gemm_panels_q4a8_generic
+              : isa == Isa::kAvx512 && detail::has_avx512_vnni() ? detail::gemm_panels_q4a8_avx512_vnni
+                                                                 : detail::gemm_panels_q4a8_avx2;
+    split_panels(m, k, n, [&](int64_t p0, int64_t p1) { fn(av, packed, out, m, k, n, p0, p1); });
+    return;
+  }
+  auto panels_fn = isa == Isa::kAvx512 ? detail::gemm_panels_avx512
+                   : isa == Isa::kAvx2 ? detail::gemm_panels_avx2
+                                       : detail::gemm_panels_generic;
+  split_panels(m, k, n, [&](int64_t p0, int64_t p1) { panels_fn(x, packed, wt, out, m, k, n, p0, p1); });
 }
 
 void matmul_nt_packed(const float* x, const void* packed, DType wt, float* out, int64_t m, int64_t k,

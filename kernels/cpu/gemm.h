@@ -60,6 +60,21 @@
 // sum over the group's x, xs (one f32 chain in ascending k, computed once per call);
 // then out = fma(part, s, out), out = fma(xs, m', out), in ascending g (generic:
 // multiply then add).
+//
+// int8 activations for int4 weights (--activation-dtype int8; off by default, the
+// computation above is the default): a separate, named mode, as llama.cpp runs its
+// k-quants (Q8_K activations) and vLLM / TensorRT-LLM their W4A8 schemes. Each row of x
+// is quantized in blocks of kActBlock = 32 along k, symmetric absmax: d = max |x| / 127
+// and xq = round-half-even(x * (127 / max |x|)) in [-127, 127] (an all-zero block: d =
+// 0, xq = 0; a block holding a NaN or inf: d = NaN, so the outputs it feeds are NaN).
+// Needs the weight group size to be a multiple of 32. Per block b of group g, the
+// integer sum t = sum q xq - 8 sum xq = sum (q - 8) xq is exact (int32; |t| <= 32512),
+// and the reduction is part = fma(float(t), d_b, part) from zero in ascending b, then
+// out = fma(part, s, out), out = fma(xs, m', out) in ascending g, xs the group's sum of
+// the unquantized x as above (generic: multiply then add). The integer sums are exact
+// whatever computes them (AVX-512 VNNI's vpdpbusd, AVX2's vpmaddubsw + vpmaddwd, plain
+// C++), so the AVX-512 and AVX2 paths give the same bits, and a row alone equals the
+// same row in a batch. What it costs in accuracy: docs/cpu-kernels.md.
 #pragma once
 
 #include <cstdint>
@@ -141,6 +156,18 @@ void quantize_pack_weight(const float* w, int64_t n, int64_t k, int64_t group_si
 void pack_quantized_weight(const uint8_t* codes, const float* scales, const float* offsets, int64_t n, int64_t k,
                            int64_t group_size, void* packed, DType wt);
 
+/// Inputs (along k) per activation scale in the int8-activation mode (file comment).
+inline constexpr int64_t kActBlock = 32;
+
+/// The activations int4 weights are multiplied with, process-wide (like the ISA path):
+/// kF32 (the default) or kI8 (the int8-activation mode of the file comment). Set before
+/// the first matmul and not changed while one runs.
+/// @throws Error for any other dtype.
+void set_int4_activation_dtype(DType dt);
+
+/// What set_int4_activation_dtype set (kF32 until it is called).
+DType int4_activation_dtype();
+
 /// out[m, n] = x[m, k] * w[n, k]^T from a packed weight (pack_weight), in f32 with the
 /// fixed reduction order of the file comment, on the active ISA path. x, packed and out
 /// need no alignment; out must not overlap x or packed.
@@ -201,6 +228,60 @@ static inline void group_sums(const float* x, int64_t m, int64_t k, int64_t grou
     }
   }
 }
+// The int8-activation mode's form of x (file comment): xq[r * k + c] the int8 values,
+// d[r * blocks + b] the blocks' scales and t8[r * blocks + b] = 8 * sum of the block's
+// xq (the q - 8 term), blocks = k / kActBlock. Plain C++ with one rounding each, so every
+// path computes the same (static: see row_block).
+static inline void quantize_activations(const float* x, int64_t m, int64_t k, int8_t* xq, float* d, int32_t* t8) {
+  const int64_t blocks = k / kActBlock;
+  for (int64_t r = 0; r < m; ++r) {
+    for (int64_t b = 0; b < blocks; ++b) {
+      const float* v = x + r * k + b * kActBlock;
+      int8_t* q = xq + r * k + b * kActBlock;
+      float amax = 0.0f;
+      bool finite = true;
+      for (int64_t i = 0; i < kActBlock; ++i) {
+        const float a = v[i] < 0.0f ? -v[i] : v[i];
+        finite = finite && a <= 3.4028234663852886e38f;  // false for NaN and inf
+        amax = a > amax ? a : amax;
+      }
+      int32_t sum = 0;
+      if (!finite || amax == 0.0f) {
+        for (int64_t i = 0; i < kActBlock; ++i) q[i] = 0;
+        d[r * blocks + b] = finite ? 0.0f : __builtin_nanf("");
+      } else {
+        const float inv = 127.0f / amax;
+        // Round half to even: adding and taking away 1.5 * 2^23 leaves an f32 whose unit
+        // in the last place is 1, so the addition rounds (|v * inv| <= 127.5 here). Plain
+        // arithmetic, so the compiler vectorizes it (nearbyintf is a call without SSE4.1).
+        for (int64_t i = 0; i < kActBlock; ++i) {
+          float t = (v[i] * inv + 12582912.0f) - 12582912.0f;
+          t = t > 127.0f ? 127.0f : (t < -127.0f ? -127.0f : t);
+          q[i] = static_cast<int8_t>(t);
+        }
+        for (int64_t i = 0; i < kActBlock; ++i) sum += q[i];
+        d[r * blocks + b] = amax / 127.0f;
+      }
+      t8[r * blocks + b] = 8 * sum;
+    }
+  }
+}
+// One thread's share of the int8-activation mode for int4 weights (file comment), on
+// each path; xq / d / t8 from quantize_activations, xs from group_sums, for all m rows.
+// The VNNI one needs AVX512BW + VNNI + VBMI (gemm_avx512_vnni.cpp: has_avx512_vnni).
+struct ActView {
+  const int8_t* xq;
+  const float* d;
+  const int32_t* t8;
+  const float* xs;
+};
+void gemm_panels_q4a8_generic(const ActView& a, const void* packed, float* out, int64_t m, int64_t k, int64_t n,
+                              int64_t p0, int64_t p1);
+void gemm_panels_q4a8_avx2(const ActView& a, const void* packed, float* out, int64_t m, int64_t k, int64_t n,
+                           int64_t p0, int64_t p1);
+void gemm_panels_q4a8_avx512_vnni(const ActView& a, const void* packed, float* out, int64_t m, int64_t k, int64_t n,
+                                  int64_t p0, int64_t p1);
+bool has_avx512_vnni();
 // A packed quantized matrix's parts (see QuantHeader).
 struct QuantView {
   const int8_t* values;  // panel layout: int8 one a byte; int4 two k steps per 16 bytes

@@ -298,7 +298,102 @@ void panels(const float* x, const void* packed, float* out, int64_t m, int64_t k
   }
 }
 
+// --- int8 activations for int4 weights (gemm.h) ---
+// The 32 bytes at `w` (4 k steps of a panel) -> per column dwords of q at k .. k + 3, in
+// two ymm whose lanes hold columns [0-3 | 8-11] (lo) and [4-7 | 12-15] (hi): the nibbles
+// interleaved by byte (one k pair per 16-bit word), the two pairs' 128-bit lanes swapped
+// into place, then interleaved by word.
+inline void unpack4(const uint8_t* w, __m256i& lo, __m256i& hi) {
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
+  const __m256i low = _mm256_set1_epi8(15);
+  const __m256i even = _mm256_and_si256(v, low), odd = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+  const __m256i c0_7 = _mm256_unpacklo_epi8(even, odd), c8_15 = _mm256_unpackhi_epi8(even, odd);
+  const __m256i pair0 = _mm256_permute2x128_si256(c0_7, c8_15, 0x20);  // k, k + 1: columns 0-7 | 8-15
+  const __m256i pair1 = _mm256_permute2x128_si256(c0_7, c8_15, 0x31);  // k + 2, k + 3
+  lo = _mm256_unpacklo_epi16(pair0, pair1);
+  hi = _mm256_unpackhi_epi16(pair0, pair1);
+}
+
+// 16 floats of a panel's group (scales or mins) in unpack4's column order.
+inline void load_permuted(const float* s, __m256& lo, __m256& hi) {
+  lo = _mm256_set_m128(_mm_loadu_ps(s + 8), _mm_loadu_ps(s));
+  hi = _mm256_set_m128(_mm_loadu_ps(s + 12), _mm_loadu_ps(s + 4));
+}
+
+// R rows x 1 panel over all of k: per block of 32 inputs an exact int32 sum per output
+// (vpmaddubsw pairs, |q xq + q' xq'| <= 3810, no saturation; vpmaddwd adds the pairs),
+// then the f32 steps of gemm.h, the same operations as the AVX-512 kernel.
+template <int R>
+inline void tile_q4a8(const ActView& a, const QuantView& qv, float* out, int64_t k, int64_t n, int64_t r0, int64_t p) {
+  const int64_t blocks = k / kActBlock, per_group = qv.group_size / kActBlock;
+  const auto* values = reinterpret_cast<const uint8_t*>(qv.values) + p * kPanel * k / 2;
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[R][2];
+  for (int i = 0; i < R; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < qv.groups; ++g) {
+    __m256 part[R][2];
+    for (int i = 0; i < R; ++i) part[i][0] = part[i][1] = _mm256_setzero_ps();
+    for (int64_t b = g * per_group; b < (g + 1) * per_group; ++b) {
+      __m256i t[R][2];
+      for (int i = 0; i < R; ++i) t[i][0] = t[i][1] = _mm256_set1_epi32(-a.t8[(r0 + i) * blocks + b]);
+      for (int64_t c = b * kActBlock; c < (b + 1) * kActBlock; c += 4) {
+        __m256i lo, hi;
+        unpack4(values + c / 2 * kPanel, lo, hi);
+        for (int i = 0; i < R; ++i) {
+          int32_t xv;
+          std::memcpy(&xv, a.xq + (r0 + i) * k + c, 4);
+          const __m256i x4 = _mm256_set1_epi32(xv);
+          t[i][0] = _mm256_add_epi32(t[i][0], _mm256_madd_epi16(_mm256_maddubs_epi16(lo, x4), ones));
+          t[i][1] = _mm256_add_epi32(t[i][1], _mm256_madd_epi16(_mm256_maddubs_epi16(hi, x4), ones));
+        }
+      }
+      for (int i = 0; i < R; ++i) {
+        const __m256 d = _mm256_set1_ps(a.d[(r0 + i) * blocks + b]);
+        for (int h = 0; h < 2; ++h) part[i][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t[i][h]), d, part[i][h]);
+      }
+    }
+    const int64_t at = (p * qv.groups + g) * kPanel;
+    __m256 sv[2], mv[2];
+    load_permuted(qv.scales + at, sv[0], sv[1]);
+    load_permuted(qv.mins + at, mv[0], mv[1]);
+    for (int i = 0; i < R; ++i) {
+      const __m256 xs = _mm256_set1_ps(a.xs[(r0 + i) * qv.groups + g]);
+      for (int h = 0; h < 2; ++h) {
+        acc[i][h] = _mm256_fmadd_ps(part[i][h], sv[h], acc[i][h]);
+        acc[i][h] = _mm256_fmadd_ps(xs, mv[h], acc[i][h]);
+      }
+    }
+  }
+  const int64_t j0 = p * kPanel;
+  const int64_t cols = n - j0 < kPanel ? n - j0 : kPanel;
+  for (int i = 0; i < R; ++i) {
+    float tmp[kPanel];
+    _mm_storeu_ps(tmp, _mm256_castps256_ps128(acc[i][0]));
+    _mm_storeu_ps(tmp + 8, _mm256_extractf128_ps(acc[i][0], 1));
+    _mm_storeu_ps(tmp + 4, _mm256_castps256_ps128(acc[i][1]));
+    _mm_storeu_ps(tmp + 12, _mm256_extractf128_ps(acc[i][1], 1));
+    std::memcpy(out + (r0 + i) * n + j0, tmp, static_cast<size_t>(cols) * sizeof(float));
+  }
+}
+
 }  // namespace
+
+// int8 activations for int4 weights: a panel at a time, every 2-row tile of a row block
+// whose xq stays in L2 reading it from L1 / L2.
+void gemm_panels_q4a8_avx2(const ActView& a, const void* packed, float* out, int64_t m, int64_t k, int64_t n,
+                           int64_t p0, int64_t p1) {
+  const QuantView qv = quant_view(packed);
+  const int64_t fit = (int64_t{256} << 10) / k / 2 * 2;  // rows whose xq fills ~256 KiB
+  const int64_t mb = fit < 2 ? 2 : fit;
+  for (int64_t r0 = 0; r0 < m; r0 += mb) {
+    const int64_t r1 = r0 + mb < m ? r0 + mb : m;
+    for (int64_t p = p0; p < p1; ++p) {
+      int64_t r = r0;
+      for (; r + 2 <= r1; r += 2) tile_q4a8<2>(a, qv, out, k, n, r, p);
+      if (r < r1) tile_q4a8<1>(a, qv, out, k, n, r, p);
+    }
+  }
+}
 
 void gemm_panels_avx2(const float* x, const void* packed, DType wt, float* out, int64_t m, int64_t k,
                       int64_t n, int64_t p0, int64_t p1) {

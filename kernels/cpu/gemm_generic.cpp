@@ -106,3 +106,42 @@ void gemm_panels_generic(const float* x, const void* packed, DType wt, float* ou
 }
 
 }  // namespace linnet::cpu::detail
+
+namespace linnet::cpu::detail {
+
+// int8 activations for int4 weights (gemm.h): per block an exact integer sum, then the
+// f32 steps of gemm.h, each a multiply then an add (this file is built without FMA).
+void gemm_panels_q4a8_generic(const ActView& a, const void* packed, float* out, int64_t m, int64_t k, int64_t n,
+                              int64_t p0, int64_t p1) {
+  const QuantView q = quant_view(packed);
+  const auto* nib = reinterpret_cast<const uint8_t*>(q.values);
+  const int64_t blocks = k / kActBlock, per_group = q.group_size / kActBlock;
+  for (int64_t p = p0; p < p1; ++p) {
+    const int64_t cols = n - p * kPanel < kPanel ? n - p * kPanel : kPanel;
+    const uint8_t* panel = nib + p * kPanel * k / 2;
+    for (int64_t r = 0; r < m; ++r) {
+      float acc[kPanel] = {};
+      for (int64_t g = 0; g < q.groups; ++g) {
+        float part[kPanel] = {};
+        for (int64_t b = g * per_group; b < (g + 1) * per_group; ++b) {
+          int32_t t[kPanel];
+          for (int64_t l = 0; l < kPanel; ++l) t[l] = -a.t8[r * blocks + b];
+          for (int64_t c = b * kActBlock; c < (b + 1) * kActBlock; ++c) {
+            const int32_t xv = a.xq[r * k + c];
+            for (int64_t l = 0; l < kPanel; ++l) t[l] += ((panel[(c / 2) * kPanel + l] >> (4 * (c % 2))) & 15) * xv;
+          }
+          const float d = a.d[r * blocks + b];
+          for (int64_t l = 0; l < kPanel; ++l) part[l] = part[l] + static_cast<float>(t[l]) * d;
+        }
+        const float* s = q.scales + (p * q.groups + g) * kPanel;
+        const float* mn = q.mins + (p * q.groups + g) * kPanel;
+        const float xs = a.xs[r * q.groups + g];
+        for (int64_t l = 0; l < kPanel; ++l) acc[l] = acc[l] + part[l] * s[l];
+        for (int64_t l = 0; l < kPanel; ++l) acc[l] = acc[l] + xs * mn[l];
+      }
+      std::memcpy(out + r * n + p * kPanel, acc, static_cast<size_t>(cols) * sizeof(float));
+    }
+  }
+}
+
+}  // namespace linnet::cpu::detail
