@@ -1,6 +1,7 @@
 // `linnet-tp loss` end to end: per-document losses of stories260k and of every f32
 // fixture against transformers (tests/data/loss/*.json) at tp 1, 2, 4 and with two
 // data-parallel groups; long documents scored in chunks; bad labels refused.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -85,6 +86,63 @@ TEST_F(LossCli, EveryF32FixtureWithTwoDataParallelGroups) {
     const fs::path model = test::test_data_dir() / "fixtures" / name / "f32";
     expect_golden(golden, model, 2, "--tp 1");
     expect_golden(golden, model, 4, "--tp 2");
+  }
+}
+
+// --activation-dtype int8 (int8 activations for int4 weights, kernels/cpu/gemm.h) on the
+// Mistral fixture, int4 in groups of 32 (its widths allow tp 1 and 2): the same losses at
+// tp 1 and 2 up to the order of the tp sums, a document alone equals it among the others
+// bit for bit, and the mode is on (other losses than f32 activations, close to them).
+TEST_F(LossCli, Int8ActivationsAreTheSameAtTp1And2AndAloneOrPacked) {
+  const auto golden = test::read_json(test::test_data_dir() / "loss" / "mistral.json");
+  const fs::path model = test::test_data_dir() / "fixtures" / "mistral" / "f32";
+  const fs::path in = write_input(golden), first = tmp_ / "first.jsonl";
+  {
+    std::ifstream all(in);
+    std::string line;
+    std::getline(all, line);
+    std::ofstream(first) << line << "\n";
+  }
+  const std::string int4 = " --weight-dtype int4 --weight-group-size 32";
+  auto losses = [&](int ranks, const fs::path& input, const std::string& flags) {
+    const fs::path out = tmp_ / "per_doc.jsonl";
+    fs::remove(out);
+    const Result r = run(ranks, "loss --model " + quote(model.string()) + " --input " + quote(input.string()) +
+                                    " --output " + quote(out.string()) + flags);
+    EXPECT_EQ(r.code, 0) << r.err;
+    std::vector<double> nll;
+    std::ifstream lines(out);
+    for (std::string line; std::getline(lines, line);) nll.push_back(nlohmann::json::parse(line)["nll_sum"].get<double>());
+    return nll;
+  };
+  const auto tp1 = losses(1, in, int4 + " --activation-dtype int8");
+  const auto tp2 = losses(2, in, int4 + " --activation-dtype int8");
+  const auto alone = losses(1, first, int4 + " --activation-dtype int8");
+  const auto f32 = losses(1, in, int4);
+  ASSERT_EQ(tp1.size(), golden["documents"].size());
+  ASSERT_EQ(tp2.size(), tp1.size());
+  ASSERT_EQ(f32.size(), tp1.size());
+  ASSERT_EQ(alone.size(), 1u);
+  EXPECT_EQ(alone[0], tp1[0]) << "document 0 alone vs packed with the others";
+  double moved = 0;
+  for (size_t k = 0; k < tp1.size(); ++k) {
+    EXPECT_NEAR(tp2[k], tp1[k], 1e-6 * tp1[k]) << "document " << k << " at tp 2";
+    EXPECT_NEAR(tp1[k], f32[k], 0.02 * f32[k]) << "document " << k << " against f32 activations";
+    moved = std::max(moved, std::fabs(tp1[k] - f32[k]));
+  }
+  EXPECT_GT(moved, 0.0) << "--activation-dtype int8 changed no loss";
+  // Refused where it does not fit: groups of 16; f32 weights; a value it does not know.
+  const std::string base = "loss --model " + quote(model.string()) + " --input " + quote(in.string());
+  for (const auto& [flags, says] :
+       {std::pair<std::string, std::string>{" --weight-dtype int4 --weight-group-size 16 --activation-dtype int8",
+                                            "--activation-dtype: int8 activations are scaled per 32 inputs, inside the "
+                                            "int4 groups: q/k/v_proj and gate/up_proj (hidden_size) has groups of 16"},
+        {" --activation-dtype int8", "--activation-dtype: int8 activations are a mode of the int4 kernels; the layers "
+                                     "here are f32"},
+        {" --activation-dtype int4", "--activation-dtype: invalid value (expected f32 or int8, got int4)"}}) {
+    const Result r = run(1, base + flags);
+    EXPECT_NE(r.code, 0) << flags;
+    EXPECT_NE(r.err.find(says), std::string::npos) << flags << ":\n" << r.err;
   }
 }
 
