@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One sitting of weight dtypes side by side: linnet-tp's bf16, int8 and int4 (quantized at
-# load) against llama.cpp's BF16, Q8_0 and Q4_K_M GGUFs of the same checkpoint,
-# decode batch 1 and prefill, interleaved, on the same threads.
+# load), and int4 with int8 activations (--activation-dtype int8, "int4-a8"), against
+# llama.cpp's BF16, Q8_0 and Q4_K_M GGUFs of the same checkpoint, decode batch 1 and
+# prefill, interleaved, on the same threads.
 #
 #   scripts/bench_quant.sh MODEL_DIR [GGUF_PREFIX]
 #
@@ -27,10 +28,12 @@ echo "# $(date -u +%FT%TZ) $(git rev-parse --short HEAD) $(lscpu | sed -n 's/^Mo
 "$bin" bench --model "$model" --threads "$threads" --prompt-len 16 --new-tokens 1 --limits 2>/dev/null |
   grep -E '^(dram|fma)'
 for rep in $(seq "$reps"); do
-  for dt in bf16 int8 int4; do
-    out=$("$bin" bench --model "$model" --threads "$threads" --weight-dtype "$dt" --prompt-len "$prompt" \
+  for dt in bf16 int8 int4 int4-a8; do
+    flags=(--weight-dtype "${dt%-a8}")
+    [[ $dt == *-a8 ]] && flags+=(--activation-dtype int8)
+    out=$("$bin" bench --model "$model" --threads "$threads" "${flags[@]}" --prompt-len "$prompt" \
       --new-tokens "$new" 2>/dev/null)
-    printf 'linnet-tp %-5s run %d: %s; %s; %s; %s\n' "$dt" "$rep" \
+    printf 'linnet-tp %-7s run %d: %s; %s; %s; %s\n' "$dt" "$rep" \
       "$(grep -oE '^weights: .*per rank' <<<"$out" | sed 's/^weights: checkpoint (//')" \
       "$(grep -E '^prefill tokens/s' <<<"$out" | cut -d' ' -f1-3)" \
       "$(grep -E '^decode tokens/s' <<<"$out")" "$(grep -E '^achieved GB/s' <<<"$out")"
