@@ -19,6 +19,7 @@
 #include "parallel/mpi_communicator.h"
 #include "parallel/shard_plan.h"
 #include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/gemm.h"
 #include "kernels/cpu/roofline.h"
 #include "kernels/cpu/threads.h"
 #include "runtime/backend_factory.h"
@@ -61,7 +62,9 @@ void print_setup(const BenchOptions& o, const BenchShape& s, const Engine& engin
               weight_format(s).c_str(),
               format_bytes(weight_bytes_local(s.config, s.plan, s.weight_dtype, s.weight_group_size)).c_str(),
               o.random_weights ? "made" : "loaded", s.load_s);
-  std::printf("cpu kernels: %s, %d threads per rank\n", cpu::isa_name(cpu::active_isa()), cpu::num_threads());
+  std::printf("cpu kernels: %s, %d threads per rank%s%s\n", cpu::isa_name(cpu::active_isa()), cpu::num_threads(),
+              cpu::int4_activation_dtype() == DType::kI8 ? "; int4 x int8 activations: " : "",
+              cpu::int4_activation_dtype() == DType::kI8 ? cpu::int8_activation_kernel(cpu::active_isa()) : "");
   std::printf("kv cache: %s per rank (%lld rows x %lld positions, %s)\n", format_bytes(engine.kv_cache_bytes()).c_str(),
               static_cast<long long>(o.batch), static_cast<long long>(s.max_seq_len),
               dtype_name(backend.kv_cache_dtype()));

@@ -93,7 +93,7 @@ void read_activation_dtype(const cxxopts::ParseResult& r, std::string& out);
 /// The --activation-dtype option's help line.
 inline constexpr const char* kActivationDtypeHelp =
     "What int4 weights multiply: f32 (default) or int8 (each row's activations quantized per 32 inputs, "
-    "integer dot products: VNNI on AVX-512; faster decode, a small accuracy cost: docs/cpu-kernels.md; "
+    "integer dot products: VNNI + VBMI on AVX-512, else AVX2; faster decode, a small accuracy cost: docs/cpu-kernels.md; "
     "needs --weight-dtype int4 or an int4 checkpoint with groups of a multiple of 32, CPU backend)";
 
 /// When --weight-group-size was given: `out` = its value, in [1, kMaxWeightGroupSize].

@@ -516,7 +516,7 @@ void reference_activations(const std::vector<float>& x, int64_t m, int64_t k, st
     for (int64_t b = 0; b < k / 32; ++b) {
       float amax = 0;
       for (int64_t i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[r * k + b * 32 + i]));
-      if (amax == 0) continue;
+      if (!(127.0f / amax <= 3.4028235e38f)) continue;  // zero, or so small that 127 / max overflows
       const float inv = 127.0f / amax;
       for (int64_t i = 0; i < 32; ++i) {
         xq[r * k + b * 32 + i] = static_cast<int>(std::clamp(std::nearbyint(x[r * k + b * 32 + i] * inv), -127.0f, 127.0f));
@@ -529,7 +529,7 @@ void reference_activations(const std::vector<float>& x, int64_t m, int64_t k, st
 TEST(GemmInt4Int8Activations, MatchesADoubleReferenceOfTheScheme) {
   Int8Activations mode;
   for (auto [k, n, group] : {std::tuple<int64_t, int64_t, int64_t>{64, 23, 32}, {96, 40, 32}, {640, 33, 64},
-                             {576, 40, 576}, {1536, 20, 128}}) {
+                             {576, 40, 576}, {1536, 20, 128}, {256, 100, 32}}) {
     const Int4Matrix w = make_int4(n, k, group, static_cast<uint32_t>(k + n));
     for (int64_t m : {1, 2, 3, 5, 9, 40}) {
       std::mt19937 g(static_cast<uint32_t>(m * 7 + k));
@@ -537,6 +537,12 @@ TEST(GemmInt4Int8Activations, MatchesADoubleReferenceOfTheScheme) {
       std::vector<float> x(static_cast<size_t>(m * k));
       for (auto& v : x) v = dist(g) * (1.0f + 3.0f * static_cast<float>(&v - x.data()) / static_cast<float>(x.size()));
       std::fill(x.begin(), x.begin() + 32, 0.0f);  // an all-zero block
+      if (k >= 96) {  // ties: max |x| = 127, so x * 127 / max |x| = x; halves round to even
+        const float ties[] = {127.0f, 2.5f, 3.5f, -2.5f, -3.5f, 0.5f, -0.5f, 1.5f, 126.5f, -126.5f};
+        std::copy(std::begin(ties), std::end(ties), x.begin() + 64);
+        std::fill(x.begin() + 74, x.begin() + 96, 1.0f);
+        std::fill(x.begin() + 32, x.begin() + 64, 1e-38f);  // below 127 / FLT_MAX: a zero block
+      }
       std::vector<int> xq;
       std::vector<float> d;
       reference_activations(x, m, k, xq, d);
@@ -546,6 +552,11 @@ TEST(GemmInt4Int8Activations, MatchesADoubleReferenceOfTheScheme) {
         std::vector<int32_t> t8(kd.size());
         detail::quantize_activations(x.data(), m, k, kq.data(), kd.data(), t8.data());
         for (size_t i = 0; i < kq.size(); ++i) ASSERT_EQ(kq[i], xq[i]) << "xq at " << i;
+        if (k >= 96) {
+          const int8_t even[] = {127, 2, 4, -2, -4, 0, 0, 2, 126, -126};
+          for (int i = 0; i < 10; ++i) ASSERT_EQ(kq[64 + i], even[i]) << "tie " << i;
+          for (int i = 32; i < 64; ++i) ASSERT_EQ(kq[i], 0) << "tiny block at " << i;
+        }
         for (size_t i = 0; i < kd.size(); ++i) ASSERT_EQ(kd[i], d[i]) << "d at " << i;
       }
       for (Isa isa : paths()) {

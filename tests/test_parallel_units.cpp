@@ -17,6 +17,7 @@
 #include "runtime/cuda_backend.h"
 #include "runtime/model_loader.h"
 #include "runtime/sampler.h"
+#include "runtime/weights.h"
 #include "tests/test_data.h"
 
 namespace linnet {
@@ -110,6 +111,44 @@ TEST(ShardPlan, VocabIsPaddedToAMultipleOfTp) {
   EXPECT_EQ(p.vocab_local, 76);
   EXPECT_EQ(p.vocab_begin, 228);
   EXPECT_EQ(ShardPlan::make(c, 0, 1).vocab_padded, 301);
+}
+
+// --activation-dtype int8 (runtime/weights.h: check_int8_activations): int4 layers only,
+// with groups of a multiple of 32 at the tp size run; each refusal names the flag and why.
+TEST(Int8Activations, FitOnlyInt4GroupsOfAMultipleOf32) {
+  ModelConfig c = stories_like();
+  c.intermediate_size = 128;
+  auto refusal = [&](DType held, int64_t group, int tp) -> std::string {
+    try {
+      check_int8_activations(c, ShardPlan::make(c, 0, tp), held, group);
+      return "";
+    } catch (const Error& e) {
+      return e.what();
+    }
+  };
+  EXPECT_EQ(refusal(DType::kI4, 32, 1), "");
+  EXPECT_EQ(refusal(DType::kI4, 64, 2), "");
+  EXPECT_NE(refusal(DType::kI4, 16, 1).find("--activation-dtype: int8 activations are scaled per 32 inputs"),
+            std::string::npos) << refusal(DType::kI4, 16, 1);
+  for (DType held : {DType::kF32, DType::kBF16, DType::kI8}) {
+    EXPECT_NE(refusal(held, 64, 1).find(std::string("the layers here are ") + dtype_name(held)), std::string::npos)
+        << refusal(held, 64, 1);
+  }
+  WeightQuantization q;  // a compressed-tensors int4 checkpoint, per channel
+  q.num_bits = 4;
+  q.group_size = 0;
+  c.quantization = q;
+  EXPECT_EQ(refusal(DType::kF32, 0, 2), "") << "per channel: rows of 64 and 32";
+  c.intermediate_size = 172;  // down_proj rows of 172: not whole blocks of 32
+  EXPECT_NE(refusal(DType::kF32, 0, 1).find("down_proj (this rank's intermediate slice) has groups of 172 at tp 1"),
+            std::string::npos) << refusal(DType::kF32, 0, 1);
+  c.intermediate_size = 128;
+  c.quantization->num_bits = 8;
+  EXPECT_NE(refusal(DType::kF32, 0, 1).find("the layers here are compressed-tensors"), std::string::npos)
+      << refusal(DType::kF32, 0, 1);
+  c.quantization->num_bits = 4;
+  c.quantization->fp8 = true;
+  EXPECT_NE(refusal(DType::kF32, 0, 1).find("FP8"), std::string::npos) << refusal(DType::kF32, 0, 1);
 }
 
 TEST(WorldConfig, TpGroupsAreContiguousRanks) {

@@ -279,6 +279,11 @@ void set_int4_activation_dtype(DType dt) {
 
 DType int4_activation_dtype() { return static_cast<DType>(g_int4_activations.load()); }
 
+const char* int8_activation_kernel(Isa isa) {
+  if (isa == Isa::kGeneric) return "generic";
+  return isa == Isa::kAvx512 && detail::has_avx512_vnni() ? "avx512 vnni" : "avx2";
+}
+
 void matmul_nt_packed_isa(Isa isa, const float* x, const void* packed, DType wt, float* out, int64_t m,
                           int64_t k, int64_t n) {
   if (m <= 0 || n <= 0) return;
@@ -299,12 +304,19 @@ void matmul_nt_packed_isa(Isa isa, const float* x, const void* packed, DType wt,
     a.d.resize(blocks);
     a.t8.resize(blocks);
     a.xs.resize(static_cast<size_t>(m * qv.groups));
-    detail::quantize_activations(x, m, k, a.xq.data(), a.d.data(), a.t8.data());
-    detail::group_sums(x, m, k, qv.group_size, a.xs.data());
+    // Row by row (the same bits however the rows are split); many rows over the threads.
+    const int64_t blocks_per_row = k / kActBlock;
+#pragma omp parallel for schedule(static) num_threads(num_threads()) if (m >= 8 && m * k >= (int64_t{1} << 16))
+    for (int64_t r = 0; r < m; ++r) {
+      detail::quantize_activations(x + r * k, 1, k, a.xq.data() + r * k, a.d.data() + r * blocks_per_row,
+                                   a.t8.data() + r * blocks_per_row);
+      detail::group_sums(x + r * k, 1, k, qv.group_size, a.xs.data() + r * qv.groups);
+    }
     const detail::ActView av{a.xq.data(), a.d.data(), a.t8.data(), a.xs.data()};
-    auto fn = isa == Isa::kGeneric                                 ? detail::gemm_panels_q4a8_generic
-              : isa == Isa::kAvx512 && detail::has_avx512_vnni() ? detail::gemm_panels_q4a8_avx512_vnni
-                                                                 : detail::gemm_panels_q4a8_avx2;
+    static const bool vnni = detail::has_avx512_vnni();
+    auto fn = isa == Isa::kGeneric                 ? detail::gemm_panels_q4a8_generic
+              : isa == Isa::kAvx512 && vnni ? detail::gemm_panels_q4a8_avx512_vnni
+                                                 : detail::gemm_panels_q4a8_avx2;
     split_panels(m, k, n, [&](int64_t p0, int64_t p1) { fn(av, packed, out, m, k, n, p0, p1); });
     return;
   }

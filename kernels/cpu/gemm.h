@@ -66,7 +66,8 @@
 // k-quants (Q8_K activations) and vLLM / TensorRT-LLM their W4A8 schemes. Each row of x
 // is quantized in blocks of kActBlock = 32 along k, symmetric absmax: d = max |x| / 127
 // and xq = round-half-even(x * (127 / max |x|)) in [-127, 127] (an all-zero block: d =
-// 0, xq = 0; a block holding a NaN or inf: d = NaN, so the outputs it feeds are NaN).
+// 0, xq = 0, also for max |x| below 127 / FLT_MAX; a block holding a NaN or inf: d = NaN, so
+// the outputs it feeds are NaN).
 // Needs the weight group size to be a multiple of 32. Per block b of group g, the
 // integer sum t = sum q xq - 8 sum xq = sum (q - 8) xq is exact (int32; |t| <= 32512),
 // and the reduction is part = fma(float(t), d_b, part) from zero in ascending b, then
@@ -168,6 +169,11 @@ void set_int4_activation_dtype(DType dt);
 /// What set_int4_activation_dtype set (kF32 until it is called).
 DType int4_activation_dtype();
 
+/// Which kernel of the int8-activation mode `isa`'s path runs: "avx512 vnni" (AVX-512
+/// with VNNI and VBMI), "avx2" (AVX2, and AVX-512 without them; the same bits) or
+/// "generic".
+const char* int8_activation_kernel(Isa isa);
+
 /// out[m, n] = x[m, k] * w[n, k]^T from a packed weight (pack_weight), in f32 with the
 /// fixed reduction order of the file comment, on the active ISA path. x, packed and out
 /// need no alignment; out must not overlap x or packed.
@@ -246,11 +252,13 @@ static inline void quantize_activations(const float* x, int64_t m, int64_t k, in
         amax = a > amax ? a : amax;
       }
       int32_t sum = 0;
-      if (!finite || amax == 0.0f) {
+      // max |x| = 0, or below 127 / FLT_MAX (about 3.7e-37), overflows 127 / max |x|: the
+      // block counts as zero (the products of so small a block are below f32's range).
+      const float inv = 127.0f / amax;
+      if (!finite || !(inv <= 3.4028234663852886e38f)) {
         for (int64_t i = 0; i < kActBlock; ++i) q[i] = 0;
         d[r * blocks + b] = finite ? 0.0f : __builtin_nanf("");
       } else {
-        const float inv = 127.0f / amax;
         // Round half to even: adding and taking away 1.5 * 2^23 leaves an f32 whose unit
         // in the last place is 1, so the addition rounds (|v * inv| <= 127.5 here). Plain
         // arithmetic, so the compiler vectorizes it (nearbyintf is a call without SSE4.1).
