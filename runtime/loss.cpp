@@ -6,6 +6,7 @@
 #include <string>
 
 #include "common/error.h"
+#include "kernels/cpu/threads.h"
 
 namespace linnet {
 
@@ -45,6 +46,10 @@ RowStats row_stats(Engine& engine, const PackedBatch& batch) {
   }
   const size_t n = st.rows.size();
   st.max.assign(n, -std::numeric_limits<float>::infinity());
+  // Rows over the kernel threads: each row's max and sum are one fixed chain in
+  // ascending column whatever thread takes it, so the split changes no bit.
+  const int threads = cpu::num_threads();
+#pragma omp parallel for schedule(static) num_threads(threads)
   for (size_t k = 0; k < n; ++k) {
     const float* l = st.logits.data() + st.rows[k] * vl;
     for (int64_t j = 0; j < st.cols; ++j) st.max[k] = std::max(st.max[k], l[j]);
@@ -52,6 +57,7 @@ RowStats row_stats(Engine& engine, const PackedBatch& batch) {
   engine.tp_comm().all_reduce_max(st.max.data(), n);
 
   st.sums.assign(2 * n, 0.0);
+#pragma omp parallel for schedule(static) num_threads(threads)
   for (size_t k = 0; k < n; ++k) {
     const float* l = st.logits.data() + st.rows[k] * vl;
     double s = 0.0;
