@@ -44,8 +44,9 @@ EnginePlan plan_engine(const EngineOptions& o, const ModelConfig& config, const 
   } else if (is_quantized(p.weight_dtype)) {
     check_weight_groups(config, plan, p.weight_group_size, p.weight_dtype, o.weight_group_size == 0);
   }
+  const bool cuda = (o.backend.empty() ? default_backend_kind() : o.backend) == "cuda";
   if (o.activation_dtype == "int8") {
-    if ((o.backend.empty() ? default_backend_kind() : o.backend) == "cuda") {
+    if (cuda) {
       throw Error("int8 activations are a mode of the CPU kernels", "--activation-dtype", "f32 with --backend cuda", "int8");
     }
     check_int8_activations(config, plan, p.weight_dtype, p.weight_group_size);
@@ -54,7 +55,7 @@ EnginePlan plan_engine(const EngineOptions& o, const ModelConfig& config, const 
   // The CUDA backend holds a pre-quantized checkpoint's matrices dequantized to bf16
   // (cuda_backend.cpp: upload_matrix), so they are sized as dense bf16 there.
   ModelConfig sized = config;
-  if ((o.backend.empty() ? default_backend_kind() : o.backend) == "cuda") sized.quantization.reset();
+  if (cuda) sized.quantization.reset();
   switch (sizing.kv) {
     case EngineSizing::Kv::kPaged:
       p.kv_tokens = resolve_kv_cache_tokens(sized, plan, sizing.max_seq_len, sizing.rows, o.kv_cache_tokens,
@@ -137,12 +138,12 @@ GenerationModel open_generation_model(const EngineOptions& o, const WorldConfig&
 
 std::string held_weights_text(const ModelConfig& config, DType held, int64_t group_size, const char* after_groups) {
   const std::string name = dtype_name(held);
-  if (const auto& q = config.quantization) {
-    return q->describe() + (q->fp8 ? "; held in " + name + ", as the embedding and lm_head" : "; embedding and lm_head " + name) +
-           (cpu::int4_activation_dtype() == DType::kI8 ? "; int8 activations" : "");
-  }
   // The int8-activation mode (set by open_engine before anything reports) says so.
   const std::string acts = cpu::int4_activation_dtype() == DType::kI8 ? "; int8 activations" : "";
+  if (const auto& q = config.quantization) {
+    return q->describe() + (q->fp8 ? "; held in " + name + ", as the embedding and lm_head" : "; embedding and lm_head " + name) +
+           acts;
+  }
   if (!is_quantized(held)) return name;
   return name + ", groups of " + std::to_string(group_size) + after_groups +
          (held == DType::kI4 ? ", embedding and lm_head int8" : "") + acts;

@@ -550,7 +550,9 @@ TEST(GemmInt4Int8Activations, MatchesADoubleReferenceOfTheScheme) {
         std::vector<int8_t> kq(static_cast<size_t>(m * k));
         std::vector<float> kd(static_cast<size_t>(m * k / 32));
         std::vector<int32_t> t8(kd.size());
-        detail::quantize_activations(x.data(), m, k, kq.data(), kd.data(), t8.data());
+        for (int64_t r = 0; r < m; ++r)
+          detail::quantize_activations(x.data() + r * k, k, kq.data() + r * k, kd.data() + r * (k / 32),
+                                       t8.data() + r * (k / 32));
         for (size_t i = 0; i < kq.size(); ++i) ASSERT_EQ(kq[i], xq[i]) << "xq at " << i;
         if (k >= 96) {
           const int8_t even[] = {127, 2, 4, -2, -4, 0, 0, 2, 126, -126};

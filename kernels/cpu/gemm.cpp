@@ -227,14 +227,26 @@ namespace {
 
 std::atomic<int> g_int4_activations{static_cast<int>(DType::kF32)};
 
-// The int8-activation mode's x, quantized once a call by the calling thread and read
-// by every thread (C allocation only, as attention_impl.h).
+// The int8-activation mode's x, quantized once a call (over the threads for many rows)
+// and read by every thread.
 struct ActScratch {
   std::vector<int8_t> xq;
   std::vector<float> d, xs;
   std::vector<int32_t> t8;
 };
 thread_local ActScratch t_act;
+
+// The int8-activation mode's kernel on `isa`'s path, and its name.
+struct Q4A8Kernel {
+  decltype(&detail::gemm_panels_q4a8_generic) fn;
+  const char* name;
+};
+Q4A8Kernel q4a8_kernel(Isa isa) {
+  static const bool vnni = detail::has_avx512_vnni();
+  if (isa == Isa::kGeneric) return {detail::gemm_panels_q4a8_generic, "generic"};
+  if (isa == Isa::kAvx512 && vnni) return {detail::gemm_panels_q4a8_avx512_vnni, "avx512 vnni"};
+  return {detail::gemm_panels_q4a8_avx2, "avx2"};
+}
 
 // Splits panels [0, panels) of an [m, k] x [k, n] product over the rank's threads and
 // runs `share(p0, p1)` on each share (see the file comment).
@@ -279,10 +291,7 @@ void set_int4_activation_dtype(DType dt) {
 
 DType int4_activation_dtype() { return static_cast<DType>(g_int4_activations.load()); }
 
-const char* int8_activation_kernel(Isa isa) {
-  if (isa == Isa::kGeneric) return "generic";
-  return isa == Isa::kAvx512 && detail::has_avx512_vnni() ? "avx512 vnni" : "avx2";
-}
+const char* int8_activation_kernel(Isa isa) { return q4a8_kernel(isa).name; }
 
 void matmul_nt_packed_isa(Isa isa, const float* x, const void* packed, DType wt, float* out, int64_t m,
                           int64_t k, int64_t n) {
@@ -308,15 +317,12 @@ void matmul_nt_packed_isa(Isa isa, const float* x, const void* packed, DType wt,
     const int64_t blocks_per_row = k / kActBlock;
 #pragma omp parallel for schedule(static) num_threads(num_threads()) if (m >= 8 && m * k >= (int64_t{1} << 16))
     for (int64_t r = 0; r < m; ++r) {
-      detail::quantize_activations(x + r * k, 1, k, a.xq.data() + r * k, a.d.data() + r * blocks_per_row,
+      detail::quantize_activations(x + r * k, k, a.xq.data() + r * k, a.d.data() + r * blocks_per_row,
                                    a.t8.data() + r * blocks_per_row);
       detail::group_sums(x + r * k, 1, k, qv.group_size, a.xs.data() + r * qv.groups);
     }
     const detail::ActView av{a.xq.data(), a.d.data(), a.t8.data(), a.xs.data()};
-    static const bool vnni = detail::has_avx512_vnni();
-    auto fn = isa == Isa::kGeneric                 ? detail::gemm_panels_q4a8_generic
-              : isa == Isa::kAvx512 && vnni ? detail::gemm_panels_q4a8_avx512_vnni
-                                                 : detail::gemm_panels_q4a8_avx2;
+    const auto fn = q4a8_kernel(isa).fn;
     split_panels(m, k, n, [&](int64_t p0, int64_t p1) { fn(av, packed, out, m, k, n, p0, p1); });
     return;
   }

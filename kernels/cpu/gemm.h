@@ -234,44 +234,41 @@ static inline void group_sums(const float* x, int64_t m, int64_t k, int64_t grou
     }
   }
 }
-// The int8-activation mode's form of x (file comment): xq[r * k + c] the int8 values,
-// d[r * blocks + b] the blocks' scales and t8[r * blocks + b] = 8 * sum of the block's
-// xq (the q - 8 term), blocks = k / kActBlock. Plain C++ with one rounding each, so every
-// path computes the same (static: see row_block).
-static inline void quantize_activations(const float* x, int64_t m, int64_t k, int8_t* xq, float* d, int32_t* t8) {
-  const int64_t blocks = k / kActBlock;
-  for (int64_t r = 0; r < m; ++r) {
-    for (int64_t b = 0; b < blocks; ++b) {
-      const float* v = x + r * k + b * kActBlock;
-      int8_t* q = xq + r * k + b * kActBlock;
-      float amax = 0.0f;
-      bool finite = true;
-      for (int64_t i = 0; i < kActBlock; ++i) {
-        const float a = v[i] < 0.0f ? -v[i] : v[i];
-        finite = finite && a <= 3.4028234663852886e38f;  // false for NaN and inf
-        amax = a > amax ? a : amax;
-      }
-      int32_t sum = 0;
-      // max |x| = 0, or below 127 / FLT_MAX (about 3.7e-37), overflows 127 / max |x|: the
-      // block counts as zero (the products of so small a block are below f32's range).
-      const float inv = 127.0f / amax;
-      if (!finite || !(inv <= 3.4028234663852886e38f)) {
-        for (int64_t i = 0; i < kActBlock; ++i) q[i] = 0;
-        d[r * blocks + b] = finite ? 0.0f : __builtin_nanf("");
-      } else {
-        // Round half to even: adding and taking away 1.5 * 2^23 leaves an f32 whose unit
-        // in the last place is 1, so the addition rounds (|v * inv| <= 127.5 here). Plain
-        // arithmetic, so the compiler vectorizes it (nearbyintf is a call without SSE4.1).
-        for (int64_t i = 0; i < kActBlock; ++i) {
-          float t = (v[i] * inv + 12582912.0f) - 12582912.0f;
-          t = t > 127.0f ? 127.0f : (t < -127.0f ? -127.0f : t);
-          q[i] = static_cast<int8_t>(t);
-        }
-        for (int64_t i = 0; i < kActBlock; ++i) sum += q[i];
-        d[r * blocks + b] = amax / 127.0f;
-      }
-      t8[r * blocks + b] = 8 * sum;
+// The int8-activation mode's form of one row x[0, k) (file comment): xq[c] the int8
+// values, d[b] the blocks' scales and t8[b] = 8 * the sum of block b's xq (the q - 8
+// term), b < k / kActBlock. Plain C++ with one rounding each, so every path computes
+// the same (static: see row_block).
+static inline void quantize_activations(const float* x, int64_t k, int8_t* xq, float* d, int32_t* t8) {
+  for (int64_t b = 0; b < k / kActBlock; ++b) {
+    const float* v = x + b * kActBlock;
+    int8_t* q = xq + b * kActBlock;
+    float amax = 0.0f;
+    bool finite = true;
+    for (int64_t i = 0; i < kActBlock; ++i) {
+      const float a = v[i] < 0.0f ? -v[i] : v[i];
+      finite = finite && a <= 3.4028234663852886e38f;  // false for NaN and inf
+      amax = a > amax ? a : amax;
     }
+    int32_t sum = 0;
+    // max |x| = 0, or below 127 / FLT_MAX (about 3.7e-37), overflows 127 / max |x|: the
+    // block counts as zero (the products of so small a block are below f32's range).
+    const float inv = 127.0f / amax;
+    if (!finite || !(inv <= 3.4028234663852886e38f)) {
+      for (int64_t i = 0; i < kActBlock; ++i) q[i] = 0;
+      d[b] = finite ? 0.0f : __builtin_nanf("");
+    } else {
+      // Round half to even: adding and taking away 1.5 * 2^23 leaves an f32 whose unit
+      // in the last place is 1, so the addition rounds (|v * inv| <= 127.5 here). Plain
+      // arithmetic, so the compiler vectorizes it (nearbyintf is a call without SSE4.1).
+      for (int64_t i = 0; i < kActBlock; ++i) {
+        float t = (v[i] * inv + 12582912.0f) - 12582912.0f;
+        t = t > 127.0f ? 127.0f : (t < -127.0f ? -127.0f : t);
+        q[i] = static_cast<int8_t>(t);
+      }
+      for (int64_t i = 0; i < kActBlock; ++i) sum += q[i];
+      d[b] = amax / 127.0f;
+    }
+    t8[b] = 8 * sum;
   }
 }
 // One thread's share of the int8-activation mode for int4 weights (file comment), on

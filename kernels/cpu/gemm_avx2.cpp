@@ -379,12 +379,11 @@ inline void tile_q4a8(const ActView& a, const QuantView& qv, float* out, int64_t
 }  // namespace
 
 // int8 activations for int4 weights: a panel at a time, every 2-row tile of a row block
-// whose xq stays in L2 reading it from L1 / L2.
+// (row_block) reading it from L1 / L2.
 void gemm_panels_q4a8_avx2(const ActView& a, const void* packed, float* out, int64_t m, int64_t k, int64_t n,
                            int64_t p0, int64_t p1) {
   const QuantView qv = quant_view(packed);
-  const int64_t fit = (int64_t{256} << 10) / k / 2 * 2;  // rows whose xq fills ~256 KiB
-  const int64_t mb = fit < 2 ? 2 : fit;
+  const int64_t mb = row_block(k);
   for (int64_t r0 = 0; r0 < m; r0 += mb) {
     const int64_t r1 = r0 + mb < m ? r0 + mb : m;
     for (int64_t p = p0; p < p1; ++p) {

@@ -127,7 +127,8 @@ inline void tile(const ActView& a, const QuantView& qv, float* out, int64_t k, i
 
 // GEMV-sized steps (m <= 2): 4 panels (m = 1) or 2 a tile, streamed front to back.
 // More rows: a panel at a time, read from L1 / L2 by every 4-row tile of a row block
-// whose xq stays in L2 (a panel of the widest matrices, k = 14336, is 112 KiB).
+// (row_block: whole tiles, its xq a quarter of what the f32 x would be in L2; a panel of
+// the widest matrices, k = 14336, is 112 KiB).
 void gemm_panels_q4a8_avx512_vnni(const ActView& a, const void* packed, float* out, int64_t m, int64_t k, int64_t n,
                                   int64_t p0, int64_t p1) {
   const QuantView qv = quant_view(packed);
@@ -142,8 +143,7 @@ void gemm_panels_q4a8_avx512_vnni(const ActView& a, const void* packed, float* o
     for (; p < p1; ++p) tile<2, 1>(a, qv, out, k, n, 0, p);
     return;
   }
-  const int64_t fit = (int64_t{256} << 10) / k / 4 * 4;  // rows whose xq fills ~256 KiB
-  const int64_t mb = fit < 4 ? 4 : fit;
+  const int64_t mb = row_block(k);
   for (int64_t r0 = 0; r0 < m; r0 += mb) {
     const int64_t r1 = r0 + mb < m ? r0 + mb : m;
     for (p = p0; p < p1; ++p) {
