@@ -150,7 +150,7 @@ std::vector<int32_t> Engine::row_pages(int64_t row, const char* entry) const {
 }
 
 Tensor Engine::run(std::span<const int32_t> tokens, const Rows& rows_in, KvCache& cache,
-                   std::span<const int32_t> out, bool logits_wanted) {
+                   std::span<const int32_t> out, PassOutput what) {
   // The pass's small inputs, in backend memory once.
   const Tensor ids = backend_.upload_i32(tokens);
   const Tensor positions_t = backend_.upload_i32(rows_in.positions);
@@ -166,10 +166,10 @@ Tensor Engine::run(std::span<const int32_t> tokens, const Rows& rows_in, KvCache
                       .key_end = key_end_t.i32(),
                       .rows = static_cast<int64_t>(tokens.size()),
                       .max_pages = rows_in.max_pages};
-  return run_pass(in, cache, out, logits_wanted);
+  return run_pass(in, cache, out, what);
 }
 
-Tensor Engine::run_pass(const PassInputs& in, KvCache& cache, std::span<const int32_t> out, bool logits_wanted) {
+Tensor Engine::run_pass(const PassInputs& in, KvCache& cache, std::span<const int32_t> out, PassOutput what) {
   const int64_t S = in.rows;
   const int64_t H = config_.hidden_size;
   const int64_t hd = config_.head_dim;
@@ -222,7 +222,7 @@ Tensor Engine::run_pass(const PassInputs& in, KvCache& cache, std::span<const in
     backend_.add_inplace(h.data(), partial.data(), S * H);
   }
 
-  if (!logits_wanted) return Tensor();
+  if (what == PassOutput::kNone) return Tensor();
   // Final norm and the vocab-parallel lm_head, on the requested rows only.
   const int64_t rows = out.empty() ? S : static_cast<int64_t>(out.size());
   Tensor selected;
@@ -235,6 +235,7 @@ Tensor Engine::run_pass(const PassInputs& in, KvCache& cache, std::span<const in
   }
   Tensor normed = backend_.zeros({rows, H});
   backend_.rmsnorm(last, weights_.final_norm.data(), normed.data(), rows, H, eps);
+  if (what == PassOutput::kHidden) return normed;
   Tensor logits = backend_.zeros({rows, plan_.vocab_local});
   backend_.matmul_nt(normed.data(), weights_.lm_head, logits.data(), rows, H, plan_.vocab_local);
   return logits;
@@ -308,8 +309,8 @@ std::vector<float> Engine::decode(int32_t token, int64_t pos) {
   return prefill(std::span<const int32_t>(t, 1), pos);
 }
 
-Tensor Engine::packed_logits_local(std::span<const int32_t> tokens, std::span<const int32_t> positions,
-                                   std::span<const int32_t> segments) {
+Tensor Engine::packed_hidden(std::span<const int32_t> tokens, std::span<const int32_t> positions,
+                             std::span<const int32_t> segments, std::span<const int32_t> rows) {
   const int64_t P = static_cast<int64_t>(tokens.size());
   if (positions.size() != tokens.size() || segments.size() != tokens.size()) {
     throw Error("tokens, positions and segments differ in length", "packed batch",
@@ -354,11 +355,25 @@ Tensor Engine::packed_logits_local(std::span<const int32_t> tokens, std::span<co
   }
   KvCache scratch = KvCache::make(backend_, config_.num_hidden_layers, P, 1, plan_.num_kv_heads_local,
                                   config_.head_dim);
-  Tensor local = run(tokens, r, scratch, {});
-  if (backend_.device() == Device::kCpu) return local;
-  Tensor host = Tensor::zeros(local.shape());
-  backend_.to_host(local, host.data());
-  return host;
+  for (const int32_t i : rows) {
+    if (i < 0 || i >= P) throw Error("row out of range", "packed_hidden", "[0, " + std::to_string(P) + ")", std::to_string(i));
+  }
+  if (rows.empty()) return Tensor();
+  return run(tokens, r, scratch, rows, PassOutput::kHidden);
+}
+
+void Engine::lm_head_local(const Tensor& hidden, int64_t r0, int64_t n, float* out) {
+  const int64_t H = config_.hidden_size, vl = plan_.vocab_local;
+  LINNET_CHECK(r0 >= 0 && n >= 0 && (n == 0 || hidden.numel() >= (r0 + n) * H), "lm_head_local rows out of range");
+  if (n == 0) return;
+  const float* x = hidden.data() + r0 * H;
+  if (backend_.device() == Device::kCpu) {
+    backend_.matmul_nt(x, weights_.lm_head, out, n, H, vl);
+    return;
+  }
+  Tensor logits = backend_.zeros({n, vl});
+  backend_.matmul_nt(x, weights_.lm_head, logits.data(), n, H, vl);
+  backend_.to_host(logits, out);
 }
 
 std::vector<float> Engine::prefill_packed(std::span<const int32_t> tokens, std::span<const int32_t> rows,
@@ -486,7 +501,7 @@ Engine::Rows Engine::paged_rows(const PagedBatch& b, const char* entry) const {
 std::vector<float> Engine::step_paged(const PagedBatch& batch) {
   const Rows r = paged_rows(batch, "step_paged");
   if (batch.last.empty()) {  // prompt chunks only: fill the cache, no logits wanted
-    run(batch.tokens, r, cache_, {}, /*logits=*/false);
+    run(batch.tokens, r, cache_, {}, PassOutput::kNone);
     return {};
   }
   return cache_logits(batch.tokens, r, batch.last);

@@ -128,12 +128,18 @@ class Engine {
   /// The packed forward pass behind loss_packed / log_probs_packed: several documents
   /// end to end in one pass, token i at positions[i] (0 at each document's start,
   /// counting up by one), attending only inside its document (segments[i], contiguous
-  /// and non-decreasing) and its sliding window. Returns this rank's vocab-parallel
-  /// logits slice, f32 [P, vocab_local] (columns past vocab_size are padding): the
-  /// full rows are never gathered. Host memory. Does not touch the KV cache.
-  /// @throws Error on mismatched lengths, bad positions/segments or token ids.
-  Tensor packed_logits_local(std::span<const int32_t> tokens, std::span<const int32_t> positions,
-                             std::span<const int32_t> segments);
+  /// and non-decreasing) and its sliding window. Returns the final-normed hidden states
+  /// (after the model's last RMSNorm, the lm_head's input) of the tokens listed in
+  /// `rows` (indices into tokens, in that order), f32 [rows.size(), hidden_size] in
+  /// backend memory: the logits are made a block of rows at a time by lm_head_local, so
+  /// a long pack never holds a [P, vocab] tensor. Does not touch the KV cache.
+  /// @throws Error on mismatched lengths, bad positions/segments, token ids or rows.
+  Tensor packed_hidden(std::span<const int32_t> tokens, std::span<const int32_t> positions,
+                       std::span<const int32_t> segments, std::span<const int32_t> rows);
+  /// This rank's vocab-parallel logits slice of rows [r0, r0 + n) of `hidden` (from
+  /// packed_hidden): f32 [n, vocab_local] written to host memory `out` (columns past
+  /// vocab_size are padding). The CPU backend multiplies straight into `out`.
+  void lm_head_local(const Tensor& hidden, int64_t r0, int64_t n, float* out);
 
   const ModelConfig& config() const { return config_; }
   const ShardPlan& plan() const { return plan_; }
@@ -177,13 +183,15 @@ class Engine {
     const int32_t *ids, *positions, *slots, *page_table, *key_begin, *key_end;
     int64_t rows, max_pages;
   };
-  // The decoder over `tokens` placed per `rows` in `cache`. Returns this rank's logits
-  // slice [n, vocab_local] of the tokens listed in `out` (all tokens when empty), or an
-  // empty tensor when !logits_wanted (the pass only fills the cache).
+  // What a pass returns: nothing (it only fills the cache), the final-normed hidden
+  // states [n, hidden_size], or this rank's logits slice [n, vocab_local].
+  enum class PassOutput { kNone, kHidden, kLogits };
+  // The decoder over `tokens` placed per `rows` in `cache`, returning `what` of the
+  // tokens listed in `out` (all tokens when empty).
   Tensor run(std::span<const int32_t> tokens, const Rows& rows, KvCache& cache, std::span<const int32_t> out,
-             bool logits_wanted = true);
+             PassOutput what = PassOutput::kLogits);
   // run() on inputs already in backend memory.
-  Tensor run_pass(const PassInputs& in, KvCache& cache, std::span<const int32_t> out, bool logits_wanted);
+  Tensor run_pass(const PassInputs& in, KvCache& cache, std::span<const int32_t> out, PassOutput what);
   // A pass through the engine's KV cache: the gathered logits f32 [last.size(),
   // vocab_size] of the tokens listed in `last`, replayed as a CUDA graph when the pass
   // is a pure decode step and graphs are on, else run eagerly.

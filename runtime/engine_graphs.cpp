@@ -46,7 +46,7 @@ void Engine::decode_graph_pass(DecodeGraph& g) {
                       .key_end = p + 4 * B,
                       .rows = B,
                       .max_pages = graph_max_pages_};
-  const Tensor local = run_pass(in, cache_, {}, /*logits_wanted=*/true);
+  const Tensor local = run_pass(in, cache_, {}, PassOutput::kLogits);
   comm_.all_gather(local.data(), static_cast<size_t>(B * plan_.vocab_local), g.gathered.data());
 }
 

@@ -3,25 +3,39 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <string>
 
 #include "common/error.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/cpu/threads.h"
 
 namespace linnet {
 
 namespace {
 
+// Logits a block of rows holds at most (f32 [rows, vocab_local]): 64 MiB, and at least
+// 48 rows, so the lm_head GEMM keeps many rows a pass while a long pack never holds a
+// [P, vocab] tensor (8192 tokens x 49152 columns would be 1.5 GiB, faulted in fresh each pack).
+constexpr int64_t kLogitBlockBytes = int64_t{64} << 20;
+constexpr int64_t kMinBlockRows = 48;
+
 // The vocab-parallel softmax statistics of the labelled rows of one packed pass.
 struct RowStats {
-  Tensor logits;               // this rank's slice [P, vocab_local]
-  int64_t cols = 0;            // its real (unpadded) columns
   std::vector<int64_t> rows;   // labelled positions
   std::vector<float> max;      // [n] the row's max logit (all ranks)
   std::vector<double> sums;    // [0, n): sum of exp(l - max); [n, 2n): the label's logit
 };
 
-RowStats row_stats(Engine& engine, const PackedBatch& batch) {
+// Runs the packed pass, then the lm_head a block of labelled rows at a time; each row's
+// local (max, sum exp(l - local max), label logit) comes from its block while the block
+// is hot, and per_row(k, l) sees the row's logits slice l [vocab_local] (any thread,
+// each row once). Across the ranks: m = all_reduce_max of the local maxima, and each
+// local sum is rescaled by exp(local max - m) before all_reduce_sum (at tp 1 the factor
+// is exp(0) = 1: the sum unchanged). Each row's statistics are one fixed chain
+// (cpu::softmax_stats), so neither the thread count nor the batch changes a bit.
+template <class PerRow>
+RowStats row_stats(Engine& engine, const PackedBatch& batch, int64_t block_rows, const PerRow& per_row) {
   const int64_t P = static_cast<int64_t>(batch.tokens.size());
   const int64_t V = engine.config().vocab_size;
   if (static_cast<int64_t>(batch.labels.size()) != P) {
@@ -36,35 +50,43 @@ RowStats row_stats(Engine& engine, const PackedBatch& batch) {
     }
   }
   RowStats st;
-  st.logits = engine.packed_logits_local(batch.tokens, batch.positions, batch.segments);
+  std::vector<int32_t> rows32;
+  for (int64_t i = 0; i < P; ++i) {
+    if (batch.labels[i] != kIgnoreIndex) {
+      st.rows.push_back(i);
+      rows32.push_back(static_cast<int32_t>(i));
+    }
+  }
+  // Every rank runs the pass (its collectives), labelled rows or not.
+  const Tensor hidden = engine.packed_hidden(batch.tokens, batch.positions, batch.segments, rows32);
   const ShardPlan& plan = engine.plan();
   const int64_t vl = plan.vocab_local;
-  st.cols = std::clamp<int64_t>(V - plan.vocab_begin, 0, vl);
-
-  for (int64_t i = 0; i < P; ++i) {
-    if (batch.labels[i] != kIgnoreIndex) st.rows.push_back(i);
-  }
-  const size_t n = st.rows.size();
-  st.max.assign(n, -std::numeric_limits<float>::infinity());
-  // Rows over the kernel threads: each row's max and sum are one fixed chain in
-  // ascending column whatever thread takes it, so the split changes no bit.
+  const int64_t cols = std::clamp<int64_t>(V - plan.vocab_begin, 0, vl);
+  const auto n = static_cast<int64_t>(st.rows.size());
+  std::vector<float> local_max(static_cast<size_t>(n), -std::numeric_limits<float>::infinity());
+  st.sums.assign(static_cast<size_t>(2 * n), 0.0);
+  if (block_rows < 0) throw Error("invalid value", "loss block rows", ">= 0", std::to_string(block_rows));
+  const int64_t block = block_rows > 0 ? block_rows : std::max(kLogitBlockBytes / (vl * 4), kMinBlockRows);
+  const std::unique_ptr<float[]> logits(new float[static_cast<size_t>(std::min(block, std::max<int64_t>(n, 1)) * vl)]);
   const int threads = cpu::num_threads();
+  for (int64_t b0 = 0; b0 < n; b0 += block) {
+    const int64_t bn = std::min(block, n - b0);
+    engine.lm_head_local(hidden, b0, bn, logits.get());
 #pragma omp parallel for schedule(static) num_threads(threads)
-  for (size_t k = 0; k < n; ++k) {
-    const float* l = st.logits.data() + st.rows[k] * vl;
-    for (int64_t j = 0; j < st.cols; ++j) st.max[k] = std::max(st.max[k], l[j]);
+    for (int64_t k = b0; k < b0 + bn; ++k) {
+      const float* l = logits.get() + (k - b0) * vl;
+      st.sums[k] = cpu::softmax_stats(l, cols, &local_max[k]);
+      const int64_t target = batch.labels[st.rows[k]] - plan.vocab_begin;
+      if (target >= 0 && target < cols) st.sums[n + k] = l[target];
+      per_row(k, l);
+    }
   }
-  engine.tp_comm().all_reduce_max(st.max.data(), n);
-
-  st.sums.assign(2 * n, 0.0);
-#pragma omp parallel for schedule(static) num_threads(threads)
-  for (size_t k = 0; k < n; ++k) {
-    const float* l = st.logits.data() + st.rows[k] * vl;
-    double s = 0.0;
-    for (int64_t j = 0; j < st.cols; ++j) s += std::exp(static_cast<double>(l[j]) - st.max[k]);
-    st.sums[k] = s;
-    const int64_t target = batch.labels[st.rows[k]] - plan.vocab_begin;
-    if (target >= 0 && target < st.cols) st.sums[n + k] = l[target];
+  st.max = local_max;
+  engine.tp_comm().all_reduce_max(st.max.data(), st.max.size());
+  if (engine.tp_comm().size() > 1) {
+    for (int64_t k = 0; k < n; ++k) {
+      if (st.sums[k] != 0.0) st.sums[k] *= std::exp(static_cast<double>(local_max[k]) - st.max[k]);
+    }
   }
   engine.tp_comm().all_reduce_sum(st.sums.data(), st.sums.size());
   return st;
@@ -72,8 +94,8 @@ RowStats row_stats(Engine& engine, const PackedBatch& batch) {
 
 }  // namespace
 
-PackedLoss loss_packed(Engine& engine, const PackedBatch& batch) {
-  const RowStats st = row_stats(engine, batch);
+PackedLoss loss_packed(Engine& engine, const PackedBatch& batch, int64_t block_rows) {
+  const RowStats st = row_stats(engine, batch, block_rows, [](int64_t, const float*) {});
   const size_t n = st.rows.size();
   PackedLoss out;
   out.nll.assign(batch.tokens.size(), 0.0);
@@ -94,14 +116,41 @@ std::vector<double> log_probs_packed(Engine& engine, const PackedBatch& batch) {
   return out;
 }
 
-PackedLogprobs log_probs_packed(Engine& engine, const PackedBatch& batch, int64_t top_k, int64_t vocab_limit) {
+PackedLogprobs log_probs_packed(Engine& engine, const PackedBatch& batch, int64_t top_k, int64_t vocab_limit,
+                                int64_t block_rows) {
   if (top_k < 0) throw Error("invalid value", "top_logprobs", ">= 0", std::to_string(top_k));
   // Ids travel as floats in the gathered candidates: exact below 2^24.
   LINNET_CHECK(engine.config().vocab_size < (int64_t{1} << 24), "vocabulary too large for float ids");
-  const RowStats st = row_stats(engine, batch);
-  const size_t n = st.rows.size();
   const ShardPlan& plan = engine.plan();
-  const int64_t vl = plan.vocab_local;
+  const int64_t V = engine.config().vocab_size;
+  const int64_t cols = std::clamp<int64_t>(V - plan.vocab_begin, 0, plan.vocab_local);
+  // This rank's candidates: its shard's top_k of each row, (logit, global id) pairs,
+  // padded with (-inf, -1) where the shard has fewer; picked while the row's block of
+  // logits is at hand.
+  const int64_t limit = vocab_limit > 0 ? std::clamp<int64_t>(vocab_limit - plan.vocab_begin, 0, cols) : cols;
+  const size_t K = static_cast<size_t>(top_k);
+  std::vector<float> send;
+  const auto pick = [&](int64_t k, const float* l) {
+    std::vector<int32_t> idx;
+    idx.reserve(static_cast<size_t>(limit));
+    for (int32_t j = 0; j < limit; ++j) {
+      if (!std::isnan(l[j])) idx.push_back(j);
+    }
+    const size_t m = std::min(K, idx.size());
+    std::partial_sort(idx.begin(), idx.begin() + static_cast<long>(m), idx.end(),
+                      [l](int32_t a, int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
+    for (size_t c = 0; c < K; ++c) {
+      float* slot = send.data() + (static_cast<size_t>(k) * K + c) * 2;
+      slot[0] = c < m ? l[idx[c]] : -std::numeric_limits<float>::infinity();
+      slot[1] = c < m ? static_cast<float>(plan.vocab_begin + idx[c]) : -1.0f;
+    }
+  };
+  int64_t labelled = 0;
+  for (const int32_t y : batch.labels) labelled += y != kIgnoreIndex;
+  if (top_k > 0) send.assign(static_cast<size_t>(labelled) * K * 2, 0.0f);
+  const RowStats st = top_k > 0 ? row_stats(engine, batch, block_rows, pick)
+                                 : row_stats(engine, batch, block_rows, [](int64_t, const float*) {});
+  const size_t n = st.rows.size();
   PackedLogprobs out;
   out.logprob.assign(batch.tokens.size(), std::numeric_limits<double>::quiet_NaN());
   out.top.resize(batch.tokens.size());
@@ -112,27 +161,6 @@ PackedLogprobs log_probs_packed(Engine& engine, const PackedBatch& batch, int64_
   }
   if (top_k == 0 || n == 0) return out;
 
-  // This rank's candidates: its shard's top_k of each row, (logit, global id) pairs,
-  // padded with (-inf, -1) where the shard has fewer.
-  const int64_t limit = vocab_limit > 0 ? std::clamp<int64_t>(vocab_limit - plan.vocab_begin, 0, st.cols) : st.cols;
-  const size_t K = static_cast<size_t>(top_k);
-  std::vector<float> send(n * K * 2);
-  std::vector<int32_t> idx;
-  for (size_t k = 0; k < n; ++k) {
-    const float* l = st.logits.data() + st.rows[k] * vl;
-    idx.clear();
-    for (int32_t j = 0; j < limit; ++j) {
-      if (!std::isnan(l[j])) idx.push_back(j);
-    }
-    const size_t m = std::min(K, idx.size());
-    std::partial_sort(idx.begin(), idx.begin() + static_cast<long>(m), idx.end(),
-                      [l](int32_t a, int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
-    for (size_t c = 0; c < K; ++c) {
-      float* slot = send.data() + (k * K + c) * 2;
-      slot[0] = c < m ? l[idx[c]] : -std::numeric_limits<float>::infinity();
-      slot[1] = c < m ? static_cast<float>(plan.vocab_begin + idx[c]) : -1.0f;
-    }
-  }
   const int tp = engine.tp_comm().size();
   std::vector<float> recv(send.size() * static_cast<size_t>(tp));
   engine.tp_comm().all_gather(send.data(), send.size(), recv.data());

@@ -19,7 +19,7 @@ namespace linnet {
 /// Label of a position that is not scored (transformers' ignore_index).
 inline constexpr int32_t kIgnoreIndex = -100;
 
-/// Several documents packed end to end into one pass (see Engine::packed_logits_local).
+/// Several documents packed end to end into one pass (see Engine::packed_hidden).
 /// labels[i] is the token position i predicts (already shifted: usually tokens[i + 1]
 /// of the same document), or kIgnoreIndex.
 struct PackedBatch {
@@ -37,10 +37,13 @@ struct PackedLoss {
   std::vector<uint8_t> scored;
 };
 
-/// loss_packed: the NLL of every labelled position.
+/// loss_packed: the NLL of every labelled position. The lm_head runs `block_rows`
+/// labelled rows at a time (0: as many as 64 MiB of this rank's logits hold, at least
+/// 48), and each block's cross-entropy statistics are taken while it is in memory: the
+/// full [P, vocab] logits never exist. The block size changes no bit.
 /// @throws Error when a label is outside [0, vocab_size) and not kIgnoreIndex (naming
-///   the position and the label), or as Engine::packed_logits_local.
-PackedLoss loss_packed(Engine& engine, const PackedBatch& batch);
+///   the position and the label), when block_rows < 0, or as Engine::packed_hidden.
+PackedLoss loss_packed(Engine& engine, const PackedBatch& batch, int64_t block_rows = 0);
 
 /// log_probs_packed: log p(labels[i]) per position (f64 [P]), NaN where ignored.
 std::vector<double> log_probs_packed(Engine& engine, const PackedBatch& batch);
@@ -60,7 +63,9 @@ struct PackedLogprobs {
 /// candidates when it is > 0 (a tokenizer smaller than the padded embedding); the
 /// softmax is over the whole vocabulary, as loss_packed's. A NaN logit is never a
 /// candidate (its row's log probabilities are NaN).
+/// Candidates are picked a block of rows at a time, as loss_packed's statistics.
 /// @throws Error as loss_packed, or when top_k < 0.
-PackedLogprobs log_probs_packed(Engine& engine, const PackedBatch& batch, int64_t top_k, int64_t vocab_limit = 0);
+PackedLogprobs log_probs_packed(Engine& engine, const PackedBatch& batch, int64_t top_k, int64_t vocab_limit = 0,
+                                int64_t block_rows = 0);
 
 }  // namespace linnet

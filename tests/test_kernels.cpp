@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/ops.h"
 
 namespace linnet::cpu {
@@ -495,6 +496,47 @@ TEST(Kernels, ElementwiseOpsDoNotDependOnTheThreadCount) {
     };
     EXPECT_EQ(run(1), run(2)) << rows << " rows";
   }
+}
+
+// The cross-entropy's row statistics against log-sum-exp in long double, over lengths
+// with every tail (n mod 16) and logits of a real head's spread (tens of units); every
+// ISA path this CPU runs gives the same bits; NaN propagates; an empty row is (-inf, 0).
+TEST(Kernels, SoftmaxStatsMatchesLongDoubleAndIsTheSameOnEveryIsa) {
+  std::mt19937 gen(11);
+  const Isa saved = active_isa();
+  for (const int64_t n : {1, 5, 15, 16, 17, 31, 100, 1000, 49152, 50257}) {
+    std::vector<float> l(n);
+    std::normal_distribution<float> normal(0.0f, 4.0f);
+    for (auto& x : l) x = normal(gen);
+    if (n > 3) l[n / 3] = 30.0f;  // one dominant logit, as a confident prediction has
+    long double mx = -INFINITY, sum = 0;
+    for (const float x : l) mx = std::max<long double>(mx, x);
+    for (const float x : l) sum += std::exp(static_cast<long double>(x) - mx);
+    double first = 0;
+    float first_max = 0;
+    bool have = false;
+    for (const Isa isa : {Isa::kGeneric, Isa::kAvx2, Isa::kAvx512}) {
+      if (!isa_supported(isa)) continue;
+      set_isa(isa);
+      float m = 0;
+      const double s = softmax_stats(l.data(), n, &m);
+      EXPECT_EQ(m, static_cast<float>(mx)) << "n " << n << " " << isa_name(isa);
+      EXPECT_NEAR(s, static_cast<double>(sum), 2e-7 * static_cast<double>(sum)) << "n " << n << " " << isa_name(isa);
+      if (have) {
+        EXPECT_EQ(std::bit_cast<uint64_t>(s), std::bit_cast<uint64_t>(first)) << "n " << n << " " << isa_name(isa);
+        EXPECT_EQ(m, first_max);
+      }
+      first = s;
+      first_max = m;
+      have = true;
+    }
+  }
+  set_isa(saved);
+  std::vector<float> l = {1.0f, NAN, 2.0f};
+  float m = 0;
+  EXPECT_TRUE(std::isnan(softmax_stats(l.data(), 3, &m)));
+  EXPECT_EQ(softmax_stats(l.data(), 0, &m), 0.0);
+  EXPECT_EQ(m, -INFINITY);
 }
 
 TEST(Kernels, GatherRowsPicksRowsByIndex) {

@@ -4,6 +4,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <memory>
 #include <string>
@@ -130,6 +131,24 @@ TEST_P(LossTest, LogProbsMatchLogSoftmax) {
   }
 }
 
+// The lm_head runs a block of rows at a time, the cross-entropy taken block by block:
+// blocks of 1, 3 and 7 rows (a pack's rows cut mid-document) give the bits of one block.
+TEST_P(LossTest, LogitBlocksChangeNoBit) {
+  PackedBatch b;
+  for (size_t k = 0; k < docs_.size(); ++k) append(b, docs_[k], static_cast<int32_t>(k));
+  const PackedLoss whole = loss_packed(*tp_, b);
+  for (const int64_t rows : {1, 3, 7}) {
+    const PackedLoss blocked = loss_packed(*tp_, b, rows);
+    ASSERT_EQ(blocked.nll.size(), whole.nll.size());
+    for (size_t i = 0; i < whole.nll.size(); ++i) {
+      ASSERT_EQ(blocked.scored[i], whole.scored[i]) << "position " << i;
+      ASSERT_EQ(std::bit_cast<uint64_t>(blocked.nll[i]), std::bit_cast<uint64_t>(whole.nll[i]))
+          << "blocks of " << rows << " rows, position " << i;
+    }
+  }
+  EXPECT_THROW(loss_packed(*tp_, b, -1), Error);
+}
+
 TEST_P(LossTest, TpSizesGiveEqualLosses) {
   PackedBatch b;
   for (size_t k = 0; k < docs_.size(); ++k) append(b, docs_[k], static_cast<int32_t>(k));
@@ -216,6 +235,13 @@ TEST_P(PromptTopLogprobs, MatchTransformersLogSoftmax) {
     }
     EXPECT_TRUE(std::isnan(out.logprob.back()));
     EXPECT_TRUE(out.top.back().empty());
+  }
+  // Candidates picked a block of 2 rows at a time: the same lists, the same bits.
+  const PackedLogprobs whole = log_probs_packed(*engine, b, 5);
+  const PackedLogprobs blocked = log_probs_packed(*engine, b, 5, 0, 2);
+  for (size_t i = 0; i + 1 < prompt.size(); ++i) {
+    EXPECT_EQ(std::bit_cast<uint64_t>(blocked.logprob[i]), std::bit_cast<uint64_t>(whole.logprob[i])) << i;
+    EXPECT_EQ(blocked.top[i], whole.top[i]) << GetParam() << " position " << i;
   }
   // A tokenizer smaller than the embedding: only its ids are candidates.
   const int64_t limit = V - 40;

@@ -38,6 +38,7 @@
 
 namespace linnet::cpu {
 namespace avx2_path {
+double softmax_stats_impl(const float* l, int64_t n, float* max_out);
 void attention_impl(const float* q, int64_t q_stride, const float* k_cache, const float* v_cache, float* out,
                     int64_t rows, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, const int32_t* page_table,
                     int64_t max_pages, int64_t page_size, const int32_t* key_begin, const int32_t* key_end);
@@ -47,6 +48,7 @@ void attention_impl_bf16(const float* q, int64_t q_stride, const uint16_t* k_cac
                          const int32_t* key_end);
 }
 namespace avx512_path {
+double softmax_stats_impl(const float* l, int64_t n, float* max_out);
 void attention_impl(const float* q, int64_t q_stride, const float* k_cache, const float* v_cache, float* out,
                     int64_t rows, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, const int32_t* page_table,
                     int64_t max_pages, int64_t page_size, const int32_t* key_begin, const int32_t* key_end);
@@ -86,6 +88,15 @@ void attention(const float* q, int64_t q_stride, const uint16_t* k_cache, const 
   }
   generic_path::attention_impl_bf16(q, q_stride, k_cache, v_cache, out, rows, n_heads, n_kv_heads, head_dim,
                                     page_table, max_pages, page_size, key_begin, key_end);
+}
+
+double softmax_stats(const float* l, int64_t n, float* max_out) {
+  switch (active_isa()) {
+    case Isa::kAvx512: return avx512_path::softmax_stats_impl(l, n, max_out);
+    case Isa::kAvx2: return avx2_path::softmax_stats_impl(l, n, max_out);
+    case Isa::kGeneric: break;
+  }
+  return generic_path::softmax_stats_impl(l, n, max_out);
 }
 
 void gather_rows(const float* src, int64_t cols, const int32_t* index, int64_t n, float* out) {

@@ -543,4 +543,42 @@ void attention_impl_bf16(const float* q, int64_t q_stride, const uint16_t* k_cac
                  page_size, key_begin, key_end);
 }
 
+
+// softmax_stats (ops.h) on this path: the max of l[0, n) (16 lane maxima, then lanes in
+// order; a NaN is skipped, the sum below turns it into NaN), then sum exp(l[j] - max)
+// with exp_block's f32 exp widened to f64 and added into 16 lane sums (l[j] into lane
+// j mod 16, the tail padded with -inf, whose exp is 0), the lanes added in order. Every
+// step is element-wise or in a fixed order: the same bits on every path.
+typedef double vd16 __attribute__((vector_size(128)));
+double softmax_stats_impl(const float* l, int64_t n, float* max_out) {
+  const float ninf = -__builtin_inff();
+  vf16 mx = {ninf, ninf, ninf, ninf, ninf, ninf, ninf, ninf, ninf, ninf, ninf, ninf, ninf, ninf, ninf, ninf};
+  const int64_t full = n / 16 * 16;
+  for (int64_t j = 0; j < full; j += 16) {
+    vf16 x;
+    load16(l + j, &x);
+    mx = mx < x ? x : mx;
+  }
+  float m = ninf;
+  for (int i = 0; i < 16; ++i) m = m < mx[i] ? mx[i] : m;
+  for (int64_t j = full; j < n; ++j) m = m < l[j] ? l[j] : m;
+  *max_out = m;
+  vd16 acc = {};
+  float e[16];
+  for (int64_t j = 0; j < n; j += 16) {
+    if (j + 16 <= n) {
+      __builtin_memcpy(e, l + j, 64);
+    } else {
+      for (int64_t i = 0; i < 16; ++i) e[i] = j + i < n ? l[j + i] : ninf;
+    }
+    exp_block(e, m, 16);
+    vf16 ev;
+    load16(e, &ev);
+    acc += __builtin_convertvector(ev, vd16);
+  }
+  double sum = 0.0;
+  for (int i = 0; i < 16; ++i) sum += acc[i];
+  return sum;
+}
+
 }  // namespace linnet::cpu::LINNET_ATTENTION_NS

@@ -72,6 +72,14 @@ void attention(const float* q, int64_t q_stride, const uint16_t* k_cache, const 
                int64_t rows, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, const int32_t* page_table,
                int64_t max_pages, int64_t page_size, const int32_t* key_begin, const int32_t* key_end);
 
+/// The softmax statistics of one row of logits l f32 [n] (the cross-entropy's, as
+/// torch's log_softmax: log sum exp(l) = max + log(sum)): writes max(l) to *max_out and
+/// returns sum_j exp(l[j] - max) in f64. The exp is attention's f32 one (at most 1.17
+/// ulp from exp in double), summed in f64 over 16 lanes in a fixed order: the same bits
+/// on every ISA path, for a row alone or in any batch. A NaN in l makes the sum NaN;
+/// n = 0 gives max -inf and sum 0.
+double softmax_stats(const float* l, int64_t n, float* max_out);
+
 /// out[r, :] = src[index[r], :] for r < n, rows of `cols` floats.
 void gather_rows(const float* src, int64_t cols, const int32_t* index, int64_t n, float* out);
 
