@@ -10,6 +10,7 @@
 #include <cxxopts.hpp>
 
 #include "common/error.h"
+#include "common/float16.h"
 #include "launch/cli_parse.h"
 #include "launch/engine_setup.h"
 #include "driver/job.h"
@@ -183,6 +184,87 @@ void time_generate_batch(const BenchOptions& o, Engine& engine, Backend& backend
               static_cast<long long>(made), gen_s);
 }
 
+// "MxKxN,MxKxN,...": each a positive triple (at most 2^20 each, 2^34 elements a matrix).
+std::vector<std::array<int64_t, 3>> parse_gemm_shapes(const std::string& text) {
+  std::vector<std::array<int64_t, 3>> shapes;
+  size_t at = 0;
+  while (at <= text.size()) {
+    const size_t end = std::min(text.find(',', at), text.size());
+    const std::string item = text.substr(at, end - at);
+    std::array<int64_t, 3> s{};
+    int used = 0;
+    char extra = 0;
+    long long a = 0, b = 0, c = 0;
+    if (std::sscanf(item.c_str(), "%lldx%lldx%lld%n%c", &a, &b, &c, &used, &extra) != 3 ||
+        used != static_cast<int>(item.size()) || a < 1 || b < 1 || c < 1 || a > (1 << 20) || b > (1 << 20) ||
+        c > (1 << 20) || a * b > (int64_t{1} << 34) || b * c > (int64_t{1} << 34) || a * c > (int64_t{1} << 34)) {
+      throw Error("a GEMM shape is MxKxN, each in [1, 2^20], at most 2^34 elements a matrix", "--gemm", "e.g. 512x576x1536",
+                  item);
+    }
+    s = {a, b, c};
+    shapes.push_back(s);
+    at = end + 1;
+  }
+  return shapes;
+}
+
+// --gemm: matmul_nt_packed over random x and w (N(0, 1), N(0, 0.02)), one warm-up call,
+// then calls until 0.5 s have passed (at least 3); the best call's GFLOP/s (2 M K N flops)
+// beside the fma peak of the same threads (roofline.h).
+void run_gemm_bench(const BenchOptions& o, const WorldConfig& w) {
+  const int threads = kernel_threads_per_rank(o.engine.threads, w.local_size);
+  cpu::set_num_threads(threads);
+  cpu::pin_threads(w.local_rank, w.local_size);
+  const DType wt = held_weight_dtype(o.engine.weight_dtype, "cpu", DType::kF32);
+  const int64_t group = o.engine.weight_group_size > 0 ? o.engine.weight_group_size : (wt == DType::kI4 ? 32 : 64);
+  const double peak = cpu::fma_peak_gflops(threads);
+  const bool print = w.world_rank == 0;
+  if (print) {
+    std::printf("gemm: %s kernels, %d threads, %s weights; fma peak %.1f GFLOP/s\n", cpu::isa_name(cpu::active_isa()),
+                threads, dtype_name(wt), peak);
+  }
+  std::mt19937 rng(o.seed);
+  for (const auto& [M, K, N] : o.gemm) {
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<float> x(static_cast<size_t>(M * K)), wf(static_cast<size_t>(N * K)), out(static_cast<size_t>(M * N));
+    for (auto& v : x) v = nd(rng);
+    for (auto& v : wf) v = 0.02f * nd(rng);
+    std::vector<char> packed;
+    if (is_quantized(wt)) {
+      packed.resize(static_cast<size_t>(cpu::quantized_matrix_bytes(N, K, group, wt)));
+      cpu::quantize_pack_weight(wf.data(), N, K, group, packed.data(), wt);
+    } else {
+      std::vector<uint16_t> half;
+      const void* src = wf.data();
+      if (wt != DType::kF32) {
+        half.resize(wf.size());
+        for (size_t i = 0; i < wf.size(); ++i) half[i] = wt == DType::kBF16 ? float_to_bf16(wf[i]) : float_to_half(wf[i]);
+        src = half.data();
+      }
+      packed.resize(static_cast<size_t>(cpu::packed_elements(N, K) * static_cast<int64_t>(dtype_size(wt))));
+      cpu::pack_weight(src, wt, N, K, packed.data());
+    }
+    cpu::matmul_nt_packed(x.data(), packed.data(), wt, out.data(), M, K, N);
+    double best = 1e30, total = 0;
+    int calls = 0;
+    while (calls < 3 || total < 0.5) {
+      const auto t0 = std::chrono::steady_clock::now();
+      cpu::matmul_nt_packed(x.data(), packed.data(), wt, out.data(), M, K, N);
+      const double t = seconds_since(t0);
+      best = std::min(best, t);
+      total += t;
+      ++calls;
+    }
+    const double gflops = 2.0 * static_cast<double>(M) * static_cast<double>(K) * static_cast<double>(N) / best / 1e9;
+    if (print) {
+      std::printf("gemm %lldx%lldx%lld: %.1f GFLOP/s (%.0f%% of the fma peak), %.3f ms, best of %d\n",
+                  static_cast<long long>(M), static_cast<long long>(K), static_cast<long long>(N), gflops,
+                  100.0 * gflops / peak, 1e3 * best, calls);
+    }
+  }
+  if (print) std::fflush(stdout);
+}
+
 }  // namespace
 
 std::optional<BenchOptions> parse_bench_options(int argc, char** argv, std::string& help_text) {
@@ -204,6 +286,10 @@ std::optional<BenchOptions> parse_bench_options(int argc, char** argv, std::stri
     ("seed", "Seed of the random weights and prompt tokens (default 1)", cxxopts::value<uint64_t>())
     ("limits", "Also measure this rank's two CPU limits first: DRAM read GB/s and f32 fma GFLOP/s, with 1 "
      "thread and with --threads (kernels/cpu/roofline.h)")
+    ("gemm", "Instead of the decoder: the CPU GEMM microbenchmark, out[M,N] = x[M,K] w[N,K]^T for each "
+     "comma-separated MxKxN (e.g. 512x576x1536,512x576x49152), the weights packed in --weight-dtype (auto: f32), "
+     "with --threads threads; prints GFLOP/s and the share of the fma peak (each rank runs it, rank 0 prints)",
+     cxxopts::value<std::string>())
     ("h,help", "Print this help and exit");
   // clang-format on
   EngineFlags engine_flags;
@@ -219,7 +305,10 @@ std::optional<BenchOptions> parse_bench_options(int argc, char** argv, std::stri
   const cxxopts::ParseResult& r = *parsed;
   if (r.count("config")) o.config = r["config"].as<std::string>();
   o.random_weights = r.count("random-weights") > 0;
-  if (o.engine.model.empty() == o.config.empty()) throw Error("give exactly one of --model and --config", "--model");
+  if (r.count("gemm")) o.gemm = parse_gemm_shapes(r["gemm"].as<std::string>());
+  if (o.gemm.empty() && o.engine.model.empty() == o.config.empty()) {
+    throw Error("give exactly one of --model and --config", "--model");
+  }
   if (!o.config.empty() && !o.random_weights) throw Error("needs --random-weights (a config has no weights)", "--config");
   read_at_least<int64_t>(r, "batch", 1, o.batch);
   read_at_least<int64_t>(r, "prompt-len", 1, o.prompt_len);
@@ -234,6 +323,14 @@ int run_bench(const BenchOptions& o, Job& job) {
   if (!made) return kUsageExit;
   MpiGroups& groups = *made;
   const WorldConfig& w = groups.world_config;
+  if (!o.gemm.empty()) {
+    try {
+      run_gemm_bench(o, w);
+    } catch (const std::exception& e) {
+      job.abort(e.what());
+    }
+    return 0;
+  }
 
   std::unique_ptr<ModelFiles> files;
   ModelConfig config;

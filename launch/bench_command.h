@@ -12,6 +12,9 @@
 #include <optional>
 #include <string>
 
+#include <array>
+#include <vector>
+
 #include "launch/engine_options.h"
 
 namespace linnet {
@@ -28,6 +31,7 @@ struct BenchOptions {
   int64_t new_tokens = 32;    // --new-tokens: decode steps
   uint64_t seed = 1;          // --seed: random weights and prompt tokens
   bool limits = false;        // --limits: also measure DRAM read bandwidth and fma peak (CPU)
+  std::vector<std::array<int64_t, 3>> gemm;  // --gemm MxKxN,...: the GEMM microbenchmark instead
 };
 
 /// Parses `argv` after the word "bench". Sets `help_text` and returns nullopt for --help.
