@@ -235,6 +235,8 @@ struct ActScratch {
   std::vector<int32_t> t8;
 };
 thread_local ActScratch t_act;
+// x packed by tile for the AVX-512 blocked path (detail::pack_x_by_tile).
+thread_local std::vector<float> t_xpack;
 
 // The int8-activation mode's kernel on `isa`'s path, and its name.
 struct Q4A8Kernel {
@@ -248,16 +250,21 @@ Q4A8Kernel q4a8_kernel(Isa isa) {
   return {detail::gemm_panels_q4a8_avx2, "avx2"};
 }
 
-// Splits panels [0, panels) of an [m, k] x [k, n] product over the rank's threads and
-// runs `share(p0, p1)` on each share (see the file comment).
+// Splits an [m, k] x [k, n] product over the rank's threads and runs
+// `share(r0, r1, p0, p1)` (rows [r0, r1), panels [p0, p1)) on each share (see the file
+// comment). With `row_chunks`, a step of at least two row blocks (detail::row_block: a
+// block's x stays in L2) is also cut into row chunks of one block (the last takes the
+// remainder, so every chunk has more than 2 rows and runs the blocked path), taken
+// chunk row by chunk row: a tall, narrow product (down_proj over a long pack) then reads
+// each row's x once per chunk row instead of once per panel chunk.
 template <class Share>
-void split_panels(int64_t m, int64_t k, int64_t n, const Share& share) {
+void split_panels(int64_t m, int64_t k, int64_t n, bool row_chunks, const Share& share) {
   const int64_t panels = (n + kPanel - 1) / kPanel;
   // Small GEMMs stay on one thread (a parallel region costs more than they do).
   const int64_t flops = 2 * m * k * n;
   const int threads = flops < (int64_t{1} << 17) ? 1 : static_cast<int>(std::min<int64_t>(num_threads(), panels));
   if (threads <= 1) {
-    share(0, panels);
+    share(0, m, 0, panels);
     return;
   }
   if (m <= 2) {
@@ -266,7 +273,7 @@ void split_panels(int64_t m, int64_t k, int64_t n, const Share& share) {
     {
       const int t = omp_get_thread_num(), T = omp_get_num_threads();
       const int64_t p0 = panels * t / T, p1 = panels * (t + 1) / T;
-      if (p1 > p0) share(p0, p1);
+      if (p1 > p0) share(0, m, p0, p1);
     }
     return;
   }
@@ -274,13 +281,33 @@ void split_panels(int64_t m, int64_t k, int64_t n, const Share& share) {
   // threads free up, so a thread that lost its core for a while (a shared machine) is
   // not waited for over half the GEMM. A chunk is computed whole by one thread, so the
   // split changes no bit.
+  const int64_t rb = detail::row_block(k);
+  const int64_t rchunks = row_chunks && m >= 2 * rb ? m / rb : 1;
   const int64_t chunk = std::max<int64_t>(2, panels / (int64_t{8} * threads) / 2 * 2);
-  const int64_t chunks = (panels + chunk - 1) / chunk;
+  const int64_t pchunks = (panels + chunk - 1) / chunk;
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
-  for (int64_t c = 0; c < chunks; ++c) share(c * chunk, std::min(panels, (c + 1) * chunk));
+  for (int64_t c = 0; c < rchunks * pchunks; ++c) {
+    const int64_t rc = c / pchunks, pc = c % pchunks;
+    const int64_t r0 = rchunks == 1 ? 0 : rc * rb, r1 = rc + 1 == rchunks ? m : r0 + rb;
+    share(r0, r1, pc * chunk, std::min(panels, (pc + 1) * chunk));
+  }
 }
 
 }  // namespace
+
+void detail::pack_x_by_tile(const float* x, int64_t m, int64_t k, float* xp) {
+  constexpr int64_t T = kAvx512TileRows;
+  const int64_t tiles = (m + T - 1) / T;
+#pragma omp parallel for schedule(static) num_threads(num_threads()) if (m * k >= (int64_t{1} << 16))
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int64_t rows = std::min(T, m - t * T);
+    float* dst = xp + t * T * k;
+    for (int64_t i = 0; i < rows; ++i) {
+      const float* src = x + (t * T + i) * k;
+      for (int64_t c = 0; c < k; ++c) dst[c * T + i] = src[c];
+    }
+  }
+}
 
 void set_int4_activation_dtype(DType dt) {
   if (dt != DType::kF32 && dt != DType::kI8) {
@@ -323,13 +350,29 @@ void matmul_nt_packed_isa(Isa isa, const float* x, const void* packed, DType wt,
     }
     const detail::ActView av{a.xq.data(), a.d.data(), a.t8.data(), a.xs.data()};
     const auto fn = q4a8_kernel(isa).fn;
-    split_panels(m, k, n, [&](int64_t p0, int64_t p1) { fn(av, packed, out, m, k, n, p0, p1); });
+    split_panels(m, k, n, false, [&](int64_t, int64_t, int64_t p0, int64_t p1) { fn(av, packed, out, m, k, n, p0, p1); });
+    return;
+  }
+  if (isa == Isa::kAvx512 && detail::avx512_packs_x(wt, m)) {
+    // The AVX-512 tiles read x packed by tile: once a call, shared by the threads.
+    std::vector<float>& xp = t_xpack;
+    const int64_t tiles = (m + detail::kAvx512TileRows - 1) / detail::kAvx512TileRows;
+    if (xp.size() < static_cast<size_t>(tiles * detail::kAvx512TileRows * k)) {
+      xp.resize(static_cast<size_t>(tiles * detail::kAvx512TileRows * k));
+    }
+    detail::pack_x_by_tile(x, m, k, xp.data());
+    split_panels(m, k, n, true, [&](int64_t r0, int64_t r1, int64_t p0, int64_t p1) {
+      // Row chunks start at multiples of row_block (of 12): tile r0 / 12 of the packing.
+      detail::gemm_panels_avx512(xp.data() + r0 * k, packed, wt, out + r0 * n, r1 - r0, k, n, p0, p1);
+    });
     return;
   }
   auto panels_fn = isa == Isa::kAvx512 ? detail::gemm_panels_avx512
                    : isa == Isa::kAvx2 ? detail::gemm_panels_avx2
                                        : detail::gemm_panels_generic;
-  split_panels(m, k, n, [&](int64_t p0, int64_t p1) { panels_fn(x, packed, wt, out, m, k, n, p0, p1); });
+  split_panels(m, k, n, true, [&](int64_t r0, int64_t r1, int64_t p0, int64_t p1) {
+    panels_fn(x + r0 * k, packed, wt, out + r0 * n, r1 - r0, k, n, p0, p1);
+  });
 }
 
 void matmul_nt_packed(const float* x, const void* packed, DType wt, float* out, int64_t m, int64_t k,

@@ -16,10 +16,14 @@
 // (AVX-512) or 2 (AVX2) panels a tile so enough multiply-add chains are in flight to
 // keep up with DRAM. Rows are taken in blocks whose slice of x stays in L2;
 // panels are split over the rank's threads (OpenMP), each thread owning whole panels.
-// On AVX-512, steps of more than 2 rows also block over k (at most 256 a block): for
-// each panel pair, block by block in ascending k, every 12-row tile runs over the
-// pair's block while it sits in L1, and the next block is prefetched into L2; a tile
-// starts its accumulators from the partial sums the previous block stored in out.
+// On AVX-512, steps of more than 2 rows read x packed by 12-row tile (pack_x_by_tile,
+// once a call, before the threads split: each tile's broadcasts are one contiguous
+// stream through one pointer, where 12 row pointers spilled registers) and block over k
+// (at most 640 a block): for each panel pair, block by block in ascending k, every
+// 12-row tile runs over the pair's block while it sits in L2, and the next block is
+// prefetched into L2; a tile starts its accumulators from the partial sums the previous
+// block stored in out. A step of many rows is also split into row chunks (each row
+// block's x read once per chunk row, not once per panel chunk: gemm.cpp).
 //
 // Fixed reduction order: out[r, j] = (...((x[r,0] w[j,0]) + x[r,1] w[j,1]) + ...) +
 // x[r,k-1] w[j,k-1], one f32 chain in ascending k (fused multiply-adds on the AVX2 and
@@ -211,8 +215,21 @@ void gemm_panels_generic(const float* x, const void* packed, DType wt, float* ou
                          int64_t n, int64_t p0, int64_t p1);
 void gemm_panels_avx2(const float* x, const void* packed, DType wt, float* out, int64_t m, int64_t k,
                       int64_t n, int64_t p0, int64_t p1);
+// AVX-512: when avx512_packs_x(wt, m), x is not row-major but packed by
+// pack_x_by_tile (the caller packs it once a call, before the threads split the panels).
 void gemm_panels_avx512(const float* x, const void* packed, DType wt, float* out, int64_t m, int64_t k,
                         int64_t n, int64_t p0, int64_t p1);
+// Rows of the AVX-512 tile, and whether its panels read x packed: f32 / bf16 / f16
+// weights and more than 2 rows (the blocked path).
+constexpr int64_t kAvx512TileRows = 12;
+static inline bool avx512_packs_x(DType wt, int64_t m) {
+  return m > 2 && (wt == DType::kF32 || wt == DType::kBF16 || wt == DType::kF16);
+}
+// x [m, k] row-major -> xp by tiles of kAvx512TileRows rows: tile t's k steps in order,
+// each holding its rows' values side by side, x[12 t + i, c] at xp[(t k + c) 12 + i]
+// (the last tile's missing rows are left as they are: never read). xp holds
+// ceil(m / 12) * 12 * k floats. Tiles over the rank's threads for many rows.
+void pack_x_by_tile(const float* x, int64_t m, int64_t k, float* xp);
 // Rows of x per block, so a block's slice of x (rows * k floats) stays in L2. static:
 // each ISA file gets its own copy (an inline one would be shared across them).
 // A multiple of 12 (the AVX-512 tile; twice the AVX2 one), at least 12.

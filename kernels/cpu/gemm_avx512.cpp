@@ -81,13 +81,17 @@ inline void rows(const float* x, const void* packed, float* out, int64_t k, int6
 }
 
 // k per block of the blocked path, at most: a pair of panels' block (2 x 16 x kKc f32,
-// 32 KiB; k = 576 gives three blocks of 192, 24 KiB) stays in L1 while every row tile of
-// the row block runs over it.
-constexpr int64_t kKc = 256;
-// Rows per row block: their slice of x (rows x k f32) stays in L2 (1 MiB of 2) while the
-// thread's panels stream past it once.
+// at most 80 KiB; k = 576 is one block of 72 KiB) stays in L2 while every row tile of the
+// row block runs over it. A tile reads 128 bytes of weights and 48 of packed x per 24
+// fmas, well inside an L2's bandwidth, so fewer, longer blocks (fewer partial sums
+// stored and reloaded) beat L1-sized ones: measured with `bench --gemm` on a Zen 4 VM
+// (1 MiB L2), blocks of 576 vs 192 and row blocks of 256 vs 1024 KiB: 200-214 vs 187-200
+// GFLOP/s at 512 x 576 x 1536 / 960 and the 49152-column head at 200 vs 180.
+constexpr int64_t kKc = 640;
+// Rows per row block: their slice of x (rows x k f32, 256 KiB) stays in L2 beside the
+// weight blocks while the thread's panels stream past it once.
 inline int64_t rows_per_block(int64_t k) {
-  const int64_t rows = (int64_t{1} << 20) / (k * 4);
+  const int64_t rows = (int64_t{256} << 10) / (k * 4);
   return rows < 12 ? 12 : rows / 12 * 12;
 }
 
@@ -107,6 +111,7 @@ struct Scratch {
   }
 };
 thread_local Scratch t_w;
+constexpr int64_t kTileRows = kAvx512TileRows;
 
 // The weight block the next k block (or panel pair) will read: a tile prefetches one
 // 64-byte line of each of its (up to two) panel runs per k step, into L2, while it
@@ -134,8 +139,7 @@ inline void tile_block(const float* xp, int64_t xs, const void* w, int64_t wstri
   for (int i = 0; i < R; ++i)
     for (int q = 0; q < P; ++q)
       acc[i][q] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mask[q], out + i * n + j0 + q * kPanel);
-  const float* xr[R];
-  for (int i = 0; i < R; ++i) xr[i] = xp + i * xs;
+  (void)xs;
   for (int64_t c = 0; c < kc; ++c) {
     __m512 wv[P];
     for (int q = 0; q < P; ++q) wv[q] = load16<WT>(w, q * wstride + c * kPanel);
@@ -144,7 +148,7 @@ inline void tile_block(const float* xp, int64_t xs, const void* w, int64_t wstri
       if (pf.b) _mm_prefetch(pf.b + c * 64, _MM_HINT_T1);
     }
     for (int i = 0; i < R; ++i) {
-      const __m512 xv = _mm512_set1_ps(xr[i][c]);
+      const __m512 xv = _mm512_set1_ps(xp[c * kTileRows + i]);
       for (int q = 0; q < P; ++q) acc[i][q] = _mm512_fmadd_ps(xv, wv[q], acc[i][q]);
     }
   }
@@ -172,7 +176,7 @@ inline void tile_rows(int64_t R, const float* xp, int64_t xs, const void* w, int
   }
 }
 
-// The blocked path (m > 2): row blocks whose x stays in L2; in each, panel pairs in
+// The blocked path (m > 2; x packed by tile, pack_x_by_tile): row blocks whose x stays in L2; in each, panel pairs in
 // order; for each pair, k blocks of at most kKc in ascending order; for each k block,
 // every 12-row tile of the row block over the pair's block, which stays in L1 (before,
 // each tile streamed the pair's whole k from L2 or L3: 256 KiB at k = 2048). The first
@@ -219,7 +223,7 @@ void panels_blocked(const float* x, const void* packed, float* out, int64_t m, i
         }
         for (int64_t t0 = r0; t0 < r1; t0 += 12) {
           const int64_t R = r1 - t0 < 12 ? r1 - t0 : 12;
-          const float* xt = x + t0 * k + c0;
+          const float* xt = x + t0 * k + c0 * kTileRows;  // packed by tile (pack_x_by_tile)
           float* ot = out + t0 * n;
           const Prefetch& pf = t0 == r0 ? next : none;
           if (widen) {
