@@ -46,7 +46,9 @@ void rmsnorm_heads(float* x, int64_t rows, int64_t row_stride, int64_t n_heads, 
 void rope(float* x, int64_t rows, int64_t row_stride, int64_t n_heads, int64_t head_dim,
           const int32_t* positions, const float* inv_freq);
 
-/// SwiGLU (LlamaMLP): out[r, i] = silu(gate_up[r, i]) * gate_up[r, inter + i].
+/// SwiGLU (LlamaMLP): out[r, i] = silu(gate_up[r, i]) * gate_up[r, inter + i], silu(g) =
+/// g / (1 + exp(-g)) with a vectorized f32 exp (about 1 ulp; elementwise.cpp), the same
+/// bits on every ISA path.
 /// gate_up [rows, 2 * inter] ([gate | up]), out [rows, inter].
 void swiglu(const float* gate_up, float* out, int64_t rows, int64_t inter);
 
