@@ -167,5 +167,26 @@ TEST_F(BenchCli, RefusesAConfigWithoutRandomWeightsAndTooLongRuns) {
   EXPECT_NE(r.err.find("--max-seq-len"), std::string::npos) << r.err;
 }
 
+// --gemm: the GEMM alone, no model: one line per shape with its GFLOP/s and the share
+// of the fma peak, in every weight dtype; a malformed shape is refused naming --gemm.
+TEST_F(BenchCli, GemmMicrobenchmarkPrintsEachShape) {
+  for (const char* dt : {"f32", "bf16", "int8", "int4"}) {
+    const Result r = run(1, std::string("bench --gemm 24x64x40,1x64x40 --threads 1 --weight-dtype ") + dt);
+    ASSERT_EQ(r.code, 0) << dt << ": " << r.err;
+    EXPECT_NE(r.out.find("fma peak"), std::string::npos) << r.out;
+    for (const char* shape : {"24x64x40", "1x64x40"}) {
+      const std::regex re(std::string("gemm ") + shape + ": ([0-9.]+) GFLOP/s \\(([0-9]+)% of the fma peak\\)");
+      std::smatch m;
+      ASSERT_TRUE(std::regex_search(r.out, m, re)) << dt << " " << shape << " in:\n" << r.out;
+      EXPECT_GT(std::stod(m[1]), 0.0);
+    }
+  }
+  for (const char* bad : {"24x64", "0x4x4", "4x4x4x", "axbxc", "4x4x4,,"}) {
+    const Result r = run(1, std::string("bench --gemm ") + bad);
+    EXPECT_NE(r.code, 0) << bad;
+    EXPECT_NE(r.err.find("--gemm"), std::string::npos) << bad << ": " << r.err;
+  }
+}
+
 }  // namespace
 }  // namespace linnet
