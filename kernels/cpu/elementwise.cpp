@@ -29,57 +29,71 @@ void embedding_lookup(const float* table, int64_t vocab_begin, int64_t vocab_loc
 namespace {
 constexpr int64_t kChunk = 1024;  // columns per task of the element-wise ops
 
-// exp(x) of 16 floats for any x (through pointers: no wide vector crosses a call), in GCC vector operations (element-wise, so every ISA
+// exp(x) of 4 floats for any x (through pointers: no wide vector crosses a call), in GCC vector operations (element-wise, so every ISA
 // gives the same bits; libm's expf is a call per element): x = 2^k e^r with k =
 // round(x / ln 2) (the 1.5 2^23 rounding trick), r = x - k ln 2 in two parts (Cody and
 // Waite), e^r by its Taylor polynomial of degree 7, 2^k put in the exponent bits, as
 // attention's exp_block (attention_impl.h: at most 1.17 ulp from exp in double). x is
 // clamped to [-87, 88] for the arithmetic; then x < -87 gives 0 (e^x < 2^-125),
 // x > 88.72 gives +inf (past FLT_MAX), NaN stays NaN.
-typedef float vf16 __attribute__((vector_size(64)));
-typedef int vi16 __attribute__((vector_size(64)));
-__attribute__((always_inline)) inline void exp16(const vf16* xp, vf16* out) {
-  const vf16 x = *xp;
+typedef float vf4 __attribute__((vector_size(16)));
+typedef int vi4 __attribute__((vector_size(16)));
+__attribute__((always_inline)) inline void exp4(const vf4* xp, vf4* out) {
+  const vf4 x = *xp;
   const float log2e = 1.44269504088896341f, magic = 12582912.0f;  // 1.5 2^23
   const float ln2_hi = 0.693145751953125f, ln2_lo = 1.42860682030941723e-6f;
-  const vf16 lo = vf16{} - 87.0f, hi = vf16{} + 88.0f;
-  vf16 xc = x < lo ? lo : x;
+  const vf4 lo = vf4{} - 87.0f, hi = vf4{} + 88.0f;
+  vf4 xc = x < lo ? lo : x;
   xc = xc > hi ? hi : xc;
-  const vf16 t = xc * log2e + magic;
-  const vf16 k = t - magic;
-  vf16 r = xc - k * ln2_hi;
+  const vf4 t = xc * log2e + magic;
+  const vf4 k = t - magic;
+  vf4 r = xc - k * ln2_hi;
   r = r - k * ln2_lo;
-  vf16 p = r * (1.0f / 5040) + (1.0f / 720);
+  vf4 p = r * (1.0f / 5040) + (1.0f / 720);
   p = p * r + (1.0f / 120);
   p = p * r + (1.0f / 24);
   p = p * r + (1.0f / 6);
   p = p * r + 0.5f;
   p = p * r + 1.0f;
   p = p * r + 1.0f;
-  vi16 bits;
-  __builtin_memcpy(&bits, &t, 64);
-  const vi16 e2 = (bits - 0x4b400000 + 127) << 23;  // t's low bits hold k, |k| <= 127: 2^k
-  vf16 two_k;
-  __builtin_memcpy(&two_k, &e2, 64);
-  vf16 e = p * two_k;
-  const vf16 zero = {}, inf = vf16{} + __builtin_inff();
+  vi4 bits;
+  __builtin_memcpy(&bits, &t, 16);
+  const vi4 e2 = (bits - 0x4b400000 + 127) << 23;  // t's low bits hold k, |k| <= 127: 2^k
+  vf4 two_k;
+  __builtin_memcpy(&two_k, &e2, 16);
+  vf4 e = p * two_k;
+  const vf4 zero = {}, inf = vf4{} + __builtin_inff();
   e = x < lo ? zero : e;
   e = x > 88.72f ? inf : e;
   *out = x != x ? x : e;
 }
 
-// out[i] = g[i] / (1 + exp(-g[i])) * u[i] for i < n, 16 at a time (the tail padded).
+// out[i] = g[i] / (1 + exp(-g[i])) * u[i] for i < n, 4 at a time (the tail through a
+// padded copy; the baseline ISA's width: wider GCC vectors spill on SSE2).
 inline void silu_mul(const float* g, const float* u, float* out, int64_t n) {
-  for (int64_t i = 0; i < n; i += 16) {
-    vf16 gv = {}, uv = {};
-    const int64_t m = n - i < 16 ? n - i : 16;
-    __builtin_memcpy(&gv, g + i, static_cast<size_t>(m) * 4);
-    __builtin_memcpy(&uv, u + i, static_cast<size_t>(m) * 4);
-    const vf16 ng = -gv;
-    vf16 e;
-    exp16(&ng, &e);
-    const vf16 o = gv / (1.0f + e) * uv;
-    __builtin_memcpy(out + i, &o, static_cast<size_t>(m) * 4);
+  float gt[4] = {}, ut[4] = {}, ot[4];
+  for (int64_t i = 0; i < n; i += 4) {
+    const bool tail = n - i < 4;
+    const float* gp = g + i;
+    const float* up = u + i;
+    if (tail) {  // fixed-size copies only: a variable one is a library call
+      for (int64_t j = 0; j < n - i; ++j) gt[j] = g[i + j], ut[j] = u[i + j];
+      gp = gt;
+      up = ut;
+    }
+    vf4 gv, uv;
+    __builtin_memcpy(&gv, gp, 16);
+    __builtin_memcpy(&uv, up, 16);
+    const vf4 ng = -gv;
+    vf4 e;
+    exp4(&ng, &e);
+    const vf4 o = gv / (1.0f + e) * uv;
+    if (tail) {
+      __builtin_memcpy(ot, &o, 16);
+      for (int64_t j = 0; j < n - i; ++j) out[i + j] = ot[j];
+    } else {
+      __builtin_memcpy(out + i, &o, 16);
+    }
   }
 }
 }  // namespace
