@@ -80,7 +80,8 @@ for rep in $(seq "$reps"); do
     t0=$(date +%s.%N)
     pp=$("$llama/llama-perplexity" -m "$gguf" -f "$work/text.txt" -c "$len" --chunks "$docs" -b "$len" -t "$threads" 2>&1)
     t1=$(date +%s.%N)
-    echo "llama-perplexity run $rep: $(grep -oE 'Final estimate: PPL = [0-9.]+' <<<"$pp"); $(grep -oE 'prompt eval time = .*' <<<"$pp" | head -1); wall $(echo "$t1 - $t0" | bc) s for $docs x $len tokens"
+    spp=$(grep -oE '[0-9.]+ seconds per pass' <<<"$pp" | head -1 | cut -d' ' -f1)
+    echo "llama-perplexity run $rep: $(grep -oE 'Final estimate: PPL = [0-9.]+' <<<"$pp"); first pass $spp s ($(echo "$len / $spp" | bc) tokens/s); wall $(echo "$t1 - $t0" | bc) s for $docs x $len tokens ($(echo "$docs * $len / ($t1 - $t0)" | bc) tokens/s, load included)"
   fi
 done
 for rep in $(seq "$reps"); do
@@ -91,8 +92,8 @@ for rep in $(seq "$reps"); do
   out=$("$bin" bench --model "$model" --threads "$threads" "${wflags[@]}" --batch 32 --prompt-len 128 --new-tokens 32 2>/dev/null)
   echo "linnet-tp 32 rows run $rep: $(grep -E '^decode (tokens/s|ms/step)' <<<"$out" | tr '\n' ' ')"
   if [ -n "$gguf" ]; then
-    echo "llama-bench run $rep: $("$llama/llama-bench" -m "$gguf" -t "$threads" -p 128,512 -n 0 -r 1 -o csv 2>/dev/null |
-      awk -F, 'NR > 1 {print $0}' | grep -oE '"pp[0-9]+","[0-9.]+' | tr '\n' ' ')"
+    echo "llama-bench run $rep: $("$llama/llama-bench" -m "$gguf" -t "$threads" -p 128,512 -n 0 -r 1 2>/dev/null |
+      grep -E 'pp(128|512)' | awk -F'|' '{print $(NF-2) ":" $(NF-1)}' | tr -s ' ' | tr '\n' ' ')"
     echo "llama-batched-bench run $rep: $("$llama/llama-batched-bench" -m "$gguf" -t "$threads" -c 8192 -npp 128 -ntg 32 -npl 32 2>&1 |
       grep -E '^\|\s+128' | head -1)"
   fi

@@ -235,10 +235,24 @@ TEST(Kernels, AttentionOverManyKeyBlocksIsExactAndInvariant) {
     const auto one = run(1, rows, 0), two = run(2, rows, 0);
     EXPECT_EQ(one, two) << "head_dim " << hd;
     const Isa active = active_isa();
-    for (Isa isa : {Isa::kGeneric, Isa::kAvx2, Isa::kAvx512}) {  // every path: the same bits
+    // The AVX paths (fused multiply-adds) give the same bits as each other; the generic
+    // one (multiply, then add) its own, also the same with 1 or 2 threads and row alone.
+    std::vector<float> fused;
+    for (Isa isa : {Isa::kGeneric, Isa::kAvx2, Isa::kAvx512}) {
       if (!isa_supported(isa)) continue;
       set_isa(isa);
-      EXPECT_EQ(run(1, rows, 0), one) << isa_name(isa) << " head_dim " << hd;
+      const auto got = run(1, rows, 0);
+      EXPECT_EQ(run(2, rows, 0), got) << isa_name(isa) << " head_dim " << hd;
+      const auto row3 = run(1, 1, 3);
+      EXPECT_TRUE(std::equal(row3.begin(), row3.end(), got.begin() + 3 * heads * hd)) << isa_name(isa) << " head_dim " << hd;
+      if (isa == Isa::kGeneric) {
+        expect_close(got, reference_attention(q, k, v, rows, heads, kv_heads, hd, begin, end, [&](int64_t t) { return t * kvw; }),
+                     2e-5, 2e-5);
+      } else if (fused.empty()) {
+        fused = got;
+      } else {
+        EXPECT_EQ(got, fused) << isa_name(isa) << " head_dim " << hd;
+      }
     }
     set_isa(active);
     const auto alone = run(2, 1, 3);
@@ -343,6 +357,7 @@ TEST(Kernels, AttentionTiledRowsEqualRowsAlone) {
     for (Isa isa : {Isa::kGeneric, Isa::kAvx2, Isa::kAvx512}) {
       if (!isa_supported(isa)) continue;
       set_isa(isa);
+      const auto all = run(0, rows);  // each path's own bits (generic: no fma)
       for (int64_t r : {int64_t{0}, int64_t{5}, rows - 21, rows - 20, rows - 1}) {
         const auto alone = run(r, 1);
         EXPECT_TRUE(std::equal(alone.begin(), alone.end(), all.begin() + r * heads * hd))
@@ -451,13 +466,13 @@ TEST(Kernels, AttentionOverBf16CacheEqualsF32OverRoundedValues) {
     const std::vector<int32_t> begin = {0, 0, 70, 200}, end = {300, 1, 199, 263};
     std::vector<int32_t> tables;
     for (int64_t r = 0; r < rows; ++r) tables.insert(tables.end(), table.begin(), table.end());
-    std::vector<float> want(rows * heads * hd);
-    attention(q.data(), heads * hd, k32.data(), v32.data(), want.data(), rows, heads, kv_heads, hd, tables.data(),
-              5, page, begin.data(), end.data());
     const Isa active = active_isa();
     for (Isa isa : {Isa::kGeneric, Isa::kAvx2, Isa::kAvx512}) {
       if (!isa_supported(isa)) continue;
       set_isa(isa);
+      std::vector<float> want(rows * heads * hd);  // this path's bits over the f32 cache
+      attention(q.data(), heads * hd, k32.data(), v32.data(), want.data(), rows, heads, kv_heads, hd, tables.data(),
+                5, page, begin.data(), end.data());
       for (int threads : {1, 2}) {
         set_num_threads(threads);
         std::vector<float> got(want.size());

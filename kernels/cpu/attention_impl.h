@@ -2,8 +2,11 @@
 // order), included once per ISA file: attention.cpp (generic), attention_avx2.cpp,
 // attention_avx512.cpp, each compiled with its own target flags, so the compiler
 // vectorizes the head_dim loops (dot products as eight lane sums, the value update) on
-// that ISA. Multiply and add stay separate (-ffp-contract=off), so every path gives the
-// same bits (kernels/CMakeLists.txt builds all three files with -ffp-contract=off).
+// that ISA. The compiler never contracts (-ffp-contract=off on all three files: where it
+// contracts depends on the tile's template, and a row alone must equal the row in a
+// tile); the dot products and value sums are explicit fused multiply-adds (madd16 /
+// madd1) on the AVX2 and AVX-512 paths, so those two give the same bits, and a multiply
+// and an add on the generic path, which differs from them in the last bits.
 // The cache is f32 or bf16 (--kv-cache-dtype): a bf16 element is widened exactly
 // (its bits are the float's upper half) where it is read, so a bf16 cache gives the
 // same bits as an f32 cache holding the same bf16-rounded values.
@@ -16,6 +19,9 @@
 #include <cstdlib>
 
 #include <omp.h>
+#if defined(__AVX512F__) || defined(__FMA__)
+#include <immintrin.h>
+#endif
 
 #include "kernels/cpu/ops.h"
 
@@ -44,6 +50,36 @@ typedef unsigned int vu16 __attribute__((vector_size(64)));
 typedef unsigned short vh8 __attribute__((vector_size(16)));
 typedef unsigned short vh16 __attribute__((vector_size(32)));
 inline void load16(const float* p, vf16* v) { __builtin_memcpy(v, p, 64); }
+// The dot products' and value sums' multiply-adds: *acc = x * y + *acc, one fused
+// multiply-add per element where the path has FMA (the AVX2 and AVX-512 files: the same
+// rounding on both, whatever the vector width), else a multiply and an add (the generic
+// path, which differs from them in the last bits, as the GEMM's does). The softmax's exp
+// keeps separate operations on every path (exp_block; softmax_stats shares it).
+#if defined(__AVX512F__)
+inline void madd16(vf16* acc, const vf16* x, const vf16* y) {
+  __m512 a, b, c;
+  __builtin_memcpy(&a, x, 64);
+  __builtin_memcpy(&b, y, 64);
+  __builtin_memcpy(&c, acc, 64);
+  c = _mm512_fmadd_ps(a, b, c);
+  __builtin_memcpy(acc, &c, 64);
+}
+inline float madd1(float x, float y, float acc) { return __builtin_fmaf(x, y, acc); }
+#elif defined(__FMA__)
+inline void madd16(vf16* acc, const vf16* x, const vf16* y) {
+  __m256 a[2], b[2], c[2];
+  __builtin_memcpy(a, x, 64);
+  __builtin_memcpy(b, y, 64);
+  __builtin_memcpy(c, acc, 64);
+  c[0] = _mm256_fmadd_ps(a[0], b[0], c[0]);
+  c[1] = _mm256_fmadd_ps(a[1], b[1], c[1]);
+  __builtin_memcpy(acc, c, 64);
+}
+inline float madd1(float x, float y, float acc) { return __builtin_fmaf(x, y, acc); }
+#else
+inline void madd16(vf16* acc, const vf16* x, const vf16* y) { *acc = *acc + *x * *y; }
+inline float madd1(float x, float y, float acc) { return acc + x * y; }
+#endif
 inline void load16(const uint16_t* p, vf16* v) {
   vh16 h;
   __builtin_memcpy(&h, p, 32);
@@ -56,7 +92,7 @@ template <typename KV>
 inline void accumulate1(float* acc, float corr, const float* e, const KV* v_cache, const int64_t* rows_of, int64_t n,
                         int64_t kv_stride, int64_t off) {
   float a = *acc * corr;
-  for (int64_t j = 0; j < n; ++j) a = a + e[j] * kv_load(v_cache + rows_of[j] * kv_stride + off, 0);
+  for (int64_t j = 0; j < n; ++j) a = madd1(e[j], kv_load(v_cache + rows_of[j] * kv_stride + off, 0), a);
   *acc = a;
 }
 
@@ -173,8 +209,8 @@ inline void qk_quad(const float* const* qd, int64_t nch, const KV* const* kp, fl
     for (int t = 0; t < T; ++t) {
       vf16 x;
       load16(qd[t] + 16 * c, &x);
-      a[t][0] = a[t][0] + x * k01;
-      a[t][1] = a[t][1] + x * k23;
+      madd16(&a[t][0], &x, &k01);
+      madd16(&a[t][1], &x, &k23);
     }
   }
   for (int t = 0; t < T; ++t) {
@@ -215,8 +251,8 @@ inline void pv_tile(float* const* acc, const float* corr, const float* const* e,
     vf16 v[V];
     for (int q = 0; q < V; ++q) load16(vt + 16 * q, &v[q]);
     for (int t = 0; t < T; ++t) {
-      const float ej = e[t][j];
-      for (int q = 0; q < V; ++q) a[t][q] = a[t][q] + ej * v[q];
+      const vf16 ej = vf16{} + e[t][j];
+      for (int q = 0; q < V; ++q) madd16(&a[t][q], &ej, &v[q]);
     }
   }
   for (int t = 0; t < T; ++t)
@@ -332,7 +368,7 @@ inline void attend_tile(const float* q, int64_t q_stride, const KV* k_cache, con
         const float* qh = q + rows[t] * q_stride + heads[t] * head_dim;
         for (int64_t j = 0; j < nk[a]; ++j) {
           float s = sc[j];
-          for (int64_t d = nv; d < head_dim; ++d) s = s + qh[d] * kv_load(kp[j], d);
+          for (int64_t d = nv; d < head_dim; ++d) s = madd1(qh[d], kv_load(kp[j], d), s);
           sc[j] = s;
         }
       }
