@@ -132,7 +132,9 @@ class Engine {
   /// (after the model's last RMSNorm, the lm_head's input) of the tokens listed in
   /// `rows` (indices into tokens, in that order), f32 [rows.size(), hidden_size] in
   /// backend memory: the logits are made a block of rows at a time by lm_head_local, so
-  /// a long pack never holds a [P, vocab] tensor. Does not touch the KV cache.
+  /// a long pack never holds a [P, vocab] tensor. Empty `rows`: no pass at all (an
+  /// empty tensor; the ranks of a group must agree, as on every entry). Does not touch
+  /// the KV cache.
   /// @throws Error on mismatched lengths, bad positions/segments, token ids or rows.
   Tensor packed_hidden(std::span<const int32_t> tokens, std::span<const int32_t> positions,
                        std::span<const int32_t> segments, std::span<const int32_t> rows);

@@ -57,7 +57,8 @@ RowStats row_stats(Engine& engine, const PackedBatch& batch, int64_t block_rows,
       rows32.push_back(static_cast<int32_t>(i));
     }
   }
-  // Every rank runs the pass (its collectives), labelled rows or not.
+  // No labelled row: no pass (every rank of the tp group holds the same batch, so all
+  // skip it together and no collective is left waiting).
   const Tensor hidden = engine.packed_hidden(batch.tokens, batch.positions, batch.segments, rows32);
   const ShardPlan& plan = engine.plan();
   const int64_t vl = plan.vocab_local;
