@@ -353,12 +353,12 @@ Tensor Engine::packed_hidden(std::span<const int32_t> tokens, std::span<const in
     r.key_end[i] = static_cast<int32_t>(i + 1);
     r.key_begin[i] = first_key(seg_start, i, window);
   }
-  KvCache scratch = KvCache::make(backend_, config_.num_hidden_layers, P, 1, plan_.num_kv_heads_local,
-                                  config_.head_dim);
   for (const int32_t i : rows) {
     if (i < 0 || i >= P) throw Error("row out of range", "packed_hidden", "[0, " + std::to_string(P) + ")", std::to_string(i));
   }
   if (rows.empty()) return Tensor();
+  KvCache scratch = KvCache::make(backend_, config_.num_hidden_layers, P, 1, plan_.num_kv_heads_local,
+                                  config_.head_dim);
   return run(tokens, r, scratch, rows, PassOutput::kHidden);
 }
 

@@ -24,6 +24,7 @@
 #endif
 
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/vec_exp.h"
 
 namespace linnet::cpu::LINNET_ATTENTION_NS {
 
@@ -157,37 +158,17 @@ inline void tree_step3(const vf16& a, const vf16& b, vf16* out) {
 }
 
 // e[j] = exp(s[j] - m) for j in [0, n), n a multiple of 16, for s[j] - m <= 0 (softmax
-// weights), in 16-float vectors of element-wise operations only, so every path gives the
-// same bits: x = 2^k e^r with k = round(x / ln 2) (the 1.5 2^23 rounding trick),
-// r = x - k ln 2 in two parts (Cody and Waite), |r| <= ln 2 / 2, e^r by its Taylor
-// polynomial of degree 7 (truncation below 6e-9 relative), 2^k put in the exponent
-// bits: at most 1.17 ulp from exp in double, measured on every 98th float of [-87, 0].
-// x < -87 (k below f32's normal range, and -inf) gives 0, where e^x < 2^-125.
+// weights), 16 floats at a time by exp_in_range (vec_exp.h: 1.17 ulp, the same bits on
+// every path). x < -87 (k below f32's normal range, and -inf) gives 0, where e^x < 2^-125.
 inline void exp_block(float* s, float m, int64_t n) {
-  const float log2e = 1.44269504088896341f, magic = 12582912.0f;  // 1.5 2^23
-  const float ln2_hi = 0.693145751953125f, ln2_lo = 1.42860682030941723e-6f;
   for (int64_t j = 0; j < n; j += 16) {
     vf16 x;
     load16(s + j, &x);
     x = x - m;
-    const vf16 t = x * log2e + magic;
-    const vf16 k = t - magic;
-    vf16 r = x - k * ln2_hi;
-    r = r - k * ln2_lo;
-    vf16 p = r * (1.0f / 5040) + (1.0f / 720);
-    p = p * r + (1.0f / 120);
-    p = p * r + (1.0f / 24);
-    p = p * r + (1.0f / 6);
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    vi16 bits;
-    __builtin_memcpy(&bits, &t, 64);
-    const vi16 e2 = (bits - 0x4b400000 + 127) << 23;  // t's low bits hold k: 2^k
-    vf16 two_k;
-    __builtin_memcpy(&two_k, &e2, 64);
+    vf16 e;
+    exp_in_range<vf16, vi16>(&x, &e);
     const vf16 zero = {};
-    const vf16 e = x < -87.0f ? zero : p * two_k;
+    e = x < -87.0f ? zero : e;
     __builtin_memcpy(s + j, &e, 64);
   }
 }

@@ -10,6 +10,7 @@
 #include "common/float16.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/threads.h"
+#include "kernels/cpu/vec_exp.h"
 
 namespace linnet::cpu {
 
@@ -29,39 +30,19 @@ void embedding_lookup(const float* table, int64_t vocab_begin, int64_t vocab_loc
 namespace {
 constexpr int64_t kChunk = 1024;  // columns per task of the element-wise ops
 
-// exp(x) of 4 floats for any x (through pointers: no wide vector crosses a call), in GCC vector operations (element-wise, so every ISA
-// gives the same bits; libm's expf is a call per element): x = 2^k e^r with k =
-// round(x / ln 2) (the 1.5 2^23 rounding trick), r = x - k ln 2 in two parts (Cody and
-// Waite), e^r by its Taylor polynomial of degree 7, 2^k put in the exponent bits, as
-// attention's exp_block (attention_impl.h: at most 1.17 ulp from exp in double). x is
-// clamped to [-87, 88] for the arithmetic; then x < -87 gives 0 (e^x < 2^-125),
-// x > 88.72 gives +inf (past FLT_MAX), NaN stays NaN.
+// exp(x) of 4 floats for any x: exp_in_range (vec_exp.h, as attention's exp: 1.17 ulp,
+// the same bits on every ISA; libm's expf is a call per element) on x clamped to
+// [-87, 88]; then x < -87 gives 0 (e^x < 2^-125), x > 88.72 gives +inf (past FLT_MAX),
+// NaN stays NaN.
 typedef float vf4 __attribute__((vector_size(16)));
 typedef int vi4 __attribute__((vector_size(16)));
 __attribute__((always_inline)) inline void exp4(const vf4* xp, vf4* out) {
   const vf4 x = *xp;
-  const float log2e = 1.44269504088896341f, magic = 12582912.0f;  // 1.5 2^23
-  const float ln2_hi = 0.693145751953125f, ln2_lo = 1.42860682030941723e-6f;
   const vf4 lo = vf4{} - 87.0f, hi = vf4{} + 88.0f;
   vf4 xc = x < lo ? lo : x;
   xc = xc > hi ? hi : xc;
-  const vf4 t = xc * log2e + magic;
-  const vf4 k = t - magic;
-  vf4 r = xc - k * ln2_hi;
-  r = r - k * ln2_lo;
-  vf4 p = r * (1.0f / 5040) + (1.0f / 720);
-  p = p * r + (1.0f / 120);
-  p = p * r + (1.0f / 24);
-  p = p * r + (1.0f / 6);
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  vi4 bits;
-  __builtin_memcpy(&bits, &t, 16);
-  const vi4 e2 = (bits - 0x4b400000 + 127) << 23;  // t's low bits hold k, |k| <= 127: 2^k
-  vf4 two_k;
-  __builtin_memcpy(&two_k, &e2, 16);
-  vf4 e = p * two_k;
+  vf4 e;
+  exp_in_range<vf4, vi4>(&xc, &e);
   const vf4 zero = {}, inf = vf4{} + __builtin_inff();
   e = x < lo ? zero : e;
   e = x > 88.72f ? inf : e;

@@ -288,7 +288,7 @@ void split_panels(int64_t m, int64_t k, int64_t n, bool row_chunks, const Share&
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
   for (int64_t c = 0; c < rchunks * pchunks; ++c) {
     const int64_t rc = c / pchunks, pc = c % pchunks;
-    const int64_t r0 = rchunks == 1 ? 0 : rc * rb, r1 = rc + 1 == rchunks ? m : r0 + rb;
+    const int64_t r0 = rc * rb, r1 = rc + 1 == rchunks ? m : r0 + rb;
     share(r0, r1, pc * chunk, std::min(panels, (pc + 1) * chunk));
   }
 }

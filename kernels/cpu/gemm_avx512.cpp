@@ -122,13 +122,14 @@ struct Prefetch {
   int64_t bytes = 0;        // bytes of each run (0: nothing to prefetch)
 };
 
-// R rows x P panels over one k block of kc steps: xp is row 0's x at the block's first
-// k (row i at xp + i * xs), w the P panels' weights there (panel q at w + q * wstride,
+// R rows x P panels over one k block of kc steps: xp is the tile's packed x at the
+// block's first k (pack_x_by_tile: row i's value of step c at xp[c * 12 + i]), w the P
+// panels' weights there (panel q at w + q * wstride,
 // 16 per k). The accumulators start at zero (first block) or at the partial sums the
 // previous block left in out (exact f32 values), so each element stays one chain in
 // ascending k, the same bits as an unblocked pass.
 template <DType WT, int R, int P>
-inline void tile_block(const float* xp, int64_t xs, const void* w, int64_t wstride, float* out, int64_t n, int64_t j0,
+inline void tile_block(const float* xp, const void* w, int64_t wstride, float* out, int64_t n, int64_t j0,
                        int64_t kc, bool first, const Prefetch& pf) {
   __m512 acc[R][P];
   __mmask16 mask[P];
@@ -139,7 +140,6 @@ inline void tile_block(const float* xp, int64_t xs, const void* w, int64_t wstri
   for (int i = 0; i < R; ++i)
     for (int q = 0; q < P; ++q)
       acc[i][q] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mask[q], out + i * n + j0 + q * kPanel);
-  (void)xs;
   for (int64_t c = 0; c < kc; ++c) {
     __m512 wv[P];
     for (int q = 0; q < P; ++q) wv[q] = load16<WT>(w, q * wstride + c * kPanel);
@@ -157,29 +157,30 @@ inline void tile_block(const float* xp, int64_t xs, const void* w, int64_t wstri
 }
 
 template <DType WT, int P>
-inline void tile_rows(int64_t R, const float* xp, int64_t xs, const void* w, int64_t wstride, float* out, int64_t n, int64_t j0,
+inline void tile_rows(int64_t R, const float* xp, const void* w, int64_t wstride, float* out, int64_t n, int64_t j0,
                       int64_t kc, bool first, const Prefetch& pf) {
   switch (R) {
-    case 12: return tile_block<WT, 12, P>(xp, xs, w, wstride, out, n, j0, kc, first, pf);
-    case 11: return tile_block<WT, 11, P>(xp, xs, w, wstride, out, n, j0, kc, first, pf);
-    case 10: return tile_block<WT, 10, P>(xp, xs, w, wstride, out, n, j0, kc, first, pf);
-    case 9: return tile_block<WT, 9, P>(xp, xs, w, wstride, out, n, j0, kc, first, pf);
-    case 8: return tile_block<WT, 8, P>(xp, xs, w, wstride, out, n, j0, kc, first, pf);
-    case 7: return tile_block<WT, 7, P>(xp, xs, w, wstride, out, n, j0, kc, first, pf);
-    case 6: return tile_block<WT, 6, P>(xp, xs, w, wstride, out, n, j0, kc, first, pf);
-    case 5: return tile_block<WT, 5, P>(xp, xs, w, wstride, out, n, j0, kc, first, pf);
-    case 4: return tile_block<WT, 4, P>(xp, xs, w, wstride, out, n, j0, kc, first, pf);
-    case 3: return tile_block<WT, 3, P>(xp, xs, w, wstride, out, n, j0, kc, first, pf);
-    case 2: return tile_block<WT, 2, P>(xp, xs, w, wstride, out, n, j0, kc, first, pf);
-    case 1: return tile_block<WT, 1, P>(xp, xs, w, wstride, out, n, j0, kc, first, pf);
+    case 12: return tile_block<WT, 12, P>(xp, w, wstride, out, n, j0, kc, first, pf);
+    case 11: return tile_block<WT, 11, P>(xp, w, wstride, out, n, j0, kc, first, pf);
+    case 10: return tile_block<WT, 10, P>(xp, w, wstride, out, n, j0, kc, first, pf);
+    case 9: return tile_block<WT, 9, P>(xp, w, wstride, out, n, j0, kc, first, pf);
+    case 8: return tile_block<WT, 8, P>(xp, w, wstride, out, n, j0, kc, first, pf);
+    case 7: return tile_block<WT, 7, P>(xp, w, wstride, out, n, j0, kc, first, pf);
+    case 6: return tile_block<WT, 6, P>(xp, w, wstride, out, n, j0, kc, first, pf);
+    case 5: return tile_block<WT, 5, P>(xp, w, wstride, out, n, j0, kc, first, pf);
+    case 4: return tile_block<WT, 4, P>(xp, w, wstride, out, n, j0, kc, first, pf);
+    case 3: return tile_block<WT, 3, P>(xp, w, wstride, out, n, j0, kc, first, pf);
+    case 2: return tile_block<WT, 2, P>(xp, w, wstride, out, n, j0, kc, first, pf);
+    case 1: return tile_block<WT, 1, P>(xp, w, wstride, out, n, j0, kc, first, pf);
     default: return;
   }
 }
 
-// The blocked path (m > 2; x packed by tile, pack_x_by_tile): row blocks whose x stays in L2; in each, panel pairs in
-// order; for each pair, k blocks of at most kKc in ascending order; for each k block,
-// every 12-row tile of the row block over the pair's block, which stays in L1 (before,
-// each tile streamed the pair's whole k from L2 or L3: 256 KiB at k = 2048). The first
+// The blocked path (m > 2; x packed by tile, pack_x_by_tile): row blocks whose x stays
+// in L2; in each, panel pairs in order; for each pair, k blocks of at most kKc in
+// ascending order; for each k block, every 12-row tile of the row block over the pair's
+// block, which stays in L2 (before blocking, each tile streamed the pair's whole k from
+// L3 or DRAM: 256 KiB at k = 2048). The first
 // tile of a block prefetches the next block into L2. bf16 / f16 weights of a block are
 // widened to f32 once (exactly) into a per-thread buffer when the row block has more
 // than one tile, so the tiles run the f32 kernel without the conversion's shuffles.
@@ -228,14 +229,14 @@ void panels_blocked(const float* x, const void* packed, float* out, int64_t m, i
           const Prefetch& pf = t0 == r0 ? next : none;
           if (widen) {
             if (P == 2) {
-              tile_rows<DType::kF32, 2>(R, xt, k, wf, kPanel * kc, ot, n, j0, kc, c0 == 0, pf);
+              tile_rows<DType::kF32, 2>(R, xt, wf, kPanel * kc, ot, n, j0, kc, c0 == 0, pf);
             } else {
-              tile_rows<DType::kF32, 1>(R, xt, k, wf, kPanel * kc, ot, n, j0, kc, c0 == 0, pf);
+              tile_rows<DType::kF32, 1>(R, xt, wf, kPanel * kc, ot, n, j0, kc, c0 == 0, pf);
             }
           } else if (P == 2) {
-            tile_rows<WT, 2>(R, xt, k, wb, kPanel * k, ot, n, j0, kc, c0 == 0, pf);
+            tile_rows<WT, 2>(R, xt, wb, kPanel * k, ot, n, j0, kc, c0 == 0, pf);
           } else {
-            tile_rows<WT, 1>(R, xt, k, wb, kPanel * k, ot, n, j0, kc, c0 == 0, pf);
+            tile_rows<WT, 1>(R, xt, wb, kPanel * k, ot, n, j0, kc, c0 == 0, pf);
           }
         }
       }
