@@ -376,7 +376,7 @@ int run_bench(const BenchOptions& o, Job& job) {
     if (w.world_rank == 0) print_setup(o, shape, engine, backend, w);
     if (o.limits && backend.device() == Device::kCpu) measure_limits(w.world_rank == 0);
     BenchPrompts prompts = random_prompts(o, config.vocab_size);
-    const PassTimes t = time_passes(o, engine, backend, prompts, tp_communicator(backend, *groups.tp, w.local_size));
+    const PassTimes t = time_passes(o, engine, backend, prompts, tp_communicator(backend, *groups.tp));
     if (w.world_rank == 0) print_pass_times(o, shape, engine, t);
     // The same B prompts as requests through generate_batch, the continuous-batching
     // scheduler `generate --input` uses (greedy, no EOS, N new tokens each).

@@ -195,7 +195,9 @@ void read_comm_timeout(const cxxopts::ParseResult& r, double& seconds) {
 void read_kv_cache_dtype(const cxxopts::ParseResult& r, std::string& out) {
   if (!r.count("kv-cache-dtype")) return;
   out = r["kv-cache-dtype"].as<std::string>();
-  if (out != "f32" && out != "bf16") throw Error("invalid value", "--kv-cache-dtype", "f32 or bf16", out);
+  if (out != "auto" && out != "f32" && out != "bf16") {
+    throw Error("invalid value", "--kv-cache-dtype", "auto, f32 or bf16", out);
+  }
 }
 
 void read_activation_dtype(const cxxopts::ParseResult& r, std::string& out) {

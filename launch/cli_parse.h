@@ -83,8 +83,9 @@ void read_kv_cache_dtype(const cxxopts::ParseResult& r, std::string& out);
 
 /// The --kv-cache-dtype option's help line, shared by generate, loss and bench.
 inline constexpr const char* kKvCacheDtypeHelp =
-    "KV cache dtype: f32 (default) or bf16 (half the cache bytes; each K/V value rounded to "
-    "bf16 as it is stored, widened exactly as attention reads it; CPU backend only)";
+    "KV cache dtype: auto (default: f32 on the CPU backend, bf16 on CUDA, the dtype its weights "
+    "are held in), f32, or bf16 (half the cache bytes; each K/V value rounded to bf16 as it is "
+    "stored, widened exactly as attention reads it)";
 
 /// When --activation-dtype was given: `out` = its value.
 /// @throws Error naming --activation-dtype when it is not f32 or int8.

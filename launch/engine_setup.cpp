@@ -10,7 +10,9 @@
 #include "parallel/comm_watch.h"
 #include "loader/model_path.h"
 #include "requests/request.h"
+#include "parallel/tp_comm_choice.h"
 #include "runtime/backend_factory.h"
+#include "runtime/cuda_backend.h"
 #include "runtime/kv_cache.h"
 #include "runtime/random_weights.h"
 #include "runtime/sampler.h"
@@ -58,9 +60,10 @@ EnginePlan plan_engine(const EngineOptions& o, const ModelConfig& config, const 
   if (cuda) sized.quantization.reset();
   switch (sizing.kv) {
     case EngineSizing::Kv::kPaged:
-      p.kv_tokens = resolve_kv_cache_tokens(sized, plan, sizing.max_seq_len, sizing.rows, o.kv_cache_tokens,
-                                            o.kv_cache_memory_fraction, node_available_bytes, ranks_on_node,
-                                            p.weight_dtype, p.kv_cache_dtype, g);
+      p.kv_tokens = resolve_kv_cache_tokens(
+          sized, plan, sizing.max_seq_len, sizing.rows, o.kv_cache_tokens, o.kv_cache_memory_fraction,
+          node_available_bytes, ranks_on_node, p.weight_dtype, p.kv_cache_dtype, g,
+          cuda ? std::optional<double>(kDefaultDeviceKvFraction) : std::nullopt);
       p.need = rank_memory(sized, plan, p.kv_tokens, 1, p.weight_dtype, p.kv_cache_dtype, g);
       break;
     case EngineSizing::Kv::kRows:
@@ -79,18 +82,35 @@ OpenedEngine open_engine(const EngineOptions& o, const ModelConfig& config, cons
   const WorldConfig& w = groups.world_config;
   OpenedEngine e;
   const DType auto_dtype = files ? files->checkpoint.dominant_dtype() : config_weight_dtype(config);
-  const int64_t available = available_host_memory();
-  e.plan = plan_engine(o, config, plan, auto_dtype, sizing, available, w.local_size);
-  // bench (kRows) holds its weights where the backend computes; the others check the host.
-  if (sizing.kv != EngineSizing::Kv::kRows) check_memory(e.plan.need, available, w.local_size);
+  const bool cuda = (o.backend.empty() ? default_backend_kind() : o.backend) == "cuda";
+  // The memory the KV pool and the preflight count: the host's MemAvailable over the
+  // node's ranks on the CPU; on CUDA the free memory of this rank's GPU over the ranks
+  // that share it (UUIDs gathered over the world: every rank is here).
+  int64_t available = available_host_memory();
+  int sharing = w.local_size;
+  std::string source = "available memory";
+  if (cuda && cuda_device_count() > 0) {
+    const int device = w.local_rank % cuda_device_count();
+    const CudaDeviceMemory m = cuda_device_memory(device);
+    std::vector<std::array<uint8_t, 16>> uuids(static_cast<size_t>(groups.world->size()));
+    groups.world->collective("all_gather (GPU UUIDs)", [&](MPI_Request* request) {
+      return MPI_Iallgather(m.uuid.data(), 16, MPI_BYTE, uuids.data(), 16, MPI_BYTE, groups.world->comm(), request);
+    });
+    available = m.free_bytes;
+    sharing = ranks_on_same_gpu(uuids, groups.world->rank());
+    source = "free memory of GPU " + std::to_string(device) + ", cudaMemGetInfo";
+    info("GPU " + std::to_string(device) + ": " + format_bytes(m.free_bytes) + " free of " +
+         format_bytes(m.total_bytes) + ", shared by " + std::to_string(sharing) + " rank(s)");
+  }
+  e.plan = plan_engine(o, config, plan, auto_dtype, sizing, available, sharing);
+  if (cuda || sizing.kv != EngineSizing::Kv::kRows) check_memory(e.plan.need, available, sharing, source);
   e.threads = kernel_threads_per_rank(o.threads, w.local_size);
   cpu::set_int4_activation_dtype(o.activation_dtype == "int8" ? DType::kI8 : DType::kF32);
   e.backend = make_backend(o.backend, e.threads, w.local_rank, w.local_size, e.plan.weight_dtype,
                            e.plan.kv_cache_dtype, e.plan.weight_group_size);
-  if (sizing.kv == EngineSizing::Kv::kRows && e.backend->device() == Device::kCpu) {
-    check_memory(e.plan.need, available, w.local_size);
-  }
-  Communicator& comm = tp_communicator(*e.backend, *groups.tp, w.local_size);
+  // bench (kRows) on the CPU: its weights are held where it computes, checked here.
+  if (sizing.kv == EngineSizing::Kv::kRows && !cuda) check_memory(e.plan.need, available, sharing, source);
+  Communicator& comm = tp_communicator(*e.backend, *groups.tp);
   switch (sizing.kv) {
     case EngineSizing::Kv::kPaged:
       e.engine = make_engine(*files, plan, *e.backend, comm, sizing.max_seq_len, sizing.rows, kKvPageSize,

@@ -6,6 +6,7 @@
 
 #include "common/cuda_check.h"
 #include "common/error.h"
+#include "parallel/comm_watch.h"
 #include "parallel/staged_communicator.h"
 
 namespace linnet {
@@ -28,13 +29,46 @@ MpiCommunicator& NcclCommunicator::mpi() {
   return *mpi_;
 }
 
+void NcclCommunicator::note(const char* op, std::size_t count) {
+  ++enqueued_;
+  last_op_ = std::string(op) + " of " + std::to_string(count) + " elements (NCCL collective #" +
+             std::to_string(enqueued_) + " of this group)";
+}
+
+void NcclCommunicator::fail(const std::string& why) {
+  aborted_ = true;
+  if (comm_ != nullptr) ncclCommAbort(comm_);
+  throw Error(why + "; the NCCL communicator was aborted (last collective enqueued: " + last_op_ + ")",
+              "NcclCommunicator rank " + std::to_string(rank_) + " of " + std::to_string(size_));
+}
+
+void NcclCommunicator::settle(const char* what) {
+  WaitClock clock;
+  PollBackoff backoff;
+  for (;;) {
+    ncclResult_t state = ncclSuccess;
+    LINNET_NCCL_CHECK(ncclCommGetAsyncError(comm_, &state));
+    if (state == ncclSuccess) return;
+    if (state != ncclInProgress) fail(std::string(what) + " failed: " + ncclGetErrorString(state));
+    const double waited = clock.seconds();
+    if (comm_timeout() > 0 && waited > comm_timeout()) {
+      fail(std::string(what) + " has not completed after " + std::to_string(static_cast<int64_t>(waited)) +
+           " s (--comm-timeout " + std::to_string(static_cast<int64_t>(comm_timeout())) + " s)");
+    }
+    backoff.pause();
+  }
+}
+
 ncclComm_t NcclCommunicator::nccl() {
   check_usable();
   if (comm_ == nullptr) {
     ncclUniqueId id{};
     if (rank_ == 0) LINNET_NCCL_CHECK(ncclGetUniqueId(&id));
-    LINNET_MPI_CHECK(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, mpi().comm()));
-    LINNET_NCCL_CHECK(ncclCommInitRank(&comm_, size_, id, rank_));
+    mpi().broadcast(&id, sizeof id, 0);  // watched, under --comm-timeout
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;  // returns at once; settle() polls the start-up with a deadline
+    LINNET_NCCL_CHECK(ncclCommInitRankConfig(&comm_, size_, id, rank_, &config));
+    settle("ncclCommInitRankConfig (NCCL start-up)");
   }
   return comm_;
 }
@@ -55,17 +89,19 @@ void NcclCommunicator::check_usable() const {
   if (aborted_) throw Error("the NCCL communicator was aborted after an earlier error", "NcclCommunicator");
 }
 
-void NcclCommunicator::poll() {
+void NcclCommunicator::poll(double waited_seconds) {
   if (aborted_) check_usable();
   if (comm_ == nullptr) return;
   ncclResult_t async = ncclSuccess;
   LINNET_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
-  if (async == ncclSuccess || async == ncclInProgress) return;
-  aborted_ = true;
-  ncclCommAbort(comm_);
-  throw Error(std::string("NCCL reported an asynchronous error: ") + ncclGetErrorString(async) +
-                  " (communicator aborted)",
-              "NcclCommunicator rank " + std::to_string(rank()));
+  if (async != ncclSuccess && async != ncclInProgress) {
+    fail(std::string("NCCL reported an asynchronous error: ") + ncclGetErrorString(async));
+  }
+  if (comm_timeout() > 0 && waited_seconds > comm_timeout()) {
+    fail("the stream has waited " + std::to_string(static_cast<int64_t>(waited_seconds)) +
+         " s for a collective (--comm-timeout " + std::to_string(static_cast<int64_t>(comm_timeout())) +
+         " s): a peer rank has stalled or died");
+  }
 }
 
 void NcclCommunicator::agree_on_count(std::size_t count, const char* op) {
@@ -75,7 +111,10 @@ void NcclCommunicator::agree_on_count(std::size_t count, const char* op) {
   LINNET_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capture));
   if (capture != cudaStreamCaptureStatusNone) return;
   int64_t v[2] = {static_cast<int64_t>(count), -static_cast<int64_t>(count)};
-  LINNET_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, v, 2, MPI_INT64_T, MPI_MAX, mpi().comm()));
+  MpiCommunicator& m = mpi();
+  m.collective(op, [&](MPI_Request* request) {
+    return MPI_Iallreduce(MPI_IN_PLACE, v, 2, MPI_INT64_T, MPI_MAX, m.comm(), request);
+  });
   if (v[0] != -v[1]) {
     throw Error("ranks disagree on the element count of a collective", op, "the same count on every rank",
                 "counts from " + std::to_string(-v[1]) + " to " + std::to_string(v[0]) + " (this rank: " +
@@ -86,19 +125,28 @@ void NcclCommunicator::agree_on_count(std::size_t count, const char* op) {
 void NcclCommunicator::all_reduce_sum(float* data, std::size_t count) {
   if (!is_device_pointer(data)) return mpi().all_reduce_sum(data, count);
   agree_on_count(count, "all_reduce_sum");
-  LINNET_NCCL_CHECK(ncclAllReduce(data, data, count, ncclFloat32, ncclSum, nccl(), stream_));
+  ncclComm_t c = nccl();
+  note("all_reduce_sum", count);
+  LINNET_NCCL_CHECK(ncclAllReduce(data, data, count, ncclFloat32, ncclSum, c, stream_));
+  settle("ncclAllReduce (enqueue)");
 }
 
 void NcclCommunicator::all_reduce_sum(double* data, std::size_t count) {
   if (!is_device_pointer(data)) return mpi().all_reduce_sum(data, count);
   agree_on_count(count, "all_reduce_sum");
-  LINNET_NCCL_CHECK(ncclAllReduce(data, data, count, ncclFloat64, ncclSum, nccl(), stream_));
+  ncclComm_t c = nccl();
+  note("all_reduce_sum (f64)", count);
+  LINNET_NCCL_CHECK(ncclAllReduce(data, data, count, ncclFloat64, ncclSum, c, stream_));
+  settle("ncclAllReduce (enqueue)");
 }
 
 void NcclCommunicator::all_reduce_max(float* data, std::size_t count) {
   if (!is_device_pointer(data)) return mpi().all_reduce_max(data, count);
   agree_on_count(count, "all_reduce_max");
-  LINNET_NCCL_CHECK(ncclAllReduce(data, data, count, ncclFloat32, ncclMax, nccl(), stream_));
+  ncclComm_t c = nccl();
+  note("all_reduce_max", count);
+  LINNET_NCCL_CHECK(ncclAllReduce(data, data, count, ncclFloat32, ncclMax, c, stream_));
+  settle("ncclAllReduce (enqueue)");
 }
 
 void NcclCommunicator::all_gather(const float* send, std::size_t count, float* recv) {
@@ -108,13 +156,19 @@ void NcclCommunicator::all_gather(const float* send, std::size_t count, float* r
     throw Error("all_gather needs both buffers on the device or both on the host", "NcclCommunicator");
   }
   agree_on_count(count, "all_gather");
-  LINNET_NCCL_CHECK(ncclAllGather(send, recv, count, ncclFloat32, nccl(), stream_));
+  ncclComm_t c = nccl();
+  note("all_gather", count);
+  LINNET_NCCL_CHECK(ncclAllGather(send, recv, count, ncclFloat32, c, stream_));
+  settle("ncclAllGather (enqueue)");
 }
 
 void NcclCommunicator::broadcast(void* data, std::size_t bytes, int root) {
   if (!is_device_pointer(data)) return mpi().broadcast(data, bytes, root);
   agree_on_count(bytes, "broadcast");
-  LINNET_NCCL_CHECK(ncclBroadcast(data, data, bytes, ncclUint8, root, nccl(), stream_));
+  ncclComm_t c = nccl();
+  note("broadcast (bytes)", bytes);
+  LINNET_NCCL_CHECK(ncclBroadcast(data, data, bytes, ncclUint8, root, c, stream_));
+  settle("ncclBroadcast (enqueue)");
 }
 
 void NcclCommunicator::barrier() {

@@ -1,18 +1,29 @@
 // NcclCommunicator: the collectives on device memory through NCCL, one rank per GPU.
-// Bootstrapped by MPI: rank 0 of the group makes the ncclUniqueId and MPI_Bcast sends it.
-// Collectives are queued on the CUDA backend's compute stream, so they order with the
-// kernels around them and the host never waits per collective. Failure handling: NCCL
-// reports a failed peer asynchronously; poll() (called by the backend while it waits on
-// the stream) reads ncclCommGetAsyncError and, on an error, aborts the communicator
-// (ncclCommAbort) so the stream's pending collectives return, and throws: a failing
-// rank never leaves the others waiting forever. Host pointers (the generation loop's
-// token broadcast, the loss sums) go through an MpiCommunicator on the same group.
-// The bootstrap (MPI duplicate, unique id, ncclCommInitRank) runs at the first
-// collective, which every rank reaches together, so constructing one is no collective
-// call.
+// Bootstrapped by MPI: rank 0 of the group makes the ncclUniqueId and a watched MPI
+// broadcast sends it. Collectives are queued on the CUDA backend's compute stream, so
+// they order with the kernels around them and the host never waits per collective.
+//
+// Failure handling, under --comm-timeout (parallel/comm_watch.h) like the MPI path:
+// - the communicator is made non-blocking (ncclConfig_t::blocking = 0), so neither
+//   ncclCommInitRankConfig nor an enqueue can block the host: each returns at once and
+//   its completion is polled (ncclCommGetAsyncError) with a deadline;
+// - poll(waited) (called by the backend while it waits on the stream) reads NCCL's
+//   asynchronous error state; on an error, or when the wait has lasted comm_timeout(),
+//   it aborts the communicator (ncclCommAbort, so the stream's pending collectives
+//   return) and throws naming the last collective enqueued: a stalled or dead peer ends
+//   every rank within the timeout plus a poll;
+// - the element-count agreement before each collective and the unique-id broadcast are
+//   MPI collectives of the group, watched like every other.
+// Host pointers (the generation loop's token broadcast, the loss sums) go through an
+// MpiCommunicator on the same group. The bootstrap (MPI duplicate, unique id, NCCL
+// init) runs at the first collective, which every rank reaches together, so
+// constructing one is no collective call.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
 
 #include <mpi.h>
 #include <cuda_runtime_api.h>
@@ -53,9 +64,11 @@ class NcclCommunicator final : public Communicator {
   /// NCCL collectives can be recorded into a CUDA graph.
   bool capturable() const override { return true; }
 
-  /// Checks NCCL's asynchronous error state; on an error aborts the communicator and
-  /// throws Error (every later collective throws too).
-  void poll();
+  /// Checks NCCL's asynchronous error state, `waited_seconds` into a wait on the stream;
+  /// on an error, or when waited_seconds exceeds comm_timeout() (> 0), aborts the
+  /// communicator and throws Error naming the last collective enqueued and the timeout
+  /// (every later collective throws too).
+  void poll(double waited_seconds = 0);
 
  private:
   // Agrees on the element count across the group over MPI (LINNET_SKIP_COUNT_CHECK=1
@@ -64,6 +77,14 @@ class NcclCommunicator final : public Communicator {
   // eagerly first, with the same counts, so they were agreed on just before.
   void agree_on_count(std::size_t count, const char* op);
   void check_usable() const;
+  // After an NCCL call on the non-blocking communicator: waits (polling, under
+  // comm_timeout()) until NCCL has finished it, i.e. the async state is no longer
+  // ncclInProgress. `what` names the call in errors.
+  void settle(const char* what);
+  // Aborts and throws Error with `why` and the last collective.
+  [[noreturn]] void fail(const std::string& why);
+  // Records the collective about to be enqueued, for messages.
+  void note(const char* op, std::size_t count);
   // The MPI duplicate and the NCCL communicator, made at the first use.
   MpiCommunicator& mpi();
   ncclComm_t nccl();
@@ -75,6 +96,8 @@ class NcclCommunicator final : public Communicator {
   ncclComm_t comm_ = nullptr;
   bool aborted_ = false;
   bool check_counts_ = true;
+  std::string last_op_ = "none yet";  // the last collective enqueued, for messages
+  int64_t enqueued_ = 0;
 };
 
 }  // namespace linnet

@@ -1,5 +1,8 @@
 #include "runtime/backend_factory.h"
 
+#include <cstdlib>
+#include <filesystem>
+
 #include "common/error.h"
 #include "common/log.h"
 #include "kernels/cpu/cpu_features.h"
@@ -11,9 +14,25 @@ namespace linnet {
 
 std::string default_backend_kind() { return cuda_device_count() > 0 ? "cuda" : "cpu"; }
 
+std::string cuda_fallback_warning(const std::string& error, bool driver_present, const char* visible_devices) {
+  if (error.empty() || !driver_present) return "";
+  if (visible_devices != nullptr) {
+    const std::string v = visible_devices;
+    if (v.empty() || v == "-1") return "";
+  }
+  return "no usable CUDA device (" + error + "); running on the CPU backend (--backend cpu silences this)";
+}
+
+bool nvidia_driver_present() { return std::filesystem::exists("/proc/driver/nvidia/version"); }
+
 std::unique_ptr<Backend> make_backend(const std::string& kind_in, int threads, int local_rank, int local_size,
                                       DType weight_dtype, DType kv_cache_dtype, int64_t weight_group_size) {
   const std::string kind = kind_in.empty() ? default_backend_kind() : kind_in;
+  if (kind_in.empty() && kind == "cpu" && local_rank == 0) {
+    const std::string w =
+        cuda_fallback_warning(cuda_device_error(), nvidia_driver_present(), std::getenv("CUDA_VISIBLE_DEVICES"));
+    if (!w.empty()) warn(w);
+  }
   if (kind == "cpu") {
     const int n = kernel_threads_per_rank(threads, local_size);
     auto backend = make_cpu_backend(n, weight_dtype, kv_cache_dtype, weight_group_size);
@@ -29,11 +48,7 @@ std::unique_ptr<Backend> make_backend(const std::string& kind_in, int threads, i
       throw Error("no CUDA device (" + cuda_device_error() + ")", "--backend cuda", "a visible CUDA device",
                   "none (use --backend cpu)");
     }
-    if (kv_cache_dtype != DType::kF32) {
-      throw Error("the CUDA backend keeps an f32 KV cache", "--kv-cache-dtype", "f32 with --backend cuda",
-                  dtype_name(kv_cache_dtype));
-    }
-    return make_cuda_backend(local_rank % n);
+    return make_cuda_backend(local_rank % n, kv_cache_dtype);
   }
   throw Error("unknown backend", "--backend", "cpu or cuda", kind);
 }
@@ -60,18 +75,18 @@ DType held_weight_dtype(const std::string& flag, const std::string& backend_kind
 }
 
 DType held_kv_cache_dtype(const std::string& flag, const std::string& backend_kind) {
-  if (flag.empty() || flag == "f32") return DType::kF32;
-  if (flag != "bf16") throw Error("unknown KV cache dtype", "--kv-cache-dtype", "f32 or bf16", flag);
-  const std::string kind = backend_kind.empty() ? default_backend_kind() : backend_kind;
-  if (kind == "cuda") {
-    throw Error("the CUDA backend keeps an f32 KV cache", "--kv-cache-dtype", "f32 with --backend cuda", flag);
+  if (!flag.empty() && flag != "auto" && flag != "f32" && flag != "bf16") {
+    throw Error("unknown KV cache dtype", "--kv-cache-dtype", "auto, f32 or bf16", flag);
   }
-  return DType::kBF16;
+  if (flag == "f32") return DType::kF32;
+  if (flag == "bf16") return DType::kBF16;
+  const std::string kind = backend_kind.empty() ? default_backend_kind() : backend_kind;
+  return kind == "cuda" ? DType::kBF16 : DType::kF32;
 }
 
-Communicator& tp_communicator(Backend& backend, MpiCommunicator& tp, int local_size) {
+Communicator& tp_communicator(Backend& backend, MpiCommunicator& tp) {
   if (backend.device() == Device::kCpu) return tp;
-  return cuda_communicator(backend, tp, local_size);
+  return cuda_communicator(backend, tp);
 }
 
 }  // namespace linnet

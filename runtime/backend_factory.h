@@ -15,15 +15,27 @@ namespace linnet {
 /// "cuda" when cuda_device_count() > 0, else "cpu".
 std::string default_backend_kind();
 
+/// The warning make_backend prints when no --backend was given and the CUDA runtime
+/// could not start although this machine has an NVIDIA driver, naming CUDA's error:
+/// "no usable CUDA device (<error>); running on the CPU backend (--backend cpu silences
+/// this)". Empty, so nothing is printed, on a machine without an NVIDIA driver
+/// (`driver_present` false: the CPU machine this is the normal case for), when `error` is
+/// empty, or when CUDA_VISIBLE_DEVICES (`visible_devices`, nullptr when unset) hides
+/// every device on purpose ("" or "-1").
+std::string cuda_fallback_warning(const std::string& error, bool driver_present, const char* visible_devices);
+
+/// Whether this machine has the NVIDIA kernel driver loaded (/proc/driver/nvidia/version).
+bool nvidia_driver_present();
+
 /// The backend `kind` ("cpu", "cuda", or "" for default_backend_kind()) for the rank
 /// `local_rank` of the `local_size` ranks on this node: cpu with `threads` threads pinned
 /// to the rank's share of the cores (kernels/cpu/threads.h; LINNET_PIN=0 leaves them)
 /// (kernel_threads_per_rank(threads, local_size)); cuda on device local_rank %
 /// cuda_device_count() (ranks share GPUs round-robin when there are fewer GPUs).
-/// `weight_dtype`: the CPU backend's weight matrices (held_weight_dtype); the CUDA
+/// With `kind` "" and no usable device, the CPU backend is made and cuda_fallback_warning
+/// is printed (once per node: local_rank 0). `weight_dtype`: the CPU backend's weight matrices (held_weight_dtype); the CUDA
 /// backend always holds bf16 and ignores it (and `weight_group_size`, the int8 groups:
-/// make_cpu_backend). `kv_cache_dtype`: the CPU backend's KV
-/// cache (held_kv_cache_dtype); CUDA keeps f32.
+/// make_cpu_backend). `kv_cache_dtype`: the KV cache's dtype (held_kv_cache_dtype).
 /// @throws Error naming --backend on an unknown kind, or cuda without a device.
 std::unique_ptr<Backend> make_backend(const std::string& kind, int threads, int local_rank, int local_size,
                                       DType weight_dtype = DType::kF32,
@@ -37,14 +49,16 @@ std::unique_ptr<Backend> make_backend(const std::string& kind, int threads, int 
 /// @throws Error naming --weight-dtype for an unknown value, or f32 / f16 / int8 / int4 on CUDA.
 DType held_weight_dtype(const std::string& flag, const std::string& backend_kind, DType auto_dtype);
 
-/// The dtype of the KV cache: --kv-cache-dtype `flag` "f32" (or "": the default) or
-/// "bf16" (half the bytes; CPU backend only, where attention widens each element exactly).
-/// @throws Error naming --kv-cache-dtype for an unknown value, or bf16 on CUDA.
+/// The dtype of the KV cache: --kv-cache-dtype `flag` "f32", "bf16" (half the bytes;
+/// attention widens each element exactly) or "auto" / "" (not given): the backend's
+/// default, bf16 on CUDA (the dtype its weights are held in, as vLLM's "auto" follows the
+/// model's) and f32 on the CPU.
+/// @throws Error naming --kv-cache-dtype for an unknown value.
 DType held_kv_cache_dtype(const std::string& flag, const std::string& backend_kind);
 
 /// The communicator an Engine on `backend` uses for the tp group `tp`: `tp` itself on
-/// the CPU backend; on CUDA, cuda_communicator(backend, tp, local_size) (NCCL or
-/// host-staged; owned by the backend).
-Communicator& tp_communicator(Backend& backend, MpiCommunicator& tp, int local_size);
+/// the CPU backend; on CUDA, cuda_communicator(backend, tp) (self, NCCL or host-staged,
+/// agreed over the group; owned by the backend). Collective over `tp` on CUDA.
+Communicator& tp_communicator(Backend& backend, MpiCommunicator& tp);
 
 }  // namespace linnet

@@ -13,7 +13,6 @@
 #include <cstring>
 #include <functional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <cuda_runtime_api.h>
@@ -23,8 +22,11 @@
 #include "kernels/cpu/gemm.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/ops.h"
+#include "parallel/comm_watch.h"
 #include "parallel/self_communicator.h"
 #include "parallel/staged_communicator.h"
+#include "parallel/tp_comm_choice.h"
+#include "common/log.h"
 #include "runtime/cuda_backend.h"
 #include "runtime/weights.h"
 #ifdef LINNET_HAVE_NCCL
@@ -67,7 +69,10 @@ size_t aligned(size_t bytes) { return (bytes + kAllocAlign - 1) / kAllocAlign * 
 
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(int device) : owner_(std::make_shared<StreamOwner>()) {
+  CudaBackend(int device, DType kv_cache_dtype) : owner_(std::make_shared<StreamOwner>()), kv_dtype_(kv_cache_dtype) {
+    if (kv_cache_dtype != DType::kF32 && kv_cache_dtype != DType::kBF16) {
+      throw Error("the CUDA KV cache is bf16 or f32", "--kv-cache-dtype", "bf16 or f32", dtype_name(kv_cache_dtype));
+    }
     owner_->device = device;
     LINNET_CUDA_CHECK(cudaSetDevice(device));
     LINNET_CUDA_CHECK(cudaStreamCreateWithFlags(&owner_->stream, cudaStreamNonBlocking));
@@ -103,6 +108,7 @@ class CudaBackend final : public Backend {
   }
 
   Device device() const override { return Device::kCuda; }
+  DType kv_cache_dtype() const override { return kv_dtype_; }
   std::string name() const override { return "cuda:" + std::to_string(device_); }
 
   Tensor zeros(std::vector<int64_t> shape, DType dtype) override {
@@ -192,13 +198,17 @@ class CudaBackend final : public Backend {
     if (watchers_.empty()) {
       LINNET_CUDA_CHECK(cudaStreamSynchronize(stream_));
     } else {
-      // Poll so that an aborted peer (NCCL async error) ends the wait with an error.
+      // Poll so that an aborted peer (NCCL async error) or a stalled one (no progress
+      // within --comm-timeout) ends the wait with an error naming the collective.
+      WaitClock clock;
+      PollBackoff backoff;
       for (;;) {
         const cudaError_t rc = cudaStreamQuery(stream_);
         if (rc == cudaSuccess) break;
         if (rc != cudaErrorNotReady) LINNET_CUDA_CHECK(rc);
-        for (auto& w : watchers_) w();
-        std::this_thread::yield();
+        const double waited = clock.seconds();
+        for (auto& w : watchers_) w(waited);
+        backoff.pause();
       }
     }
     pinned_used_ = 0;
@@ -225,15 +235,21 @@ class CudaBackend final : public Backend {
   void attention(const float* q, int64_t q_stride, const Tensor& k_cache_t, const Tensor& v_cache_t, float* out,
                  int64_t rows, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, const int32_t* page_table,
                  int64_t max_pages, int64_t page_size, const int32_t* key_begin, const int32_t* key_end) override {
-    const float* k_cache = f32_cache(k_cache_t, "attention");
-    const float* v_cache = f32_cache(v_cache_t, "attention");
+    check_cache(k_cache_t, "attention");
+    check_cache(v_cache_t, "attention");
     const int splits = cuda::attention_num_splits(rows, n_kv_heads, max_pages * page_size, num_sms_);
     const size_t ws = cuda::attention_workspace_floats(rows, n_heads, head_dim, splits);
     Tensor workspace;
     if (ws > 0) workspace = alloc({static_cast<int64_t>(ws)}, DType::kF32);
-    cuda::launch_attention(q, q_stride, k_cache, v_cache, out, rows, n_heads, n_kv_heads, head_dim, page_table,
-                           max_pages, page_size, key_begin, key_end, splits, ws > 0 ? workspace.data() : nullptr,
-                           stream_);
+    float* wsp = ws > 0 ? workspace.data() : nullptr;
+    if (kv_dtype_ == DType::kBF16) {
+      cuda::launch_attention(q, q_stride, static_cast<const __nv_bfloat16*>(k_cache_t.raw()),
+                             static_cast<const __nv_bfloat16*>(v_cache_t.raw()), out, rows, n_heads, n_kv_heads,
+                             head_dim, page_table, max_pages, page_size, key_begin, key_end, splits, wsp, stream_);
+    } else {
+      cuda::launch_attention(q, q_stride, k_cache_t.data(), v_cache_t.data(), out, rows, n_heads, n_kv_heads,
+                             head_dim, page_table, max_pages, page_size, key_begin, key_end, splits, wsp, stream_);
+    }
   }
   void rmsnorm_heads(float* x, int64_t rows, int64_t row_stride, int64_t n_heads, int64_t head_dim,
                      const float* weight, float eps) override {
@@ -242,8 +258,13 @@ class CudaBackend final : public Backend {
   void add_inplace(float* x, const float* y, int64_t n) override { cuda::launch_add_inplace(x, y, n, stream_); }
   void store_rows(const float* src, int64_t src_stride, Tensor& cache_t, int64_t row_elems, const int32_t* slots,
                   int64_t rows) override {
-    float* cache = const_cast<float*>(f32_cache(cache_t, "store_rows"));
-    cuda::launch_store_rows(src, src_stride, cache, row_elems, slots, rows, stream_);
+    check_cache(cache_t, "store_rows");
+    if (kv_dtype_ == DType::kBF16) {
+      cuda::launch_store_rows(src, src_stride, static_cast<__nv_bfloat16*>(cache_t.raw()), row_elems, slots, rows,
+                              stream_);
+    } else {
+      cuda::launch_store_rows(src, src_stride, cache_t.data(), row_elems, slots, rows, stream_);
+    }
   }
   void gather_rows(const float* src, int64_t cols, const int32_t* index, int64_t n, float* out) override {
     cuda::launch_gather_rows(src, cols, index, n, out, stream_);
@@ -308,19 +329,36 @@ class CudaBackend final : public Backend {
     LINNET_CUDA_CHECK(cudaMemcpyAsync(dst.raw(), stage(values), bytes, cudaMemcpyHostToDevice, stream_));
   }
 
-  Communicator& communicator(MpiCommunicator& group, int local_size) {
+  Communicator& communicator(MpiCommunicator& group) {
     if (comm_) {
       if (comm_group_ != group.comm()) {
         throw Error("a CUDA backend serves one tp group", "cuda_communicator");
       }
       return *comm_;
     }
-    const char* env = std::getenv("LINNET_COMM");
-    const std::string want = env ? env : "";
-    if (!want.empty() && want != "nccl" && want != "mpi") throw Error("unknown value", "LINNET_COMM", "nccl or mpi", want);
-    int devices = 0;
-    LINNET_CUDA_CHECK(cudaGetDeviceCount(&devices));
-    if (group.size() == 1 && want != "nccl") {
+    TpCommReport mine;
+    mine.wish = parse_comm_wish(std::getenv("LINNET_COMM"));
+#ifdef LINNET_HAVE_NCCL
+    mine.nccl_built = 1;
+#endif
+    cudaDeviceProp prop{};
+    LINNET_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
+    static_assert(sizeof prop.uuid.bytes == 16);
+    std::memcpy(mine.gpu_uuid.data(), prop.uuid.bytes, 16);
+    // Every rank's report, gathered once (a collective of the group; none for one rank),
+    // so every rank makes the same choice (tp_comm_choice.h).
+    std::vector<TpCommReport> reports(static_cast<size_t>(group.size()));
+    if (group.size() == 1) {
+      reports[0] = mine;
+    } else {
+      group.collective("all_gather (tp communicator choice)", [&](MPI_Request* request) {
+        return MPI_Iallgather(&mine, sizeof mine, MPI_BYTE, reports.data(), sizeof mine, MPI_BYTE, group.comm(),
+                              request);
+      });
+    }
+    const TpCommChoice choice = choose_tp_comm(reports);
+    info("tp communicator: " + std::string(tp_comm_kind_name(choice.kind)) + " (" + choice.reason + ")");
+    if (choice.kind == TpCommKind::kSelf) {
       // tp = 1: nothing to exchange, so no NCCL (nor MPI) to start; all_gather is a copy
       // on the compute stream, which a CUDA graph records like any kernel.
       cudaStream_t stream = stream_;
@@ -337,17 +375,12 @@ class CudaBackend final : public Backend {
       return *comm_;
     }
 #ifdef LINNET_HAVE_NCCL
-    const bool nccl = want.empty() ? local_size <= devices : want == "nccl";
-    if (nccl) {
+    if (choice.kind == TpCommKind::kNccl) {
       auto c = std::make_unique<NcclCommunicator>(group.comm(), stream_);
       NcclCommunicator* raw = c.get();
-      watchers_.push_back([raw] { raw->poll(); });
+      watchers_.push_back([raw](double waited) { raw->poll(waited); });
       comm_ = std::move(c);
     }
-#else
-    if (want == "nccl") throw Error("this build has no NCCL", "LINNET_COMM=nccl", "", "use LINNET_COMM=mpi");
-    (void)devices;
-    (void)local_size;
 #endif
     if (!comm_) comm_ = std::make_unique<HostStagedCommunicator>(group.comm(), stream_);
     comm_group_ = group.comm();
@@ -357,14 +390,12 @@ class CudaBackend final : public Backend {
  private:
   static constexpr size_t kPinnedBytes = size_t{1} << 20;
 
-  // The CUDA backend keeps an f32 KV cache (kv_cache_dtype() is f32: --kv-cache-dtype
-  // bf16 is refused for it before anything is built).
-  static const float* f32_cache(const Tensor& cache, const char* op) {
-    if (cache.dtype() != DType::kF32) {
-      throw Error(std::string("the CUDA KV cache is f32, not ") + dtype_name(cache.dtype()),
-                  std::string("CudaBackend::") + op);
+  // A KV cache tensor of this backend: on the device, in kv_cache_dtype().
+  void check_cache(const Tensor& cache, const char* op) const {
+    if (cache.device() != Device::kCuda || cache.dtype() != kv_dtype_) {
+      throw Error(std::string("the KV cache is not a ") + dtype_name(kv_dtype_) + " device tensor",
+                  std::string("CudaBackend::") + op, dtype_name(kv_dtype_), dtype_name(cache.dtype()));
     }
-    return cache.data();
   }
 
   // `values` copied into the pinned arena (at most kPinnedBytes); returns where.
@@ -409,6 +440,7 @@ class CudaBackend final : public Backend {
   }
 
   std::shared_ptr<StreamOwner> owner_;
+  DType kv_dtype_ = DType::kBF16;
   cudaStream_t stream_ = nullptr;
   int device_ = 0;
   int num_sms_ = 1;
@@ -417,7 +449,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<cuda::CublasLtGemm> gemm_;
   std::unique_ptr<Communicator> comm_;
   MPI_Comm comm_group_ = MPI_COMM_NULL;
-  std::vector<std::function<void()>> watchers_;
+  std::vector<std::function<void(double)>> watchers_;  // called with the seconds waited
   size_t allocated_ = 0;                 // allocated_bytes()
   std::unique_ptr<CudaGraph> capture_;   // the graph being recorded
   size_t arena_bytes_ = 0, arena_used_ = 0;
@@ -452,19 +484,38 @@ int cuda_device_count() { return device_query().count; }
 
 std::string cuda_device_error() { return device_query().error; }
 
-std::unique_ptr<Backend> make_cuda_backend(int device) {
+CudaDeviceMemory cuda_device_memory(int device) {
+  CudaDeviceMemory m;
+  if (device < 0 || device >= cuda_device_count()) return m;
+  int current = 0;
+  if (cudaGetDevice(&current) != cudaSuccess) current = device;
+  size_t free_b = 0, total_b = 0;
+  cudaDeviceProp prop{};
+  if (cudaSetDevice(device) == cudaSuccess && cudaMemGetInfo(&free_b, &total_b) == cudaSuccess &&
+      cudaGetDeviceProperties(&prop, device) == cudaSuccess) {
+    m.free_bytes = static_cast<int64_t>(free_b);
+    m.total_bytes = static_cast<int64_t>(total_b);
+    std::memcpy(m.uuid.data(), prop.uuid.bytes, 16);
+  } else {
+    (void)cudaGetLastError();
+  }
+  cudaSetDevice(current);
+  return m;
+}
+
+std::unique_ptr<Backend> make_cuda_backend(int device, DType kv_cache_dtype) {
   const int n = cuda_device_count();
   if (device < 0 || device >= n) {
     throw Error("no such CUDA device", "--backend cuda", "a device in [0, " + std::to_string(n) + ")",
                 std::to_string(device));
   }
-  return std::make_unique<CudaBackend>(device);
+  return std::make_unique<CudaBackend>(device, kv_cache_dtype);
 }
 
-Communicator& cuda_communicator(Backend& backend, MpiCommunicator& group, int local_size) {
+Communicator& cuda_communicator(Backend& backend, MpiCommunicator& group) {
   auto* cuda = dynamic_cast<CudaBackend*>(&backend);
   if (cuda == nullptr) throw Error("not a CUDA backend", "cuda_communicator", "cuda", backend.name());
-  return cuda->communicator(group, local_size);
+  return cuda->communicator(group);
 }
 
 }  // namespace linnet

@@ -8,11 +8,13 @@ int cuda_device_count() { return 0; }
 
 std::string cuda_device_error() { return "linnet-tp was built without CUDA"; }
 
-std::unique_ptr<Backend> make_cuda_backend(int) {
+CudaDeviceMemory cuda_device_memory(int) { return {}; }
+
+std::unique_ptr<Backend> make_cuda_backend(int, DType) {
   throw Error("linnet-tp was built without CUDA", "--backend cuda", "a build with LINNET_CUDA=ON", "no CUDA");
 }
 
-Communicator& cuda_communicator(Backend&, MpiCommunicator&, int) {
+Communicator& cuda_communicator(Backend&, MpiCommunicator&) {
   throw Error("linnet-tp was built without CUDA", "cuda_communicator");
 }
 

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "common/error.h"
+#include "common/log.h"
 #include "loader/weight_table.h"
 #include "runtime/weights.h"
 
@@ -61,7 +62,7 @@ int64_t resolve_kv_cache_tokens(const ModelConfig& config, const ShardPlan& plan
                                 int64_t batch_rows, std::optional<int64_t> tokens,
                                 std::optional<double> memory_fraction, int64_t node_available_bytes,
                                 int ranks_on_node, DType weight_dtype, DType kv_cache_dtype,
-                                int64_t weight_group_size) {
+                                int64_t weight_group_size, std::optional<double> default_cap_fraction) {
   const int64_t page = kKvPageSize;
   if (max_seq_len < 1 || max_seq_len > kMaxSeqLenLimit) {
     throw Error("invalid value", "--max-seq-len", "in [1, " + std::to_string(kMaxSeqLenLimit) + "]",
@@ -100,6 +101,26 @@ int64_t resolve_kv_cache_tokens(const ModelConfig& config, const ShardPlan& plan
                   option);
     }
     pool = static_cast<int64_t>(static_cast<double>(free_bytes) * *memory_fraction) / per_token / page * page;
+  } else if (default_cap_fraction && node_available_bytes >= 0) {
+    const int64_t share = node_available_bytes / std::max(1, ranks_on_node);
+    const int64_t weights = weight_bytes_local(config, plan, weight_dtype, weight_group_size);
+    const int64_t per_token =
+        KvCache::bytes_for(config.num_hidden_layers, 1, plan.num_kv_heads_local, config.head_dim, kv_cache_dtype);
+    const int64_t left = std::max<int64_t>(0, share - weights);
+    const int64_t cap = static_cast<int64_t>(static_cast<double>(left) * *default_cap_fraction) / per_token / page * page;
+    if (cap < pool) {
+      if (cap < row_tokens) {
+        throw Error("the device memory the weights leave (" + format_bytes(left) + " of " + format_bytes(share) +
+                        " per rank, weights " + format_bytes(weights) + ") holds " + std::to_string(cap) +
+                        " KV positions, fewer than one request of --max-seq-len",
+                    "--max-seq-len", "<= " + std::to_string(cap) + " positions, or more ranks over more GPUs",
+                    std::to_string(max_seq_len));
+      }
+      info("KV pool: " + std::to_string(cap) + " positions (" + std::to_string(cap / row_tokens) +
+           " full-length requests), not " + std::to_string(pool) + ": " + std::to_string(*default_cap_fraction) +
+           " of the " + format_bytes(left) + " the weights leave");
+      pool = cap;
+    }
   }
   if (pool < row_tokens) {
     const std::string got = tokens ? std::to_string(*tokens) + " positions" : std::to_string(pool) + " positions";
@@ -133,15 +154,16 @@ int64_t available_host_memory() {
   return -1;
 }
 
-void check_memory(const RankMemory& need, int64_t node_available_bytes, int ranks_on_node) {
+void check_memory(const RankMemory& need, int64_t node_available_bytes, int ranks_on_node,
+                  const std::string& source) {
   if (node_available_bytes < 0) return;
   const int64_t available_bytes = node_available_bytes / std::max(1, ranks_on_node);
   if (need.total() <= available_bytes) return;
   throw Error("not enough memory for this rank: it needs " + format_bytes(need.total()) + " (weights " +
                   format_bytes(need.weight_bytes) + " in " + dtype_name(need.weight_dtype) + ", KV cache " + format_bytes(need.kv_cache_bytes) +
-                  ") but has " + format_bytes(available_bytes) + " (available memory / " +
+                  ") but has " + format_bytes(available_bytes) + " (" + source + " / " +
                   std::to_string(ranks_on_node) +
-                  " ranks on this node); use more ranks over more nodes, or a shorter --max-seq-len",
+                  " ranks on it); use more ranks over more nodes, or a shorter --max-seq-len",
               "memory preflight");
 }
 

@@ -71,7 +71,11 @@ inline constexpr int64_t kMaxSeqLenLimit = INT32_MAX;
 /// - else `memory_fraction` of what this rank's share of `node_available_bytes` keeps
 ///   after its weights (--kv-cache-memory-fraction, TensorRT-LLM's
 ///   free_gpu_memory_fraction; a position takes its bytes in `kv_cache_dtype`), rounded down to pages,
-/// - else batch_rows full-length requests.
+/// - else batch_rows full-length requests; with `default_cap_fraction` (the CUDA backend:
+///   kDefaultDeviceKvFraction of the GPU's free memory) no more than that fraction of what
+///   the weights leave, so the default never asks a 40 GB GPU for a 32 GiB pool it cannot
+///   hold (vLLM sizes its pool from gpu_memory_utilization the same way); a cap below one
+///   request of max_seq_len is an error naming --max-seq-len.
 /// @throws Error naming the option when `tokens` is outside [1, kMaxKvCacheTokens],
 ///   max_seq_len outside [1, kMaxSeqLenLimit], or batch_rows x max_seq_len over
 ///   kMaxKvCacheTokens (checked before any size is multiplied); when the pool would hold fewer positions than one
@@ -81,13 +85,21 @@ int64_t resolve_kv_cache_tokens(const ModelConfig& config, const ShardPlan& plan
                                 int64_t batch_rows, std::optional<int64_t> tokens,
                                 std::optional<double> memory_fraction, int64_t node_available_bytes,
                                 int ranks_on_node, DType weight_dtype = DType::kF32,
-                                DType kv_cache_dtype = DType::kF32, int64_t weight_group_size = 64);
+                                DType kv_cache_dtype = DType::kF32, int64_t weight_group_size = 64,
+                                std::optional<double> default_cap_fraction = std::nullopt);
+
+/// The share of the memory the weights leave on a GPU that the default KV pool may take
+/// (the rest: activations, cuBLASLt and NCCL buffers, CUDA graphs).
+inline constexpr double kDefaultDeviceKvFraction = 0.9;
 
 /// Memory preflight: refuses, before anything is loaded, when `need` exceeds this rank's
 /// share of `node_available_bytes` (the node's available memory, split evenly over its
-/// `ranks_on_node` ranks). A negative `node_available_bytes` (unknown) never refuses.
+/// `ranks_on_node` ranks; on CUDA the GPU's free memory over the ranks that share it).
+/// `source` names the memory in the message ("available memory", "free memory of GPU 0").
+/// A negative `node_available_bytes` (unknown) never refuses.
 /// @throws Error with both numbers and what to change (more ranks, a shorter --max-seq-len).
-void check_memory(const RankMemory& need, int64_t node_available_bytes, int ranks_on_node);
+void check_memory(const RankMemory& need, int64_t node_available_bytes, int ranks_on_node,
+                  const std::string& source = "available memory");
 
 /// MemAvailable of /proc/meminfo in bytes, or -1 when it cannot be read.
 int64_t available_host_memory();

@@ -178,6 +178,9 @@ if [ "$MODE" = prepare ]; then
   done
   rm -rf "$CHECK_PREFIX"
   [ "$bad" = 0 ] || { say "FAILED: a carried binary needs a library the debs do not hold (add its package to scripts/gpu_fetch_debs.sh)"; exit 1; }
+  # The binaries travel gzipped (their CUDA fat binaries shrink to a third); the device
+  # side unpacks them into its log folder.
+  gzip -9 "$CARRIED"/bin/*
   # What travels: the files git would send (tracked, and untracked but not ignored) and
   # the carried folder.
   tracked=$(git ls-files -z -co --exclude-standard | xargs -0 stat -c %s 2>/dev/null | awk '{s += $1} END {print s + 0}')
@@ -284,6 +287,16 @@ fi
 # --- 2. Binaries: each carried one that starts, or built here with --build ---------------
 declare -A MISSING  # binary -> why it cannot run
 BINDIR=$CARRIED/bin
+if ls "$CARRIED"/bin/*.gz >/dev/null 2>&1; then  # prepare gzips them for the trip
+  BINDIR=$LOGS/carried-bin && rm -rf "$BINDIR" && mkdir -p "$BINDIR"
+  for z in "$CARRIED"/bin/*.gz; do
+    out=$BINDIR/$(basename "$z" .gz)
+    if command -v gzip >/dev/null; then gzip -dc "$z" >"$out"; else
+      python3 -c 'import gzip, shutil, sys; shutil.copyfileobj(gzip.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$z" "$out"
+    fi
+    chmod +x "$out"
+  done
+fi
 if [ "$FORCE_BUILD" = 1 ]; then
   ls "$CARRIED"/debs/libopenmpi-dev_*.deb >/dev/null 2>&1 || die "--build needs the build packages: scripts/gpu_check.sh prepare --build-deps"
   BUILD=${GPU_CHECK_BUILD_DIR:-$ROOT/build-gpu}
@@ -428,12 +441,12 @@ SHAPE1=${SHAPES%% *}
 shape_step "${SHAPE1%%:*}" "${SHAPE1#*:}"
 
 # --- The CLI on the model carried in models/stories260k: the tested backend against the
-# CPU backend holding the same bf16 weights.
+# CPU backend holding the same bf16 weights and a bf16 KV cache (CUDA's default).
 MODEL=$CARRIED/models/stories260k
 CLI=$LOGS/cli && mkdir -p "$CLI"
-REF_FLAGS=(--backend cpu --weight-dtype bf16)
+REF_FLAGS=(--backend cpu --weight-dtype bf16 --kv-cache-dtype bf16)
 TEST_FLAGS=(--backend "$TEST_BACKEND")
-[ "$TEST_BACKEND" = cpu ] && TEST_FLAGS+=(--weight-dtype bf16)
+[ "$TEST_BACKEND" = cpu ] && TEST_FLAGS+=(--weight-dtype bf16 --kv-cache-dtype bf16)
 # Each line's completion_ids (our own JSONL, as nlohmann dumps it), one per line.
 ids_of() { sed -n 's/.*"completion_ids":\(\[[^]]*\]\).*/\1/p' "$1"; }
 cli_generate() {

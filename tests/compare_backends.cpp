@@ -97,7 +97,7 @@ Run run_random(const std::string& kind, const Options& o, uint64_t seed, const M
   const ShardPlan plan = ShardPlan::make(config, 0, 1);
   auto backend = make_backend(kind, kernel_threads_per_rank(o.threads, 1), 0, 1, DType::kBF16);
   name = backend->name() + " (" + dtype_name(backend->host_weight_dtype(DType::kBF16)) + " weights)";
-  Communicator& comm = tp_communicator(*backend, self, 1);
+  Communicator& comm = tp_communicator(*backend, self);
   const int64_t P = static_cast<int64_t>(prompt.size()), N = o.decode_steps, V = config.vocab_size;
   auto t0 = std::chrono::steady_clock::now();
   auto seconds = [&t0] {
@@ -228,7 +228,7 @@ int dump_logits(const Options& o) {
   const ModelFiles files = open_model(o.model);
   const ShardPlan plan = ShardPlan::make(files.config, 0, 1);
   auto backend = make_backend(o.backend, kernel_threads_per_rank(o.threads, 1), 0, 1, DType::kBF16);
-  Communicator& comm = tp_communicator(*backend, self, 1);
+  Communicator& comm = tp_communicator(*backend, self);
   auto engine = make_engine(files, plan, *backend, comm, static_cast<int64_t>(ids.size()));
   const std::vector<float> logits = engine->forward(ids);
   std::ofstream out(o.logits_out, std::ios::binary | std::ios::trunc);

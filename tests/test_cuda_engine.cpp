@@ -71,7 +71,7 @@ class CudaEngineTest : public testing::TestWithParam<Case> {
     MPI_Comm_size(node, &local_size);
     MPI_Comm_free(&node);
     backend_ = make_backend("cuda", 1, local_rank, local_size);
-    comm_ = &tp_communicator(*backend_, *world_, local_size);
+    comm_ = &tp_communicator(*backend_, *world_);
     engine_ = make_engine(*files_, ShardPlan::make(files_->config, world_->rank(), tp), *backend_, *comm_, 64);
     vocab_ = files_->config.vocab_size;
     for (const auto& row : golden_["logits_bf16_gemm_inputs"]) expected_.push_back(row.get<std::vector<float>>());
@@ -180,7 +180,7 @@ TEST(CudaRandomWeights, CpuAndCudaEnginesAgreeOnARandomModel) {
   auto cpu = make_backend("cpu", 1, 0, 1);
   auto gpu = make_backend("cuda", 1, 0, 1);
   Engine a(config, plan, random_weights(*cpu, config, plan, 7, 0.2f), *cpu, self, 32);
-  Engine b(config, plan, random_weights(*gpu, config, plan, 7, 0.2f), *gpu, tp_communicator(*gpu, self, 1), 32);
+  Engine b(config, plan, random_weights(*gpu, config, plan, 7, 0.2f), *gpu, tp_communicator(*gpu, self), 32);
   const std::vector<int32_t> ids = {1, 5, 9, 200, 3, 77};
   const auto la = a.forward(ids), lb = b.forward(ids);
   ASSERT_EQ(la.size(), lb.size());
@@ -206,7 +206,7 @@ TEST_P(CudaGraphTest, ReplayedDecodeMatchesEager) {
       ModelConfig::load(test::test_data_dir() / "fixtures" / GetParam() / "f32" / "config.json");
   const ShardPlan plan = ShardPlan::make(config, 0, 1);
   auto gpu = make_backend("cuda", 1, 0, 1);
-  Communicator& comm = tp_communicator(*gpu, self, 1);
+  Communicator& comm = tp_communicator(*gpu, self);
   if (!comm.capturable()) GTEST_SKIP() << "this build's communicator cannot be recorded (no NCCL)";
   constexpr int64_t kMaxSeq = 64, kPage = 16;
   Engine eager(config, plan, random_weights(*gpu, config, plan, 7, 0.2f), *gpu, comm, kMaxSeq, 5, kPage);

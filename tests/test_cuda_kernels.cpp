@@ -222,6 +222,14 @@ TEST_F(CudaKernels, SwigluAddStoreAndGatherRows) {
   cuda::launch_store_rows(dsrc.get(), src_stride, dcache.get(), row_elems, dslots.get(), 4, stream_);
   cpu::store_rows(src.data(), src_stride, cache.data(), row_elems, slots.data(), 4);
   expect_close(dcache.host(), cache, 0.0f, 0.0f, "store_rows");
+  // Into a bf16 cache: the same bits as the CPU kernel's round to nearest even.
+  std::vector<uint16_t> cache_b(10 * row_elems, 0);
+  Dev<__nv_bfloat16> dcache_b(std::vector<__nv_bfloat16>(10 * row_elems, __float2bfloat16_rn(0.0f)));
+  cuda::launch_store_rows(dsrc.get(), src_stride, dcache_b.get(), row_elems, dslots.get(), 4, stream_);
+  cpu::store_rows(src.data(), src_stride, cache_b.data(), row_elems, slots.data(), 4);
+  const auto got_b = dcache_b.host();
+  ASSERT_EQ(got_b.size(), cache_b.size());
+  EXPECT_EQ(std::memcmp(got_b.data(), cache_b.data(), cache_b.size() * 2), 0) << "store_rows into bf16";
 
   const std::vector<int32_t> index = {3, 0, 3, 9};
   Dev<int32_t> dindex(index);
@@ -271,6 +279,21 @@ TEST_P(CudaAttention, MatchesTheCpuKernel) {
   cpu::attention(q.data(), q_stride, k.data(), v.data(), ref.data(), c.rows, c.n_heads, c.n_kv_heads, c.head_dim,
                  table.data(), c.max_pages, c.page_size, begin.data(), end.data());
   expect_close(out.host(), ref, 2e-5f, 2e-4f, "attention");
+
+  // The same over a bf16 cache (--kv-cache-dtype bf16, CUDA's default) against the CPU
+  // kernel over the same bf16 bits.
+  const auto kb = to_bf16(k), vb = to_bf16(v);
+  Dev<__nv_bfloat16> dkb(kb), dvb(vb);
+  Dev<float> out_b(c.rows * c.n_heads * c.head_dim);
+  cuda::launch_attention(dq.get(), q_stride, dkb.get(), dvb.get(), out_b.get(), c.rows, c.n_heads, c.n_kv_heads,
+                         c.head_dim, dt.get(), c.max_pages, c.page_size, db.get(), de.get(), c.splits, ws.get(),
+                         stream_);
+  std::vector<uint16_t> kbits(kb.size()), vbits(vb.size());
+  std::memcpy(kbits.data(), kb.data(), kb.size() * 2);
+  std::memcpy(vbits.data(), vb.data(), vb.size() * 2);
+  cpu::attention(q.data(), q_stride, kbits.data(), vbits.data(), ref.data(), c.rows, c.n_heads, c.n_kv_heads,
+                 c.head_dim, table.data(), c.max_pages, c.page_size, begin.data(), end.data());
+  expect_close(out_b.host(), ref, 2e-5f, 2e-4f, "attention over a bf16 cache");
 }
 
 INSTANTIATE_TEST_SUITE_P(

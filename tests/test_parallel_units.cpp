@@ -12,9 +12,11 @@
 #include "common/error.h"
 #include "parallel/self_communicator.h"
 #include "parallel/shard_plan.h"
+#include "parallel/tp_comm_choice.h"
 #include "parallel/world_config.h"
 #include "runtime/backend_factory.h"
 #include "runtime/cuda_backend.h"
+#include "runtime/kv_cache.h"
 #include "runtime/model_loader.h"
 #include "runtime/sampler.h"
 #include "runtime/weights.h"
@@ -316,11 +318,58 @@ TEST(MemoryPreflight, CountsThisRanksSlices) {
             2 * resolve_kv_cache_tokens(c, p, 512, 1, std::nullopt, 1.0, avail, 1));
 }
 
-TEST(KvCacheDtype, Bf16OnCpuOnlyAndNamedInErrors) {
+// Issue 26, item 3: on CUDA the default pool (--max-batch full-length requests) is capped
+// at kDefaultDeviceKvFraction of what the weights leave of the GPU's free memory. The
+// 8B shape's default 16 x 8192 f32 positions (32 GiB) on a 40 GB GPU was a raw OOM.
+TEST(MemoryPreflight, DefaultKvPoolOnAGpuFitsWhatTheWeightsLeave) {
+  const ModelConfig c = ModelConfig::load(test::test_data_dir() / ".." / ".." / "scripts" / "configs" / "llama-3.1-8b.json");
+  const ShardPlan p = ShardPlan::make(c, 0, 1);
+  const int64_t gpu = 40LL * 1000 * 1000 * 1000;  // an A100 40 GB, all free
+  const int64_t per_f32 = KvCache::bytes_for(c.num_hidden_layers, 1, p.num_kv_heads_local, c.head_dim, DType::kF32);
+  const int64_t weights = weight_bytes_local(c, p, DType::kBF16, 64);
+  // Uncapped (the CPU rule): 16 x 8192 positions, 32 GiB in f32.
+  EXPECT_EQ(resolve_kv_cache_tokens(c, p, 8192, 16, std::nullopt, std::nullopt, gpu, 1, DType::kBF16, DType::kF32),
+            16 * 8192);
+  EXPECT_EQ(per_f32 * 16 * 8192, 32LL << 30);
+  const int64_t capped = resolve_kv_cache_tokens(c, p, 8192, 16, std::nullopt, std::nullopt, gpu, 1, DType::kBF16,
+                                                 DType::kF32, 64, kDefaultDeviceKvFraction);
+  EXPECT_LT(capped, 16 * 8192);
+  EXPECT_GE(capped, 8192);
+  EXPECT_EQ(capped % kKvPageSize, 0);
+  EXPECT_LE(weights + capped * per_f32, gpu);
+  EXPECT_GT(weights + (capped + kKvPageSize) * per_f32, static_cast<int64_t>(weights + 0.9 * (gpu - weights)));
+  // A bf16 cache (CUDA's default) of the same 16 x 8192 fits: 16 GiB in 0.9 x ~24 GB.
+  EXPECT_EQ(resolve_kv_cache_tokens(c, p, 8192, 16, std::nullopt, std::nullopt, gpu, 1, DType::kBF16, DType::kBF16,
+                                    64, kDefaultDeviceKvFraction),
+            16 * 8192);
+  // Two ranks sharing the GPU halve it; a GPU too small for one request names --max-seq-len.
+  EXPECT_LT(resolve_kv_cache_tokens(c, p, 8192, 16, std::nullopt, std::nullopt, gpu, 2, DType::kBF16, DType::kBF16,
+                                    64, kDefaultDeviceKvFraction),
+            16 * 8192);
+  try {
+    resolve_kv_cache_tokens(c, p, 8192, 16, std::nullopt, std::nullopt, weights + (256LL << 20), 1, DType::kBF16,
+                            DType::kF32, 64, kDefaultDeviceKvFraction);
+    ADD_FAILURE() << "256 MiB beside the weights held a request of 8192 f32 positions";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--max-seq-len"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("fewer than one request"), std::string::npos) << e.what();
+  }
+  // The flags still win: --kv-cache-tokens is taken as asked.
+  EXPECT_EQ(resolve_kv_cache_tokens(c, p, 8192, 16, int64_t{16 * 8192}, std::nullopt, gpu, 1, DType::kBF16,
+                                    DType::kF32, 64, kDefaultDeviceKvFraction),
+            16 * 8192);
+}
+
+// Issue 26, item 3: bf16 is the CUDA backend's default KV cache ("auto"), f32 on request.
+TEST(KvCacheDtype, AutoFollowsTheBackendAndErrorsNameTheFlag) {
   EXPECT_EQ(held_kv_cache_dtype("", "cpu"), DType::kF32);
+  EXPECT_EQ(held_kv_cache_dtype("auto", "cpu"), DType::kF32);
+  EXPECT_EQ(held_kv_cache_dtype("", "cuda"), DType::kBF16);
+  EXPECT_EQ(held_kv_cache_dtype("auto", "cuda"), DType::kBF16);
   EXPECT_EQ(held_kv_cache_dtype("f32", "cuda"), DType::kF32);
+  EXPECT_EQ(held_kv_cache_dtype("bf16", "cuda"), DType::kBF16);
   EXPECT_EQ(held_kv_cache_dtype("bf16", "cpu"), DType::kBF16);
-  for (const auto& [flag, kind] : {std::pair{"bf16", "cuda"}, {"fp8", "cpu"}}) {
+  for (const auto& [flag, kind] : {std::pair{"fp8", "cuda"}, {"fp8", "cpu"}}) {
     try {
       held_kv_cache_dtype(flag, kind);
       ADD_FAILURE() << flag << " on " << kind << " was accepted";
@@ -406,6 +455,112 @@ TEST(CudaDeviceQuery, NoDeviceErrorSaysWhy) {
     ADD_FAILURE() << "make_backend(cuda) did not throw";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+  }
+}
+
+
+// Issue 26, item 5: the tp group's device communicator is chosen from every rank's
+// report (choose_tp_comm), so ranks never mix NCCL with MPI.
+TpCommReport report(uint8_t gpu, bool nccl = true, uint8_t wish = 0) {
+  TpCommReport r;
+  r.gpu_uuid.fill(0xab);
+  r.gpu_uuid[15] = gpu;
+  r.nccl_built = nccl ? 1 : 0;
+  r.wish = wish;
+  return r;
+}
+
+std::string choice_error(const std::vector<TpCommReport>& ranks) {
+  try {
+    choose_tp_comm(ranks);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(TpCommChoice, OneRankNeedsNoCommunicatorUnlessNcclIsAskedFor) {
+  EXPECT_EQ(choose_tp_comm(std::vector{report(0)}).kind, TpCommKind::kSelf);
+  EXPECT_EQ(choose_tp_comm(std::vector{report(0, false)}).kind, TpCommKind::kSelf);
+  EXPECT_EQ(choose_tp_comm(std::vector{report(0, true, 1)}).kind, TpCommKind::kNccl);
+  EXPECT_EQ(choose_tp_comm(std::vector{report(0, true, 2)}).kind, TpCommKind::kHostStaged);
+  EXPECT_NE(choice_error({report(0, false, 1)}).find("rank 0's build has no NCCL"), std::string::npos);
+  EXPECT_NE(choice_error({report(0, false, 1)}).find("LINNET_COMM=nccl"), std::string::npos);
+}
+
+// Slurm's --gpus-per-task=1: every rank sees one device (its "device 0"), but the UUIDs
+// differ, so the group uses NCCL; the old per-node count said MPI.
+TEST(TpCommChoice, OneGpuPerRankUsesNcclWhateverEachRankCallsItsDevice) {
+  const TpCommChoice c = choose_tp_comm(std::vector{report(1), report(2), report(3), report(4)});
+  EXPECT_EQ(c.kind, TpCommKind::kNccl);
+  EXPECT_EQ(c.reason, "one GPU per rank");
+}
+
+TEST(TpCommChoice, SharedGpuOrMissingNcclFallsBackToHostStagedNamingTheRanks) {
+  TpCommChoice c = choose_tp_comm(std::vector{report(1), report(2), report(3), report(2)});
+  EXPECT_EQ(c.kind, TpCommKind::kHostStaged);
+  EXPECT_NE(c.reason.find("ranks 1 and 3 of the tp group share one GPU"), std::string::npos) << c.reason;
+  c = choose_tp_comm(std::vector{report(1), report(2), report(3), report(4, false)});
+  EXPECT_EQ(c.kind, TpCommKind::kHostStaged);
+  EXPECT_NE(c.reason.find("rank 3's build has no NCCL"), std::string::npos) << c.reason;
+}
+
+// Uneven ranks per node: node A holds ranks 0-2 on two GPUs, node B rank 3 on its own
+// GPU. A per-rank rule (ranks on my node <= GPUs on my node) gave MPI on A and NCCL on
+// B, a hang; the reports give every rank the same answer.
+TEST(TpCommChoice, UnevenNodesGetOneAnswerForTheWholeGroup) {
+  const std::vector<TpCommReport> group{report(1), report(2), report(1), report(9)};
+  const TpCommChoice first = choose_tp_comm(group);
+  EXPECT_EQ(first.kind, TpCommKind::kHostStaged);
+  for (int rank = 1; rank < 4; ++rank) {
+    const TpCommChoice again = choose_tp_comm(group);  // what rank `rank` computes
+    EXPECT_EQ(again.kind, first.kind);
+    EXPECT_EQ(again.reason, first.reason);
+  }
+}
+
+TEST(TpCommChoice, LinnetCommMustAgreeAndBeServable) {
+  EXPECT_EQ(choose_tp_comm(std::vector{report(1, true, 2), report(2, true, 2)}).kind, TpCommKind::kHostStaged);
+  EXPECT_EQ(choose_tp_comm(std::vector{report(1, true, 1), report(2, true, 1)}).kind, TpCommKind::kNccl);
+  std::string e = choice_error({report(1, true, 1), report(2, true, 2)});
+  EXPECT_NE(e.find("disagree on LINNET_COMM"), std::string::npos) << e;
+  EXPECT_NE(e.find("rank 0: nccl, rank 1: mpi"), std::string::npos) << e;
+  e = choice_error({report(1, true, 0), report(2, true, 0), report(3, true, 1)});
+  EXPECT_NE(e.find("rank 0: unset, rank 2: nccl"), std::string::npos) << e;
+  e = choice_error({report(1, true, 1), report(1, true, 1)});
+  EXPECT_NE(e.find("ranks 0 and 1 of the tp group share one GPU; NCCL needs one GPU per rank"), std::string::npos) << e;
+  e = choice_error({report(1, true, 1), report(2, false, 1)});
+  EXPECT_NE(e.find("rank 1's build has no NCCL"), std::string::npos) << e;
+  EXPECT_EQ(parse_comm_wish(nullptr), 0);
+  EXPECT_EQ(parse_comm_wish(""), 0);
+  EXPECT_EQ(parse_comm_wish("nccl"), 1);
+  EXPECT_EQ(parse_comm_wish("mpi"), 2);
+  try {
+    parse_comm_wish("gloo");
+    ADD_FAILURE() << "LINNET_COMM=gloo accepted";
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("LINNET_COMM"), std::string::npos) << err.what();
+    EXPECT_NE(std::string(err.what()).find("gloo"), std::string::npos) << err.what();
+  }
+  EXPECT_NE(choice_error({}).find("at least one rank"), std::string::npos);
+}
+
+
+// Issue 26, item 7: a CUDA runtime that cannot start on a machine with an NVIDIA driver
+// is a warning naming CUDA's error; a machine without a driver says nothing.
+TEST(CudaDeviceQuery, FallbackToTheCpuWarnsOnlyWhereADriverIsPresent) {
+  const std::string err = "cudaGetDeviceCount: cudaErrorInsufficientDriver: CUDA driver version is insufficient";
+  const std::string w = cuda_fallback_warning(err, true, nullptr);
+  EXPECT_NE(w.find(err), std::string::npos) << w;
+  EXPECT_NE(w.find("running on the CPU backend"), std::string::npos) << w;
+  EXPECT_EQ(cuda_fallback_warning(err, false, nullptr), "");
+  EXPECT_EQ(cuda_fallback_warning("", true, nullptr), "");
+  EXPECT_EQ(cuda_fallback_warning(err, true, ""), "");
+  EXPECT_EQ(cuda_fallback_warning(err, true, "-1"), "");
+  EXPECT_EQ(cuda_fallback_warning(err, true, "0,1"), w);
+  // This machine: with no device and no driver, the default backend is the CPU, silently.
+  if (cuda_device_count() == 0 && !nvidia_driver_present()) {
+    EXPECT_EQ(cuda_fallback_warning(cuda_device_error(), nvidia_driver_present(), nullptr), "");
   }
 }
 

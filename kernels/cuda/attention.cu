@@ -27,8 +27,14 @@ constexpr int kMaxAcc = 16;        // output elements per thread: group * head_d
 constexpr int64_t kMinChunk = 64;  // fewest keys per split
 constexpr int kMaxSplits = 64;
 
+// A cache element widened to f32 (exact for bf16).
+__device__ __forceinline__ float widen(float x) { return x; }
+__device__ __forceinline__ float widen(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+// KV: the cache element, float or __nv_bfloat16 (--kv-cache-dtype); the math is f32.
+template <typename KV>
 __global__ void __launch_bounds__(kThreads)
-    attention_kernel(const float* q, int64_t q_stride, const float* k_cache, const float* v_cache, float* out,
+    attention_kernel(const float* q, int64_t q_stride, const KV* k_cache, const KV* v_cache, float* out,
                      int n_heads, int n_kv_heads, int head_dim, const int32_t* page_table, int64_t max_pages,
                      int64_t page_size, const int32_t* key_begin, const int32_t* key_end, int splits,
                      float* part_out, float* part_ml) {
@@ -75,12 +81,12 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
     // Scores: warp w takes keys w, w + kWarps, ...; lanes split head_dim.
     for (int t = warp; t < n; t += kWarps) {
-      const float* kt = k_cache + row_s[t] * kv_stride + static_cast<int64_t>(kvh) * head_dim;
+      const KV* kt = k_cache + row_s[t] * kv_stride + static_cast<int64_t>(kvh) * head_dim;
       float dots[kMaxGroup];
 #pragma unroll
       for (int g = 0; g < kMaxGroup; ++g) dots[g] = 0.0f;
       for (int d = lane; d < head_dim; d += kWarp) {
-        const float kd = kt[d];
+        const float kd = widen(kt[d]);
 #pragma unroll
         for (int g = 0; g < kMaxGroup; ++g) {
           if (g < group) dots[g] += q_s[g * head_dim + d] * kd;
@@ -118,9 +124,9 @@ __global__ void __launch_bounds__(kThreads)
       const int e = tid + j * kThreads;
       if (e < gd) {
         const int g = e / head_dim, d = e % head_dim;
-        const float* vbase = v_cache + static_cast<int64_t>(kvh) * head_dim + d;
+        const KV* vbase = v_cache + static_cast<int64_t>(kvh) * head_dim + d;
         float a = acc[j] * alpha_s[g];
-        for (int t = 0; t < n; ++t) a += p_s[g][t] * vbase[row_s[t] * kv_stride];
+        for (int t = 0; t < n; ++t) a += p_s[g][t] * widen(vbase[row_s[t] * kv_stride]);
         acc[j] = a;
       }
     }
@@ -182,7 +188,9 @@ size_t attention_workspace_floats(int64_t rows, int64_t n_heads, int64_t head_di
   return static_cast<size_t>(rows * n_heads * splits * (head_dim + 2));
 }
 
-void launch_attention(const float* q, int64_t q_stride, const float* k_cache, const float* v_cache, float* out,
+namespace {
+template <typename KV>
+void attention_impl(const float* q, int64_t q_stride, const KV* k_cache, const KV* v_cache, float* out,
                       int64_t rows, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, const int32_t* page_table,
                       int64_t max_pages, int64_t page_size, const int32_t* key_begin, const int32_t* key_end,
                       int splits, float* workspace, cudaStream_t stream) {
@@ -201,7 +209,7 @@ void launch_attention(const float* q, int64_t q_stride, const float* k_cache, co
   float* part_ml = splits > 1 ? workspace + rows * n_heads * splits * head_dim : nullptr;
   const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(n_kv_heads), static_cast<unsigned>(splits));
   const size_t smem = static_cast<size_t>(n_heads / n_kv_heads * head_dim) * sizeof(float);
-  attention_kernel<<<grid, kThreads, smem, stream>>>(
+  attention_kernel<KV><<<grid, kThreads, smem, stream>>>(
       q, q_stride, k_cache, v_cache, out, static_cast<int>(n_heads), static_cast<int>(n_kv_heads),
       static_cast<int>(head_dim), page_table, max_pages, page_size, key_begin, key_end, splits, part_out, part_ml);
   LINNET_CUDA_CHECK_LAUNCH();
@@ -210,6 +218,23 @@ void launch_attention(const float* q, int64_t q_stride, const float* k_cache, co
         part_out, part_ml, out, static_cast<int>(head_dim), splits);
     LINNET_CUDA_CHECK_LAUNCH();
   }
+}
+}  // namespace
+
+void launch_attention(const float* q, int64_t q_stride, const float* k_cache, const float* v_cache, float* out,
+                      int64_t rows, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, const int32_t* page_table,
+                      int64_t max_pages, int64_t page_size, const int32_t* key_begin, const int32_t* key_end,
+                      int splits, float* workspace, cudaStream_t stream) {
+  attention_impl(q, q_stride, k_cache, v_cache, out, rows, n_heads, n_kv_heads, head_dim, page_table, max_pages,
+                 page_size, key_begin, key_end, splits, workspace, stream);
+}
+
+void launch_attention(const float* q, int64_t q_stride, const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,
+                      float* out, int64_t rows, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
+                      const int32_t* page_table, int64_t max_pages, int64_t page_size, const int32_t* key_begin,
+                      const int32_t* key_end, int splits, float* workspace, cudaStream_t stream) {
+  attention_impl(q, q_stride, k_cache, v_cache, out, rows, n_heads, n_kv_heads, head_dim, page_table, max_pages,
+                 page_size, key_begin, key_end, splits, workspace, stream);
 }
 
 }  // namespace linnet::cuda

@@ -1,7 +1,7 @@
 // The CUDA op set: kernels over raw device pointers and sizes (no model structs, no
 // ranks), each with a host launcher `launch_xxx(..., cudaStream_t)` that queues it on
-// the stream and checks the launch. Storage: weight matrices bf16, activations and the
-// KV cache f32; every reduction (norms, softmax, dot products) accumulates in f32. The
+// the stream and checks the launch. Storage: weight matrices bf16, activations f32, the
+// KV cache bf16 or f32; every reduction (norms, softmax, dot products) accumulates in f32. The
 // math of each op is that of its CPU twin in kernels/cpu/ops.h (which cites
 // transformers' modeling_llama.py); tests/test_cuda_kernels.cpp compares the two.
 // GEMMs are in kernels/cuda/gemm.h (cuBLASLt).
@@ -54,6 +54,10 @@ void launch_add_inplace(float* x, const float* y, int64_t n, cudaStream_t stream
 /// slots i32 [rows].
 void launch_store_rows(const float* src, int64_t src_stride, float* cache, int64_t row_elems, const int32_t* slots,
                        int64_t rows, cudaStream_t stream);
+/// The same into a bf16 cache (--kv-cache-dtype bf16): each element rounded to bfloat16,
+/// nearest even, as cpu::store_rows into a bf16 cache.
+void launch_store_rows(const float* src, int64_t src_stride, __nv_bfloat16* cache, int64_t row_elems,
+                       const int32_t* slots, int64_t rows, cudaStream_t stream);
 /// out[r, :] = src[index[r], :] for r < n, rows of `cols` f32 (cpu::gather_rows).
 void launch_gather_rows(const float* src, int64_t cols, const int32_t* index, int64_t n, float* out,
                         cudaStream_t stream);
@@ -75,6 +79,12 @@ void launch_attention(const float* q, int64_t q_stride, const float* k_cache, co
                       int64_t rows, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, const int32_t* page_table,
                       int64_t max_pages, int64_t page_size, const int32_t* key_begin, const int32_t* key_end,
                       int splits, float* workspace, cudaStream_t stream);
+/// The same over a bf16 cache (k_cache / v_cache __nv_bfloat16, each element widened to
+/// f32 exactly; the math f32 as above), as cpu::attention over a bf16 cache.
+void launch_attention(const float* q, int64_t q_stride, const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,
+                      float* out, int64_t rows, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
+                      const int32_t* page_table, int64_t max_pages, int64_t page_size, const int32_t* key_begin,
+                      const int32_t* key_end, int splits, float* workspace, cudaStream_t stream);
 /// Key splits per (row, KV head) for launch_attention: enough blocks to fill
 /// 2 * num_sms multiprocessors, at most one split per 64 of the `max_keys` (an upper
 /// bound of any row's range, e.g. max_pages * page_size) and at most 64.

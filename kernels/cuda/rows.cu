@@ -6,12 +6,17 @@
 namespace linnet::cuda {
 namespace {
 
-__global__ void store_rows_kernel(const float* src, int64_t src_stride, float* cache, int64_t row_elems,
+__device__ __forceinline__ void put(float* dst, float x) { *dst = x; }
+// Round to nearest even, as cpu::store_rows into a bf16 cache (float_to_bf16).
+__device__ __forceinline__ void put(__nv_bfloat16* dst, float x) { *dst = __float2bfloat16_rn(x); }
+
+template <typename KV>
+__global__ void store_rows_kernel(const float* src, int64_t src_stride, KV* cache, int64_t row_elems,
                                   const int32_t* slots) {
   const int64_t r = blockIdx.x;
-  float* dst = cache + static_cast<int64_t>(slots[r]) * row_elems;
+  KV* dst = cache + static_cast<int64_t>(slots[r]) * row_elems;
   const float* s = src + r * src_stride;
-  for (int64_t i = threadIdx.x; i < row_elems; i += blockDim.x) dst[i] = s[i];
+  for (int64_t i = threadIdx.x; i < row_elems; i += blockDim.x) put(dst + i, s[i]);
 }
 
 __global__ void gather_rows_kernel(const float* src, int64_t cols, const int32_t* index, float* out) {
@@ -25,7 +30,15 @@ __global__ void gather_rows_kernel(const float* src, int64_t cols, const int32_t
 void launch_store_rows(const float* src, int64_t src_stride, float* cache, int64_t row_elems, const int32_t* slots,
                        int64_t rows, cudaStream_t stream) {
   if (rows <= 0) return;
-  store_rows_kernel<<<static_cast<unsigned>(rows), 256, 0, stream>>>(src, src_stride, cache, row_elems, slots);
+  store_rows_kernel<float><<<static_cast<unsigned>(rows), 256, 0, stream>>>(src, src_stride, cache, row_elems, slots);
+  LINNET_CUDA_CHECK_LAUNCH();
+}
+
+void launch_store_rows(const float* src, int64_t src_stride, __nv_bfloat16* cache, int64_t row_elems,
+                       const int32_t* slots, int64_t rows, cudaStream_t stream) {
+  if (rows <= 0) return;
+  store_rows_kernel<__nv_bfloat16>
+      <<<static_cast<unsigned>(rows), 256, 0, stream>>>(src, src_stride, cache, row_elems, slots);
   LINNET_CUDA_CHECK_LAUNCH();
 }
 

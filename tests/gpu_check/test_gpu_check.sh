@@ -41,7 +41,8 @@ grep -q "^| qwen3_4b_hf | skipped |" "$WORK/logs/summary.md" || { echo "FAIL: th
   { echo "FAIL: the bench table has not 4 rows of numbers"; exit 1; }
 grep -q "^gpu check: passed" "$WORK/logs/summary.md" || { echo "FAIL: the summary does not say passed"; exit 1; }
 # compare_backends can fail: a reference of another seed (another model) is outside the bound.
-"$WORK/carry/bin/compare_backends" --config "$ROOT/tests/data/fixtures/llama31/f32/config.json" --backend cpu \
+# (The carried binaries travel gzipped; the check unpacked them into its log folder.)
+"$WORK/logs/carried-bin/compare_backends" --config "$ROOT/tests/data/fixtures/llama31/f32/config.json" --backend cpu \
   --reference cpu --seed 1 --reference-seed 2 --threads 1 >"$WORK/negative.log" 2>&1
 rc=$?
 [ "$rc" = 1 ] && grep -q "^result: FAIL" "$WORK/negative.log" ||
