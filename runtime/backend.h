@@ -135,6 +135,42 @@ class Backend {
   virtual void copy_i32(std::span<const int32_t> values, Tensor& dst) {
     std::copy(values.begin(), values.end(), dst.i32());
   }
+
+  /// The vocab-parallel cross-entropy pieces of each row of this rank's logits slice
+  /// `logits` (this backend's memory, f32 [rows, ld]; Engine::lm_head_block), computed
+  /// where the logits are, so only 3 numbers a row reach the host (Megatron's
+  /// vocab_parallel_cross_entropy; the math of cuda::launch_cross_entropy_pieces): over
+  /// columns < n_valid, row_max[r] = the max, sum_exp[r] = sum exp(l - row_max[r]) (f32
+  /// sums), target_logit[r] = the logit of global id targets[r] when vocab_begin <=
+  /// targets[r] < vocab_begin + n_valid, else 0. targets host i32 [rows]; the outputs host
+  /// [rows]; one wait on the backend. The CPU backend has none (loss.cpp computes its rows
+  /// on the host, cpu::softmax_stats).
+  /// @throws Error on a backend without it, or as the backend's kernels.
+  virtual void cross_entropy_rows(const Tensor& logits, int64_t ld, int64_t n_valid, int64_t vocab_begin,
+                                  std::span<const int32_t> targets, float* row_max, float* sum_exp,
+                                  float* target_logit) {
+    (void)logits, (void)ld, (void)n_valid, (void)vocab_begin, (void)targets, (void)row_max, (void)sum_exp,
+        (void)target_logit;
+    throw Error("this backend computes the cross-entropy on the host", name() + " cross_entropy_rows");
+  }
+  /// Greedy picks of this rank's logits slice: for each of the `rows` rows of `logits`
+  /// (this backend's memory, f32 [rows, ld]), over columns < n_valid: value[r] and
+  /// index[r] = the max and its column (ties to the lower column; index -1 when
+  /// n_valid == 0), and bad[r] = the first column holding NaN or +-inf, -1 when none
+  /// (the picks of such a row are not used: the sampler refuses non-finite rows). Host
+  /// outputs [rows]; one wait on the backend. The CPU backend reads the rows in place.
+  virtual void argmax_rows(const Tensor& logits, int64_t rows, int64_t ld, int64_t n_valid, float* value,
+                           int32_t* index, int32_t* bad);
+
+  /// This rank's `k` best columns (< n_valid) of each row of `logits` (as
+  /// cross_entropy_rows; rows = logits.dim(0)), by value descending, ties to the lower
+  /// column: values f32 and column indices i32, host [rows, k]. 0 < k <= n_valid.
+  /// @throws Error on a backend without it, or k outside (0, n_valid].
+  virtual void top_k_rows(const Tensor& logits, int64_t ld, int64_t n_valid, int64_t k, float* values,
+                          int32_t* index) {
+    (void)logits, (void)ld, (void)n_valid, (void)k, (void)values, (void)index;
+    throw Error("this backend picks top-k candidates on the host", name() + " top_k_rows");
+  }
 };
 
 /// Kernel (OpenMP) threads per rank: `requested` when > 0, else the node's cores shared by its

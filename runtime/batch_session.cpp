@@ -1,6 +1,7 @@
 #include "runtime/batch_session.h"
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "common/error.h"
 
@@ -103,12 +104,10 @@ bool BatchSession::cancel(int64_t id) {
 }
 
 // Draws one token per logits row on tp rank 0 (with its logprobs and the caller's stop
-// check), broadcasts {token, outcome} pairs, and advances each request: appends the
-// token, checks the outcome, EOS / stop ids, max_new_tokens and max_seq_len.
+// check), then advance() broadcasts and applies them.
 void BatchSession::sample(const std::vector<int64_t>& ids, const std::vector<float>& logits) {
   Communicator& comm = engine_.tp_comm();
   const bool root = comm.rank() == 0;
-  const int64_t L = engine_.max_seq_len();
   const int64_t V = engine_.config().vocab_size;
   std::vector<int32_t> drawn(2 * ids.size(), 0);
   if (root) {
@@ -134,6 +133,59 @@ void BatchSession::sample(const std::vector<int64_t>& ids, const std::vector<flo
       }
     }
   }
+  advance(ids, drawn);
+}
+
+// A greedy step's tokens (Engine::step_paged_argmax: the merged argmax of every rank's
+// shard, the token Sampler's greedy argmax would draw), refused as the sampler refuses a
+// row with a non-finite logit.
+void BatchSession::sample_greedy(const std::vector<int64_t>& ids, const std::vector<Engine::GreedyPick>& picks) {
+  const bool root = engine_.tp_comm().rank() == 0;
+  std::vector<int32_t> drawn(2 * ids.size(), 0);
+  if (root) {
+    for (size_t k = 0; k < ids.size(); ++k) {
+      GenerationResult& res = entries_.at(ids[k]).result;
+      const Engine::GreedyPick& p = picks[k];
+      if (p.bad_id >= 0 || p.id < 0) {
+        drawn[2 * k + 1] = kFailed;
+        res.error = std::string(Error("non-finite logits (NaN or inf): no token can be drawn", "logits row",
+                                      "finite values", "id " + std::to_string(p.bad_id))
+                                    .what()) +
+                    " (at new token " + std::to_string(res.ids.size() + 1) + ")";
+        continue;
+      }
+      drawn[2 * k] = p.id;
+      if (options_.stop_check && options_.stop_check(ids[k], p.id)) drawn[2 * k + 1] = kStopCheck;
+    }
+  }
+  advance(ids, drawn);
+}
+
+bool BatchSession::greedy_step(const std::vector<int64_t>& ids, int64_t* vocab_limit) const {
+  static const bool enabled = [] {
+    const char* v = std::getenv("LINNET_SHARD_ARGMAX");
+    return !(v && std::string(v) == "0");
+  }();
+  if (!enabled || ids.empty()) return false;
+  for (size_t k = 0; k < ids.size(); ++k) {
+    const BatchRequest& req = entries_.at(ids[k]).request;
+    const SamplingParams& s = req.sampling;
+    if (s.temperature != 0.0 || s.repetition_penalty != 1.0 || s.presence_penalty != 0.0 ||
+        s.frequency_penalty != 0.0 || req.top_logprobs >= 0) {
+      return false;
+    }
+    if (k == 0) *vocab_limit = s.vocab_limit;
+    if (s.vocab_limit != *vocab_limit) return false;
+  }
+  return true;
+}
+
+// Broadcasts rank 0's {token, outcome} pairs and advances each request: appends the
+// token, checks the outcome, EOS / stop ids, max_new_tokens and max_seq_len.
+void BatchSession::advance(const std::vector<int64_t>& ids, std::vector<int32_t>& drawn) {
+  Communicator& comm = engine_.tp_comm();
+  const bool root = comm.rank() == 0;
+  const int64_t L = engine_.max_seq_len();
   comm.broadcast(drawn.data(), drawn.size() * sizeof(int32_t), 0);
   const double t = now_ms();
   for (size_t k = 0; k < ids.size(); ++k) {
@@ -170,6 +222,13 @@ bool BatchSession::step() {
   const auto step = scheduler_.next_step();
   if (!step) return false;
   last_step_sequences_ = static_cast<int64_t>(step->seq_ids.size());
+  int64_t vocab_limit = 0;
+  if (greedy_step(step->ids, &vocab_limit)) {
+    const std::vector<Engine::GreedyPick> picks = engine_.step_paged_argmax(step->batch, vocab_limit);
+    scheduler_.done_step(*step);
+    sample_greedy(step->ids, picks);
+    return true;
+  }
   const std::vector<float> logits = engine_.step_paged(step->batch);
   scheduler_.done_step(*step);
   if (!step->ids.empty()) sample(step->ids, logits);

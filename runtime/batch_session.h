@@ -111,6 +111,13 @@ class BatchSession {
   void queue(int64_t id);              // hands a request to the scheduler (or finishes it)
   void release_deferred(int64_t id);   // queues the requests waiting for `id`'s prompt
   void sample(const std::vector<int64_t>& ids, const std::vector<float>& logits);
+  // Whether every row of a step is greedy without penalties or logprobs, with one vocab
+  // limit (set in *vocab_limit): then the step takes Engine::step_paged_argmax and only
+  // 3 numbers a row leave each rank (LINNET_SHARD_ARGMAX=0 turns this off, for A/B).
+  bool greedy_step(const std::vector<int64_t>& ids, int64_t* vocab_limit) const;
+  void sample_greedy(const std::vector<int64_t>& ids, const std::vector<Engine::GreedyPick>& picks);
+  // Broadcasts tp rank 0's drawn {token, outcome} pairs and advances each request.
+  void advance(const std::vector<int64_t>& ids, std::vector<int32_t>& drawn);
   double now_ms() const;
 
   Engine& engine_;

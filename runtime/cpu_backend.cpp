@@ -3,10 +3,13 @@
 // upload: --weight-dtype, --weight-group-size),
 // everything else f32, so uploads of weights in that dtype are the tensors themselves.
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <cstring>
 #include <thread>
 #include <vector>
 
+#include "common/error.h"
 #include "kernels/cpu/ops.h"
 #include "loader/safetensors.h"
 #include "runtime/backend.h"
@@ -183,6 +186,27 @@ int kernel_threads_per_rank(int requested, int ranks_on_node) {
 std::unique_ptr<Backend> make_cpu_backend(int num_threads, DType weight_dtype, DType kv_cache_dtype,
                                           int64_t weight_group_size) {
   return std::make_unique<CpuBackend>(num_threads, weight_dtype, kv_cache_dtype, weight_group_size);
+}
+
+// The host-memory default of Backend::argmax_rows (the CPU backend's): a scan per row.
+void Backend::argmax_rows(const Tensor& logits, int64_t rows, int64_t ld, int64_t n_valid, float* value,
+                          int32_t* index, int32_t* bad) {
+  if (logits.device() != Device::kCpu) throw Error("argmax_rows of device memory needs its backend", name());
+  LINNET_CHECK(rows >= 0 && n_valid >= 0 && n_valid <= ld && logits.numel() >= rows * ld, "argmax_rows shape");
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* l = logits.data() + r * ld;
+    int32_t best = -1, first_bad = -1;
+    for (int64_t j = 0; j < n_valid; ++j) {
+      if (!std::isfinite(l[j])) {
+        first_bad = static_cast<int32_t>(j);
+        break;
+      }
+      if (best < 0 || l[j] > l[best]) best = static_cast<int32_t>(j);
+    }
+    value[r] = best >= 0 ? l[best] : -std::numeric_limits<float>::infinity();
+    index[r] = best;
+    bad[r] = first_bad;
+  }
 }
 
 }  // namespace linnet

@@ -329,6 +329,62 @@ class CudaBackend final : public Backend {
     LINNET_CUDA_CHECK(cudaMemcpyAsync(dst.raw(), stage(values), bytes, cudaMemcpyHostToDevice, stream_));
   }
 
+  void cross_entropy_rows(const Tensor& logits, int64_t ld, int64_t n_valid, int64_t vocab_begin,
+                          std::span<const int32_t> targets, float* row_max, float* sum_exp,
+                          float* target_logit) override {
+    const int64_t rows = static_cast<int64_t>(targets.size());
+    if (rows == 0) return;
+    LINNET_CHECK(logits.device() == Device::kCuda && logits.numel() >= rows * ld, "cross_entropy_rows: logits");
+    const Tensor t = upload_i32(targets);
+    Tensor out = alloc({3 * rows}, DType::kF32);
+    cuda::launch_cross_entropy_pieces(logits.data(), rows, ld, n_valid, vocab_begin, t.i32(), out.data(),
+                                      out.data() + rows, out.data() + 2 * rows, stream_);
+    std::vector<float> h(static_cast<size_t>(3 * rows));
+    to_host(out, h.data());
+    std::copy(h.begin(), h.begin() + rows, row_max);
+    std::copy(h.begin() + rows, h.begin() + 2 * rows, sum_exp);
+    std::copy(h.begin() + 2 * rows, h.end(), target_logit);
+  }
+
+  void argmax_rows(const Tensor& logits, int64_t rows, int64_t ld, int64_t n_valid, float* value, int32_t* index,
+                   int32_t* bad) override {
+    if (rows <= 0) return;
+    if (logits.device() == Device::kCpu) return Backend::argmax_rows(logits, rows, ld, n_valid, value, index, bad);
+    LINNET_CHECK(logits.numel() >= rows * ld && n_valid <= ld, "argmax_rows shape");
+    Tensor vals = alloc({rows}, DType::kF32);
+    Tensor ints = alloc({2 * rows}, DType::kI32);  // [index | bad]
+    if (n_valid > 0) {
+      cuda::launch_argmax(logits.data(), rows, ld, n_valid, vals.data(), ints.i32(), stream_);
+    }
+    cuda::launch_first_nonfinite(logits.data(), rows, ld, n_valid, ints.i32() + rows, stream_);
+    to_host(vals, value);  // waits (polling the communicator)
+    std::vector<int32_t> h(static_cast<size_t>(2 * rows));
+    LINNET_CUDA_CHECK(cudaMemcpyAsync(h.data(), ints.raw(), h.size() * sizeof(int32_t), cudaMemcpyDeviceToHost,
+                                      stream_));
+    LINNET_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    for (int64_t r = 0; r < rows; ++r) {
+      index[r] = n_valid > 0 ? h[r] : -1;
+      bad[r] = h[rows + r];
+    }
+  }
+
+  void top_k_rows(const Tensor& logits, int64_t ld, int64_t n_valid, int64_t k, float* values,
+                  int32_t* index) override {
+    const int64_t rows = logits.dim(0);
+    if (k <= 0 || k > n_valid) {
+      throw Error("top-k outside the vocabulary slice", "CudaBackend::top_k_rows", "(0, " + std::to_string(n_valid) + "]",
+                  std::to_string(k));
+    }
+    Tensor work = alloc({rows * n_valid}, DType::kF32);
+    Tensor vals = alloc({rows * k}, DType::kF32);
+    Tensor idx = alloc({rows * k}, DType::kI32);
+    cuda::launch_topk(logits.data(), rows, ld, n_valid, k, work.data(), vals.data(), idx.i32(), stream_);
+    to_host(vals, values);
+    LINNET_CUDA_CHECK(cudaMemcpyAsync(index, idx.raw(), static_cast<size_t>(rows * k) * sizeof(int32_t),
+                                      cudaMemcpyDeviceToHost, stream_));
+    LINNET_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
   Communicator& communicator(MpiCommunicator& group) {
     if (comm_) {
       if (comm_group_ != group.comm()) {

@@ -1,6 +1,7 @@
 #include "runtime/engine.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <numeric>
 #include <string>
@@ -371,9 +372,15 @@ void Engine::lm_head_local(const Tensor& hidden, int64_t r0, int64_t n, float* o
     backend_.matmul_nt(x, weights_.lm_head, out, n, H, vl);
     return;
   }
+  backend_.to_host(lm_head_block(hidden, r0, n), out);
+}
+
+Tensor Engine::lm_head_block(const Tensor& hidden, int64_t r0, int64_t n) {
+  const int64_t H = config_.hidden_size, vl = plan_.vocab_local;
+  LINNET_CHECK(r0 >= 0 && n >= 1 && hidden.numel() >= (r0 + n) * H, "lm_head_block rows out of range");
   Tensor logits = backend_.zeros({n, vl});
-  backend_.matmul_nt(x, weights_.lm_head, logits.data(), n, H, vl);
-  backend_.to_host(logits, out);
+  backend_.matmul_nt(hidden.data() + r0 * H, weights_.lm_head, logits.data(), n, H, vl);
+  return logits;
 }
 
 std::vector<float> Engine::prefill_packed(std::span<const int32_t> tokens, std::span<const int32_t> rows,
@@ -505,6 +512,62 @@ std::vector<float> Engine::step_paged(const PagedBatch& batch) {
     return {};
   }
   return cache_logits(batch.tokens, r, batch.last);
+}
+
+std::vector<Engine::GreedyPick> Engine::step_paged_argmax(const PagedBatch& batch, int64_t vocab_limit) {
+  const Rows r = paged_rows(batch, "step_paged_argmax");
+  const int64_t n = static_cast<int64_t>(batch.last.size());
+  if (n == 0) {
+    run(batch.tokens, r, cache_, {}, PassOutput::kNone);
+    return {};
+  }
+  const int64_t V = config_.vocab_size;
+  const int64_t limit = vocab_limit > 0 ? std::min(vocab_limit, V) : V;
+  std::vector<GreedyPick> picks(static_cast<size_t>(n));
+  if (DecodeGraph* g = graph_for(static_cast<int64_t>(batch.tokens.size()), batch.last)) {
+    const std::vector<float> logits = replay_decode(batch.tokens, r, *g);
+    for (int64_t k = 0; k < n; ++k) {
+      const float* l = logits.data() + k * V;
+      GreedyPick& p = picks[static_cast<size_t>(k)];
+      for (int64_t j = 0; j < limit; ++j) {
+        if (!std::isfinite(l[j])) {
+          p.bad_id = static_cast<int32_t>(j);
+          break;
+        }
+        if (p.id < 0 || l[j] > l[p.id]) p.id = static_cast<int32_t>(j);
+      }
+      if (p.id >= 0) p.logit = l[p.id];
+    }
+    return picks;
+  }
+  const Tensor local = run(batch.tokens, r, cache_, batch.last);
+  const int64_t vl = plan_.vocab_local, begin = plan_.vocab_begin;
+  const int64_t valid = std::clamp<int64_t>(limit - begin, 0, vl);
+  std::vector<float> value(static_cast<size_t>(n));
+  std::vector<int32_t> index(static_cast<size_t>(n)), bad(static_cast<size_t>(n));
+  backend_.argmax_rows(local, n, vl, valid, value.data(), index.data(), bad.data());
+  // Ids travel as floats: exact below 2^24.
+  LINNET_CHECK(V < (int64_t{1} << 24), "vocabulary too large for float ids");
+  const int tp = comm_.size();
+  std::vector<float> send(static_cast<size_t>(3 * n)), recv(static_cast<size_t>(3 * n * tp));
+  for (int64_t k = 0; k < n; ++k) {
+    send[3 * k] = value[k];
+    send[3 * k + 1] = index[k] >= 0 ? static_cast<float>(begin + index[k]) : -1.0f;
+    send[3 * k + 2] = bad[k] >= 0 ? static_cast<float>(begin + bad[k]) : -1.0f;
+  }
+  comm_.all_gather(send.data(), send.size(), recv.data());
+  for (int64_t k = 0; k < n; ++k) {
+    GreedyPick& p = picks[static_cast<size_t>(k)];
+    for (int rank = 0; rank < tp; ++rank) {  // ranks hold ascending id ranges
+      const float* f = recv.data() + (static_cast<int64_t>(rank) * n + k) * 3;
+      if (p.bad_id < 0 && f[2] >= 0) p.bad_id = static_cast<int32_t>(f[2]);
+      if (f[1] >= 0 && (p.id < 0 || f[0] > p.logit)) {
+        p.id = static_cast<int32_t>(f[1]);
+        p.logit = f[0];
+      }
+    }
+  }
+  return picks;
 }
 
 std::vector<float> Engine::prefill_paged(PagedBatch batch) {

@@ -111,6 +111,22 @@ class Engine {
   /// @throws Error on mismatched lengths, a page outside [0, num_pages), a position past
   ///   its page table or max_seq_len, non-consecutive positions of a sequence, bad ids.
   std::vector<float> step_paged(const PagedBatch& batch);
+  /// The greedy pick of one logits row, the same on every rank of the tp group.
+  struct GreedyPick {
+    int32_t id = -1;       ///< argmax over ids < the vocab limit, ties to the lower id
+    float logit = 0.0f;    ///< its logit
+    int32_t bad_id = -1;   ///< the lowest id < the limit whose logit is NaN or +-inf; -1 if none
+  };
+  /// step_paged for a step whose rows are all greedy: the same pass, but each rank takes
+  /// the argmax of its own vocab shard where its logits are (Backend::argmax_rows: on
+  /// CUDA no logits row leaves the device) and the ranks all_gather 3 numbers a row
+  /// instead of the logits; every rank merges them alike (the max, ties to the lower id:
+  /// the lower rank). The same token as Sampler's greedy argmax over step_paged's row, bit
+  /// for bit (the same logits). Ids >= `vocab_limit` (> 0; else vocab_size) are never
+  /// picked nor checked. A step recorded as a CUDA graph scans the gathered logits on the
+  /// host instead. Empty when batch.last is empty.
+  /// @throws Error as step_paged.
+  std::vector<GreedyPick> step_paged_argmax(const PagedBatch& batch, int64_t vocab_limit);
   /// prefill_paged: step_paged over prompt chunks, logits of each sequence's last token
   /// in this pass, f32 [page_tables.size(), vocab_size].
   std::vector<float> prefill_paged(PagedBatch batch);
@@ -142,6 +158,10 @@ class Engine {
   /// packed_hidden): f32 [n, vocab_local] written to host memory `out` (columns past
   /// vocab_size are padding). The CPU backend multiplies straight into `out`.
   void lm_head_local(const Tensor& hidden, int64_t r0, int64_t n, float* out);
+  /// The same slice left in backend memory: f32 [n, vocab_local] (for the device-side
+  /// cross-entropy of loss.cpp: Backend::cross_entropy_rows; no logits row reaches the
+  /// host). n >= 1.
+  Tensor lm_head_block(const Tensor& hidden, int64_t r0, int64_t n);
 
   const ModelConfig& config() const { return config_; }
   const ShardPlan& plan() const { return plan_; }

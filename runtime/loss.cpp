@@ -30,12 +30,15 @@ struct RowStats {
 // Runs the packed pass, then the lm_head a block of labelled rows at a time; each row's
 // local (max, sum exp(l - local max), label logit) comes from its block while the block
 // is hot, and per_row(k, l) sees the row's logits slice l [vocab_local] (any thread,
-// each row once). Across the ranks: m = all_reduce_max of the local maxima, and each
+// each row once). On a device backend (CUDA) the block stays in device memory: the
+// statistics come from Backend::cross_entropy_rows (3 numbers a row to the host) and
+// per_block(b0, bn, logits) sees the device block instead of per_row. Across the ranks: m = all_reduce_max of the local maxima, and each
 // local sum is rescaled by exp(local max - m) before all_reduce_sum (at tp 1 the factor
 // is exp(0) = 1: the sum unchanged). Each row's statistics are one fixed chain
 // (cpu::softmax_stats), so neither the thread count nor the batch changes a bit.
-template <class PerRow>
-RowStats row_stats(Engine& engine, const PackedBatch& batch, int64_t block_rows, const PerRow& per_row) {
+template <class PerRow, class PerBlock>
+RowStats row_stats(Engine& engine, const PackedBatch& batch, int64_t block_rows, const PerRow& per_row,
+                   const PerBlock& per_block) {
   const int64_t P = static_cast<int64_t>(batch.tokens.size());
   const int64_t V = engine.config().vocab_size;
   if (static_cast<int64_t>(batch.labels.size()) != P) {
@@ -68,9 +71,28 @@ RowStats row_stats(Engine& engine, const PackedBatch& batch, int64_t block_rows,
   st.sums.assign(static_cast<size_t>(2 * n), 0.0);
   if (block_rows < 0) throw Error("invalid value", "loss block rows", ">= 0", std::to_string(block_rows));
   const int64_t block = block_rows > 0 ? block_rows : std::max(kLogitBlockBytes / (vl * 4), kMinBlockRows);
-  const std::unique_ptr<float[]> logits(new float[static_cast<size_t>(std::min(block, std::max<int64_t>(n, 1)) * vl)]);
+  if (engine.backend().device() != Device::kCpu) {
+    std::vector<int32_t> targets(static_cast<size_t>(n));
+    std::vector<float> sum_f(static_cast<size_t>(n)), target_f(static_cast<size_t>(n));
+    for (int64_t k = 0; k < n; ++k) targets[k] = batch.labels[st.rows[k]];
+    for (int64_t b0 = 0; b0 < n; b0 += block) {
+      const int64_t bn = std::min(block, n - b0);
+      const Tensor logits = engine.lm_head_block(hidden, b0, bn);
+      engine.backend().cross_entropy_rows(logits, vl, cols, plan.vocab_begin,
+                                          std::span<const int32_t>(targets).subspan(b0, bn), &local_max[b0],
+                                          &sum_f[b0], &target_f[b0]);
+      per_block(b0, bn, logits);
+    }
+    for (int64_t k = 0; k < n; ++k) {
+      st.sums[k] = sum_f[k];
+      st.sums[n + k] = target_f[k];
+    }
+  }
+  const int64_t host_rows = engine.backend().device() == Device::kCpu ? n : 0;
+  const std::unique_ptr<float[]> logits(
+      new float[static_cast<size_t>(std::min(block, std::max<int64_t>(host_rows, 1)) * vl)]);
   const int threads = cpu::num_threads();
-  for (int64_t b0 = 0; b0 < n; b0 += block) {
+  for (int64_t b0 = 0; b0 < host_rows; b0 += block) {
     const int64_t bn = std::min(block, n - b0);
     engine.lm_head_local(hidden, b0, bn, logits.get());
 #pragma omp parallel for schedule(static) num_threads(threads)
@@ -96,7 +118,8 @@ RowStats row_stats(Engine& engine, const PackedBatch& batch, int64_t block_rows,
 }  // namespace
 
 PackedLoss loss_packed(Engine& engine, const PackedBatch& batch, int64_t block_rows) {
-  const RowStats st = row_stats(engine, batch, block_rows, [](int64_t, const float*) {});
+  const RowStats st = row_stats(engine, batch, block_rows, [](int64_t, const float*) {},
+                                [](int64_t, int64_t, const Tensor&) {});
   const size_t n = st.rows.size();
   PackedLoss out;
   out.nll.assign(batch.tokens.size(), 0.0);
@@ -146,11 +169,30 @@ PackedLogprobs log_probs_packed(Engine& engine, const PackedBatch& batch, int64_
       slot[1] = c < m ? static_cast<float>(plan.vocab_begin + idx[c]) : -1.0f;
     }
   };
+  // The same on a device backend: its k best columns of the block (Backend::top_k_rows),
+  // only the candidates reaching the host. NaN logits are not excluded there.
+  const auto pick_block = [&](int64_t b0, int64_t bn, const Tensor& logits) {
+    const int64_t m = std::min<int64_t>(top_k, limit);
+    std::vector<float> vals(static_cast<size_t>(bn * std::max<int64_t>(m, 1)));
+    std::vector<int32_t> idx(vals.size());
+    if (m > 0) engine.backend().top_k_rows(logits, plan.vocab_local, limit, m, vals.data(), idx.data());
+    for (int64_t k = b0; k < b0 + bn; ++k) {
+      for (size_t c = 0; c < K; ++c) {
+        float* slot = send.data() + (static_cast<size_t>(k) * K + c) * 2;
+        const size_t at = static_cast<size_t>((k - b0) * m) + c;
+        // No winner left (every remaining value -inf or NaN) comes back as index INT32_MAX.
+        const bool real = static_cast<int64_t>(c) < m && idx[at] >= 0 && idx[at] < limit;
+        slot[0] = real ? vals[at] : -std::numeric_limits<float>::infinity();
+        slot[1] = real ? static_cast<float>(plan.vocab_begin + idx[at]) : -1.0f;
+      }
+    }
+  };
   int64_t labelled = 0;
   for (const int32_t y : batch.labels) labelled += y != kIgnoreIndex;
   if (top_k > 0) send.assign(static_cast<size_t>(labelled) * K * 2, 0.0f);
-  const RowStats st = top_k > 0 ? row_stats(engine, batch, block_rows, pick)
-                                 : row_stats(engine, batch, block_rows, [](int64_t, const float*) {});
+  const auto none_block = [](int64_t, int64_t, const Tensor&) {};
+  const RowStats st = top_k > 0 ? row_stats(engine, batch, block_rows, pick, pick_block)
+                                 : row_stats(engine, batch, block_rows, [](int64_t, const float*) {}, none_block);
   const size_t n = st.rows.size();
   PackedLogprobs out;
   out.logprob.assign(batch.tokens.size(), std::numeric_limits<double>::quiet_NaN());

@@ -25,6 +25,7 @@
 #include "parallel/mpi_communicator.h"
 #include "runtime/backend_factory.h"
 #include "runtime/cuda_backend.h"
+#include "runtime/loss.h"
 #include "runtime/model_loader.h"
 #include "runtime/random_weights.h"
 #include "tests/test_data.h"
@@ -185,6 +186,65 @@ TEST(CudaRandomWeights, CpuAndCudaEnginesAgreeOnARandomModel) {
   const auto la = a.forward(ids), lb = b.forward(ids);
   ASSERT_EQ(la.size(), lb.size());
   EXPECT_LT(max_abs_diff(lb.data(), la), 0.1f);
+}
+
+// Issue 26, item 2: loss_packed / log_probs_packed on CUDA take the cross-entropy and the
+// top-k candidates on the device (Backend::cross_entropy_rows / top_k_rows: no logits
+// row reaches the host). Held to the host computation over the same engine's logits
+// (lm_head_local copies them out): NLL in long double, top-5 by a partial sort. Two
+// documents in one pack, the last token of each unlabelled, blocks of 3 rows so several
+// device blocks run.
+TEST(CudaLoss, DeviceCrossEntropyAndTopKMatchTheHostOnTheSameLogits) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device (" << cuda_device_error() << ")";
+  MpiCommunicator self(MPI_COMM_SELF);
+  const ModelConfig config = ModelConfig::load(test::test_data_dir() / "fixtures" / "llama31" / "f32" / "config.json");
+  const ShardPlan plan = ShardPlan::make(config, 0, 1);
+  auto gpu = make_backend("cuda", 1, 0, 1);
+  Engine engine(config, plan, random_weights(*gpu, config, plan, 7, 0.2f), *gpu, tp_communicator(*gpu, self), 32);
+  PackedBatch b;
+  const int32_t V = static_cast<int32_t>(config.vocab_size);
+  for (int doc = 0; doc < 2; ++doc) {
+    const int len = doc == 0 ? 11 : 8;
+    for (int i = 0; i < len; ++i) {
+      b.tokens.push_back((doc * 131 + i * 37 + 5) % V);
+      b.positions.push_back(i);
+      b.segments.push_back(doc);
+      b.labels.push_back(i + 1 < len ? (doc * 131 + (i + 1) * 37 + 5) % V : kIgnoreIndex);
+    }
+  }
+  const PackedLoss loss = loss_packed(engine, b, /*block_rows=*/3);
+  const PackedLogprobs lp = log_probs_packed(engine, b, /*top_k=*/5, /*vocab_limit=*/0, /*block_rows=*/3);
+  std::vector<int32_t> rows;
+  for (size_t i = 0; i < b.labels.size(); ++i) {
+    if (b.labels[i] != kIgnoreIndex) rows.push_back(static_cast<int32_t>(i));
+  }
+  const Tensor hidden = engine.packed_hidden(b.tokens, b.positions, b.segments, rows);
+  const int64_t vl = plan.vocab_local;
+  std::vector<float> logits(rows.size() * static_cast<size_t>(vl));
+  engine.lm_head_local(hidden, 0, static_cast<int64_t>(rows.size()), logits.data());
+  for (size_t k = 0; k < rows.size(); ++k) {
+    const float* l = logits.data() + k * static_cast<size_t>(vl);
+    long double m = l[0], sum = 0;
+    for (int32_t j = 0; j < V; ++j) m = std::max<long double>(m, l[j]);
+    for (int32_t j = 0; j < V; ++j) sum += std::exp(static_cast<long double>(l[j]) - m);
+    const double nll = static_cast<double>(std::log(sum) + m - l[b.labels[rows[k]]]);
+    EXPECT_TRUE(loss.scored[rows[k]]);
+    EXPECT_NEAR(loss.nll[rows[k]], nll, 1e-4 + 1e-5 * std::fabs(nll)) << "row " << rows[k];
+    EXPECT_NEAR(lp.logprob[rows[k]], -nll, 1e-4 + 1e-5 * std::fabs(nll)) << "row " << rows[k];
+    std::vector<int32_t> order(static_cast<size_t>(V));
+    for (int32_t j = 0; j < V; ++j) order[j] = j;
+    std::partial_sort(order.begin(), order.begin() + 5, order.end(),
+                      [l](int32_t a, int32_t c) { return l[a] > l[c] || (l[a] == l[c] && a < c); });
+    const auto& top = lp.top[rows[k]];
+    ASSERT_EQ(top.size(), 5u) << "row " << rows[k];
+    for (size_t c = 0; c < 5; ++c) {
+      EXPECT_EQ(top[c].first, order[c]) << "row " << rows[k] << " candidate " << c;
+      EXPECT_NEAR(top[c].second, l[order[c]] - (static_cast<double>(m) + std::log(static_cast<double>(sum))), 1e-4);
+    }
+  }
+  for (size_t i = 0; i < b.labels.size(); ++i) {
+    if (b.labels[i] == kIgnoreIndex) EXPECT_FALSE(loss.scored[i]);
+  }
 }
 
 // CUDA graphs (Engine::cuda_graphs): decode steps replayed from recorded graphs give

@@ -231,6 +231,47 @@ TEST_F(PagedTest, SchedulerSharesPrefixPagesAndMatchesEachAlone) {
   EXPECT_NE(err->find("--kv-cache-tokens"), std::string::npos) << *err;
 }
 
+// Issue 26, item 1: a greedy step's argmax on each rank's vocab shard, merged from 3
+// numbers a row (Engine::step_paged_argmax), picks the token Sampler's greedy argmax
+// picks from the gathered row, bit for bit, at every tp size and with a vocab limit
+// inside a shard. Each pass runs twice on the same batch (the second writes the same
+// K/V to the same slots).
+TEST_F(PagedTest, ShardArgmaxPicksTheSamplersGreedyToken) {
+  const std::vector<int32_t> base = story(120);
+  const int64_t V = files_->config.vocab_size;
+  for (const int64_t limit : {int64_t{0}, V / 2 + 3}) {
+    PagePool pool(paged_->num_pages(), paged_->page_size());
+    PagedScheduler sched(pool, /*max_batch=*/3, kMaxSeqLen, /*token_budget=*/40);
+    for (int i = 0; i < 5; ++i) {
+      ASSERT_FALSE(sched.add(i, std::vector<int32_t>(base.begin() + 7 * i, base.begin() + 50 + 9 * i), 6));
+    }
+    std::vector<int> made(5, 0);
+    int rows = 0;
+    while (auto step = sched.next_step()) {
+      const std::vector<float> logits = paged_->step_paged(step->batch);
+      const std::vector<Engine::GreedyPick> picks = paged_->step_paged_argmax(step->batch, limit);
+      sched.done_step(*step);
+      ASSERT_EQ(picks.size(), step->ids.size());
+      for (size_t k = 0; k < step->ids.size(); ++k) {
+        const int64_t n = limit > 0 ? limit : V;
+        const std::span<const float> row = std::span<const float>(logits).subspan(k * V, n);
+        const int32_t want = Sampler::argmax(row);
+        EXPECT_EQ(picks[k].id, want) << "limit " << limit << " at tp " << world_->size();
+        EXPECT_EQ(picks[k].logit, row[static_cast<size_t>(want)]);
+        EXPECT_EQ(picks[k].bad_id, -1);
+        ++rows;
+        const int64_t id = step->ids[k];
+        if (++made[id] == 6) {
+          sched.finish(id);
+        } else {
+          sched.append(id, want);
+        }
+      }
+    }
+    EXPECT_EQ(rows, 5 * 6);
+  }
+}
+
 // The architectures' fixtures (llama3 rope, Qwen3 QK-norm, Phi-3 and Mistral sliding
 // window 16) through generate_batch's paged path: prompts of ~150 tokens (three pages)
 // sharing a 130-token prefix, a 40-token step budget (chunked prefill), at most 3

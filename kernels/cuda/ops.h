@@ -97,6 +97,10 @@ size_t attention_workspace_floats(int64_t rows, int64_t n_heads, int64_t head_di
 /// [rows], out_index i32 [rows] (column index).
 void launch_argmax(const float* logits, int64_t rows, int64_t ld, int64_t n_valid, float* out_value,
                    int32_t* out_index, cudaStream_t stream);
+/// Per row of logits f32 [rows, ld]: the first column < n_valid holding NaN or +-inf,
+/// -1 when none; out i32 [rows]. (The greedy path refuses such rows as the sampler does.)
+void launch_first_nonfinite(const float* logits, int64_t rows, int64_t ld, int64_t n_valid, int32_t* out,
+                            cudaStream_t stream);
 /// Per-row top-k over the first n_valid columns, sorted by value descending (ties: lower
 /// index first): out_value f32 [rows, k], out_index i32 [rows, k]. A rank's candidates
 /// for distributed top-k sampling (gather k per rank, not the vocabulary). `workspace`

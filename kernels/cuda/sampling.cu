@@ -45,6 +45,23 @@ __global__ void topk_kernel(const float* logits, int64_t ld, int64_t n_valid, in
   }
 }
 
+// Each thread stops at its first non-finite column (its columns ascend); the block keeps
+// the least of those.
+__global__ void first_nonfinite_kernel(const float* logits, int64_t ld, int64_t n_valid, int32_t* out) {
+  __shared__ int first;
+  if (threadIdx.x == 0) first = INT32_MAX;
+  __syncthreads();
+  const float* row = logits + blockIdx.x * ld;
+  for (int64_t i = threadIdx.x; i < n_valid; i += blockDim.x) {
+    if (!isfinite(row[i])) {
+      atomicMin(&first, static_cast<int>(i));
+      break;
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) out[blockIdx.x] = first == INT32_MAX ? -1 : first;
+}
+
 // One thread per row (k is small).
 __global__ void top_p_kernel(const float* values, int64_t rows, int64_t k, float temperature, float top_p,
                              float* probs) {
@@ -73,6 +90,13 @@ void launch_argmax(const float* logits, int64_t rows, int64_t ld, int64_t n_vali
                    int32_t* out_index, cudaStream_t stream) {
   if (rows <= 0) return;
   argmax_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(logits, ld, n_valid, out_value, out_index);
+  LINNET_CUDA_CHECK_LAUNCH();
+}
+
+void launch_first_nonfinite(const float* logits, int64_t rows, int64_t ld, int64_t n_valid, int32_t* out,
+                            cudaStream_t stream) {
+  if (rows <= 0) return;
+  first_nonfinite_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(logits, ld, n_valid, out);
   LINNET_CUDA_CHECK_LAUNCH();
 }
 
