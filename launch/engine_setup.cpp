@@ -1,6 +1,7 @@
 #include "launch/engine_setup.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstdio>
 #include <string>
 
@@ -23,7 +24,41 @@ namespace linnet {
 std::optional<MpiGroups> start_engine_run(const EngineOptions& o, Job& job) {
   set_verbose(o.verbose);
   set_comm_timeout(o.comm_timeout);
-  return make_run_groups(job, o.tp);
+  std::optional<MpiGroups> groups = make_run_groups(job, o.tp);
+  if (!groups) return groups;
+  // Every rank's device, gathered here where every rank arrives (the loading after it
+  // makes no collective call): its GPU's UUID and free memory (ranks sharing a GPU divide
+  // it), its NCCL build and LINNET_COMM (the tp group's communicator: choose_tp_comm).
+  RankDevice mine;
+  std::string why;
+  try {
+    const std::string kind = o.backend.empty() ? default_backend_kind() : o.backend;
+    if (kind == "cuda" && cuda_device_count() > 0) {
+      mine.comm.wish = parse_comm_wish(std::getenv("LINNET_COMM"));
+      const int device = groups->world_config.local_rank % cuda_device_count();
+      const CudaDeviceMemory m = cuda_device_memory(device);
+      mine.cuda = 1;
+      mine.free_bytes = m.free_bytes;
+      mine.total_bytes = m.total_bytes;
+      mine.comm.gpu_uuid = m.uuid;
+      mine.comm.nccl_built = cuda_has_nccl() ? 1 : 0;
+    }
+  } catch (const Error& e) {
+    mine.ok = 0;
+    why = e.what();
+  }
+  groups->devices.resize(static_cast<size_t>(groups->world->size()));
+  MpiCommunicator& world = *groups->world;
+  world.collective("all_gather (device reports)", [&](MPI_Request* request) {
+    return MPI_Iallgather(&mine, sizeof mine, MPI_BYTE, groups->devices.data(), sizeof mine, MPI_BYTE, world.comm(),
+                          request);
+  });
+  if (!job.load_phase([&] {
+        if (!mine.ok) throw Error(why);
+      })) {
+    return std::nullopt;
+  }
+  return groups;
 }
 
 EnginePlan plan_engine(const EngineOptions& o, const ModelConfig& config, const ShardPlan& plan,
@@ -84,23 +119,26 @@ OpenedEngine open_engine(const EngineOptions& o, const ModelConfig& config, cons
   const DType auto_dtype = files ? files->checkpoint.dominant_dtype() : config_weight_dtype(config);
   const bool cuda = (o.backend.empty() ? default_backend_kind() : o.backend) == "cuda";
   // The memory the KV pool and the preflight count: the host's MemAvailable over the
-  // node's ranks on the CPU; on CUDA the free memory of this rank's GPU over the ranks
-  // that share it (UUIDs gathered over the world: every rank is here).
+  // node's ranks on the CPU; on CUDA the free memory of this rank's GPU at start-up over
+  // the ranks that share it (start_engine_run's device reports: no collective here).
   int64_t available = available_host_memory();
   int sharing = w.local_size;
   std::string source = "available memory";
-  if (cuda && cuda_device_count() > 0) {
-    const int device = w.local_rank % cuda_device_count();
-    const CudaDeviceMemory m = cuda_device_memory(device);
-    std::vector<std::array<uint8_t, 16>> uuids(static_cast<size_t>(groups.world->size()));
-    groups.world->collective("all_gather (GPU UUIDs)", [&](MPI_Request* request) {
-      return MPI_Iallgather(m.uuid.data(), 16, MPI_BYTE, uuids.data(), 16, MPI_BYTE, groups.world->comm(), request);
-    });
-    available = m.free_bytes;
-    sharing = ranks_on_same_gpu(uuids, groups.world->rank());
-    source = "free memory of GPU " + std::to_string(device) + ", cudaMemGetInfo";
-    info("GPU " + std::to_string(device) + ": " + format_bytes(m.free_bytes) + " free of " +
-         format_bytes(m.total_bytes) + ", shared by " + std::to_string(sharing) + " rank(s)");
+  const auto me = static_cast<size_t>(w.world_rank);
+  if (cuda && me < groups.devices.size() && groups.devices[me].cuda) {
+    std::vector<std::array<uint8_t, 16>> uuids;
+    int mine = 0;
+    for (size_t r = 0; r < groups.devices.size(); ++r) {
+      if (!groups.devices[r].cuda) continue;
+      if (r == me) mine = static_cast<int>(uuids.size());
+      uuids.push_back(groups.devices[r].comm.gpu_uuid);
+    }
+    const int device = w.local_rank % std::max(1, cuda_device_count());
+    available = groups.devices[me].free_bytes;
+    sharing = ranks_on_same_gpu(uuids, mine);
+    source = "free memory of GPU " + std::to_string(device) + " at start-up, cudaMemGetInfo";
+    info("GPU " + std::to_string(device) + ": " + format_bytes(groups.devices[me].free_bytes) + " free of " +
+         format_bytes(groups.devices[me].total_bytes) + ", shared by " + std::to_string(sharing) + " rank(s)");
   }
   e.plan = plan_engine(o, config, plan, auto_dtype, sizing, available, sharing);
   if (cuda || sizing.kv != EngineSizing::Kv::kRows) check_memory(e.plan.need, available, sharing, source);
@@ -110,7 +148,13 @@ OpenedEngine open_engine(const EngineOptions& o, const ModelConfig& config, cons
                            e.plan.kv_cache_dtype, e.plan.weight_group_size);
   // bench (kRows) on the CPU: its weights are held where it computes, checked here.
   if (sizing.kv == EngineSizing::Kv::kRows && !cuda) check_memory(e.plan.need, available, sharing, source);
-  Communicator& comm = tp_communicator(*e.backend, *groups.tp);
+  // The tp group's reports: tp groups are contiguous world ranks.
+  std::vector<TpCommReport> tp_reports;
+  if (groups.devices.size() == static_cast<size_t>(w.world_size)) {
+    const int first = w.world_rank - w.tp_rank;
+    for (int r = 0; r < w.tp_size; ++r) tp_reports.push_back(groups.devices[static_cast<size_t>(first + r)].comm);
+  }
+  Communicator& comm = tp_communicator(*e.backend, *groups.tp, tp_reports);
   switch (sizing.kv) {
     case EngineSizing::Kv::kPaged:
       e.engine = make_engine(*files, plan, *e.backend, comm, sizing.max_seq_len, sizing.rows, kKvPageSize,

@@ -25,8 +25,11 @@
 namespace linnet {
 
 /// The start of every engine command: --verbose and --comm-timeout take effect, then the
-/// dp x tp groups of --tp (make_run_groups; collective). Returns nullopt, the error
-/// printed, when --tp cannot split this world (the command exits 2).
+/// dp x tp groups of --tp (make_run_groups; collective), then every rank's device report
+/// (MpiGroups::devices: GPU UUID, free memory, NCCL build, LINNET_COMM; one all_gather
+/// over the world, so open_engine needs no collective). Returns nullopt, the error
+/// printed, when --tp cannot split this world or a rank cannot make its report (an
+/// unknown LINNET_COMM) (the command exits 2).
 std::optional<MpiGroups> start_engine_run(const EngineOptions& o, Job& job);
 
 /// What sizes the engine's KV cache, and what the memory preflight counts.

@@ -11,11 +11,13 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <mpi.h>
 
 #include "parallel/comm_watch.h"
 #include "parallel/communicator.h"
+#include "parallel/tp_comm_choice.h"
 #include "parallel/world_config.h"
 
 namespace linnet {
@@ -79,6 +81,8 @@ struct MpiGroups {
   std::unique_ptr<MpiCommunicator> world;
   std::unique_ptr<MpiCommunicator> tp;  // tp_size contiguous ranks
   std::unique_ptr<MpiCommunicator> dp;  // the ranks with the same tp_rank
+  /// Each world rank's device report (start_engine_run); empty when not gathered.
+  std::vector<RankDevice> devices;
 };
 
 /// Builds WorldConfig and the group communicators from MPI_COMM_WORLD (MPI must be

@@ -66,7 +66,11 @@ ncclComm_t NcclCommunicator::nccl() {
     if (rank_ == 0) LINNET_NCCL_CHECK(ncclGetUniqueId(&id));
     mpi().broadcast(&id, sizeof id, 0);  // watched, under --comm-timeout
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 0;  // returns at once; settle() polls the start-up with a deadline
+    // Non-blocking: every call returns at once and settle() polls it with a deadline.
+    // LINNET_NCCL_BLOCKING=1 makes a blocking communicator (the stream waits stay
+    // watched; the start-up and enqueues are not), to measure what non-blocking costs.
+    const char* blocking = std::getenv("LINNET_NCCL_BLOCKING");
+    config.blocking = blocking && std::string(blocking) == "1" ? 1 : 0;
     LINNET_NCCL_CHECK(ncclCommInitRankConfig(&comm_, size_, id, rank_, &config));
     settle("ncclCommInitRankConfig (NCCL start-up)");
   }
@@ -74,11 +78,35 @@ ncclComm_t NcclCommunicator::nccl() {
 }
 
 NcclCommunicator::~NcclCommunicator() {
-  if (comm_ == nullptr) return;
-  if (aborted_) return;
-  ncclResult_t async = ncclSuccess;
-  if (ncclCommGetAsyncError(comm_, &async) == ncclSuccess && async == ncclSuccess) {
-    cudaStreamSynchronize(stream_);
+  if (comm_ == nullptr || aborted_) return;
+  // Drain the stream, then finalize (non-blocking: polled) and destroy, all within
+  // --comm-timeout; a peer that died without NCCL noticing would otherwise hold this rank
+  // here forever: past the deadline the communicator is aborted instead.
+  const double limit = comm_timeout();
+  WaitClock clock;
+  PollBackoff backoff;
+  ncclResult_t state = ncclSuccess;
+  bool healthy = ncclCommGetAsyncError(comm_, &state) == ncclSuccess && state == ncclSuccess;
+  while (healthy) {
+    const cudaError_t rc = cudaStreamQuery(stream_);
+    if (rc == cudaSuccess) break;
+    if (rc != cudaErrorNotReady || (limit > 0 && clock.seconds() > limit)) healthy = false;
+    if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess || (state != ncclSuccess && state != ncclInProgress)) {
+      healthy = false;
+    }
+    backoff.pause();
+  }
+  if (healthy && ncclCommFinalize(comm_) != ncclSuccess) {
+    // ncclInProgress (non-blocking) is polled below; anything else is a failure
+    healthy = ncclCommGetAsyncError(comm_, &state) == ncclSuccess && state == ncclInProgress;
+  }
+  while (healthy) {
+    if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess) healthy = false;
+    else if (state == ncclSuccess) break;
+    else if (state != ncclInProgress || (limit > 0 && clock.seconds() > limit)) healthy = false;
+    if (healthy) backoff.pause();
+  }
+  if (healthy) {
     ncclCommDestroy(comm_);
   } else {
     ncclCommAbort(comm_);

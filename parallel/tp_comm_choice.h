@@ -60,6 +60,16 @@ struct TpCommChoice {
 /// error. @throws Error naming LINNET_COMM as above.
 TpCommChoice choose_tp_comm(std::span<const TpCommReport> ranks);
 
+/// What one rank reports of its device at start-up (start_engine_run gathers one per
+/// world rank, so no later step of loading needs a collective).
+struct RankDevice {
+  TpCommReport comm;         ///< for choose_tp_comm
+  int64_t free_bytes = -1;   ///< cudaMemGetInfo of its GPU at start-up; -1 unknown / no GPU
+  int64_t total_bytes = -1;
+  uint8_t cuda = 0;          ///< 1 when the rank runs the CUDA backend on a visible device
+  uint8_t ok = 1;            ///< 0 when the rank could not make its report (its error is its own)
+};
+
 /// How many entries of `uuids` (one per rank of a group) equal `uuids[me]`: the ranks
 /// that share this rank's GPU, itself included (>= 1 for a valid `me`).
 int ranks_on_same_gpu(std::span<const std::array<uint8_t, 16>> uuids, int me);

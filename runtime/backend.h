@@ -31,6 +31,11 @@ class Backend {
   virtual std::string name() const = 0;
   /// A zero-filled tensor on this backend's device.
   virtual Tensor zeros(std::vector<int64_t> shape, DType dtype = DType::kF32) = 0;
+  /// A tensor whose every element the caller writes before reading (the Engine's
+  /// activations): CUDA leaves it unset (no memset per buffer per step); the CPU backend
+  /// fills f32 ones with NaN, so a read before a write shows in every CPU test (the
+  /// fill costs what the zeroing did); other dtypes are zeroed.
+  virtual Tensor empty(std::vector<int64_t> shape, DType dtype = DType::kF32) = 0;
 
   /// A weight matrix (host [n, k] row-major, e.g. from load_weights) in this backend's
   /// weight dtype, memory and layout: the CPU backend converts an f32 one to its dtype

@@ -84,9 +84,9 @@ DType held_kv_cache_dtype(const std::string& flag, const std::string& backend_ki
   return kind == "cuda" ? DType::kBF16 : DType::kF32;
 }
 
-Communicator& tp_communicator(Backend& backend, MpiCommunicator& tp) {
+Communicator& tp_communicator(Backend& backend, MpiCommunicator& tp, std::span<const TpCommReport> reports) {
   if (backend.device() == Device::kCpu) return tp;
-  return cuda_communicator(backend, tp);
+  return cuda_communicator(backend, tp, reports);
 }
 
 }  // namespace linnet

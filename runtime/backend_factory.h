@@ -57,8 +57,9 @@ DType held_weight_dtype(const std::string& flag, const std::string& backend_kind
 DType held_kv_cache_dtype(const std::string& flag, const std::string& backend_kind);
 
 /// The communicator an Engine on `backend` uses for the tp group `tp`: `tp` itself on
-/// the CPU backend; on CUDA, cuda_communicator(backend, tp) (self, NCCL or host-staged,
-/// agreed over the group; owned by the backend). Collective over `tp` on CUDA.
-Communicator& tp_communicator(Backend& backend, MpiCommunicator& tp);
+/// the CPU backend; on CUDA, cuda_communicator(backend, tp, reports) (self, NCCL or
+/// host-staged, agreed over the group from `reports`, or gathered over `tp` when they are
+/// empty: then a collective; owned by the backend).
+Communicator& tp_communicator(Backend& backend, MpiCommunicator& tp, std::span<const TpCommReport> reports = {});
 
 }  // namespace linnet

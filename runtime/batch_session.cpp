@@ -144,8 +144,16 @@ void BatchSession::sample_greedy(const std::vector<int64_t>& ids, const std::vec
   std::vector<int32_t> drawn(2 * ids.size(), 0);
   if (root) {
     for (size_t k = 0; k < ids.size(); ++k) {
-      GenerationResult& res = entries_.at(ids[k]).result;
+      Entry& e = entries_.at(ids[k]);
+      GenerationResult& res = e.result;
       const Engine::GreedyPick& p = picks[k];
+      try {  // the sampler's checks of the settings, as on the full path
+        if (!e.sampler) e.sampler = std::make_unique<Sampler>(e.request.sampling);
+      } catch (const Error& err) {
+        drawn[2 * k + 1] = kFailed;
+        res.error = std::string(err.what()) + " (at new token " + std::to_string(res.ids.size() + 1) + ")";
+        continue;
+      }
       if (p.bad_id >= 0 || p.id < 0) {
         drawn[2 * k + 1] = kFailed;
         res.error = std::string(Error("non-finite logits (NaN or inf): no token can be drawn", "logits row",

@@ -42,6 +42,11 @@ class CpuBackend final : public Backend {
   Device device() const override { return Device::kCpu; }
   std::string name() const override { return "cpu"; }
   Tensor zeros(std::vector<int64_t> shape, DType dtype) override { return Tensor::zeros(std::move(shape), dtype); }
+  Tensor empty(std::vector<int64_t> shape, DType dtype) override {
+    Tensor t = Tensor::zeros(std::move(shape), dtype);
+    if (dtype == DType::kF32) std::fill_n(t.data(), t.numel(), std::numeric_limits<float>::quiet_NaN());
+    return t;
+  }
 
   // Every matrix is held packed (kernels/cpu/gemm.h: panels of 16 output columns) in
   // the weight dtype; the Tensor keeps the logical shape [n, k].

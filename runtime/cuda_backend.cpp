@@ -117,6 +117,8 @@ class CudaBackend final : public Backend {
     return t;
   }
 
+  Tensor empty(std::vector<int64_t> shape, DType dtype) override { return alloc(std::move(shape), dtype); }
+
   Tensor upload_matrix(const Tensor& host) override {
     if (host.device() == Device::kCuda && host.dtype() == DType::kBF16) return host;
     if (host.device() == Device::kCpu && is_quantized(host.dtype())) {
@@ -385,32 +387,31 @@ class CudaBackend final : public Backend {
     LINNET_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
 
-  Communicator& communicator(MpiCommunicator& group) {
+  Communicator& communicator(MpiCommunicator& group, std::span<const TpCommReport> given) {
     if (comm_) {
       if (comm_group_ != group.comm()) {
         throw Error("a CUDA backend serves one tp group", "cuda_communicator");
       }
       return *comm_;
     }
-    TpCommReport mine;
-    mine.wish = parse_comm_wish(std::getenv("LINNET_COMM"));
-#ifdef LINNET_HAVE_NCCL
-    mine.nccl_built = 1;
-#endif
-    cudaDeviceProp prop{};
-    LINNET_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
-    static_assert(sizeof prop.uuid.bytes == 16);
-    std::memcpy(mine.gpu_uuid.data(), prop.uuid.bytes, 16);
-    // Every rank's report, gathered once (a collective of the group; none for one rank),
-    // so every rank makes the same choice (tp_comm_choice.h).
-    std::vector<TpCommReport> reports(static_cast<size_t>(group.size()));
-    if (group.size() == 1) {
-      reports[0] = mine;
-    } else {
-      group.collective("all_gather (tp communicator choice)", [&](MPI_Request* request) {
-        return MPI_Iallgather(&mine, sizeof mine, MPI_BYTE, reports.data(), sizeof mine, MPI_BYTE, group.comm(),
-                              request);
-      });
+    std::vector<TpCommReport> reports(given.begin(), given.end());
+    if (reports.size() != static_cast<size_t>(group.size())) {
+      TpCommReport mine;
+      mine.wish = parse_comm_wish(std::getenv("LINNET_COMM"));
+      mine.nccl_built = cuda_has_nccl() ? 1 : 0;
+      cudaDeviceProp prop{};
+      LINNET_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
+      static_assert(sizeof prop.uuid.bytes == 16);
+      std::memcpy(mine.gpu_uuid.data(), prop.uuid.bytes, 16);
+      // Every rank's report, gathered once (a collective of the group; none for one
+      // rank), so every rank makes the same choice (tp_comm_choice.h).
+      reports.assign(static_cast<size_t>(group.size()), mine);
+      if (group.size() > 1) {
+        group.collective("all_gather (tp communicator choice)", [&](MPI_Request* request) {
+          return MPI_Iallgather(&mine, sizeof mine, MPI_BYTE, reports.data(), sizeof mine, MPI_BYTE, group.comm(),
+                                request);
+        });
+      }
     }
     const TpCommChoice choice = choose_tp_comm(reports);
     info("tp communicator: " + std::string(tp_comm_kind_name(choice.kind)) + " (" + choice.reason + ")");
@@ -543,8 +544,8 @@ std::string cuda_device_error() { return device_query().error; }
 CudaDeviceMemory cuda_device_memory(int device) {
   CudaDeviceMemory m;
   if (device < 0 || device >= cuda_device_count()) return m;
-  int current = 0;
-  if (cudaGetDevice(&current) != cudaSuccess) current = device;
+  // `device` stays current: restoring another would make a context there (on GPU 0 for
+  // every rank), and make_cuda_backend takes this device anyway.
   size_t free_b = 0, total_b = 0;
   cudaDeviceProp prop{};
   if (cudaSetDevice(device) == cudaSuccess && cudaMemGetInfo(&free_b, &total_b) == cudaSuccess &&
@@ -555,7 +556,6 @@ CudaDeviceMemory cuda_device_memory(int device) {
   } else {
     (void)cudaGetLastError();
   }
-  cudaSetDevice(current);
   return m;
 }
 
@@ -568,10 +568,18 @@ std::unique_ptr<Backend> make_cuda_backend(int device, DType kv_cache_dtype) {
   return std::make_unique<CudaBackend>(device, kv_cache_dtype);
 }
 
-Communicator& cuda_communicator(Backend& backend, MpiCommunicator& group) {
+bool cuda_has_nccl() {
+#ifdef LINNET_HAVE_NCCL
+  return true;
+#else
+  return false;
+#endif
+}
+
+Communicator& cuda_communicator(Backend& backend, MpiCommunicator& group, std::span<const TpCommReport> reports) {
   auto* cuda = dynamic_cast<CudaBackend*>(&backend);
   if (cuda == nullptr) throw Error("not a CUDA backend", "cuda_communicator", "cuda", backend.name());
-  return cuda->communicator(group);
+  return cuda->communicator(group, reports);
 }
 
 }  // namespace linnet

@@ -6,10 +6,12 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "parallel/communicator.h"
 #include "parallel/mpi_communicator.h"
+#include "parallel/tp_comm_choice.h"
 #include "runtime/backend.h"
 
 namespace linnet {
@@ -35,6 +37,9 @@ struct CudaDeviceMemory {
 /// All -1 / zeros in a build without CUDA or when the query fails.
 CudaDeviceMemory cuda_device_memory(int device);
 
+/// Whether this build has NCCL (a build with CUDA found NCCL's header and library).
+bool cuda_has_nccl();
+
 /// A backend on CUDA device `device`: one non-blocking stream, memory from the
 /// device's stream-ordered pool (cudaMallocAsync), bf16 weight matrices, cuBLASLt GEMMs,
 /// a KV cache in `kv_cache_dtype` (kBF16, the default, or kF32; attention math is f32).
@@ -50,11 +55,14 @@ std::unique_ptr<Backend> make_cuda_backend(int device, DType kv_cache_dtype = DT
 /// rank one device through CUDA_VISIBLE_DEVICES), host-staged MPI when ranks share a GPU;
 /// a group of one rank gets a SelfCommunicator (no NCCL, no MPI: all_gather is a device
 /// copy on the stream) unless LINNET_COMM=nccl. Made once per backend and owned by it (it
-/// must outlive the Engine using it); later calls return the same object. Collective over
-/// `group` at the first call (one all_gather of the reports; none for one rank); NCCL
-/// itself starts at the first NCCL collective. `group` must outlive it.
+/// must outlive the Engine using it); later calls return the same object. `reports`: the
+/// group's reports in group rank order, as start_engine_run gathered them (then no
+/// collective call here); when empty, the first call gathers them over `group` itself
+/// (a collective; none for one rank). NCCL itself starts at the first NCCL collective.
+/// `group` must outlive it.
 /// @throws Error when `backend` is not a CUDA backend, LINNET_COMM is unknown or differs
 ///   between ranks, or LINNET_COMM=nccl cannot be served (choose_tp_comm).
-Communicator& cuda_communicator(Backend& backend, MpiCommunicator& group);
+Communicator& cuda_communicator(Backend& backend, MpiCommunicator& group,
+                                std::span<const TpCommReport> reports = {});
 
 }  // namespace linnet

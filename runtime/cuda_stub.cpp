@@ -14,7 +14,9 @@ std::unique_ptr<Backend> make_cuda_backend(int, DType) {
   throw Error("linnet-tp was built without CUDA", "--backend cuda", "a build with LINNET_CUDA=ON", "no CUDA");
 }
 
-Communicator& cuda_communicator(Backend&, MpiCommunicator&) {
+bool cuda_has_nccl() { return false; }
+
+Communicator& cuda_communicator(Backend&, MpiCommunicator&, std::span<const TpCommReport>) {
   throw Error("linnet-tp was built without CUDA", "cuda_communicator");
 }
 

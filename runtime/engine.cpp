@@ -182,13 +182,15 @@ Tensor Engine::run_pass(const PassInputs& in, KvCache& cache, std::span<const in
   const int32_t* positions = in.positions;
   const int32_t* slots = in.slots;
 
-  Tensor h = backend_.zeros({S, H});         // residual stream
-  Tensor xn = backend_.zeros({S, H});        // normed input of a block
-  Tensor qkv = backend_.zeros({S, qkv_cols});
-  Tensor attn = backend_.zeros({S, nh * hd});
-  Tensor partial = backend_.zeros({S, H});   // row-parallel output before all_reduce
-  Tensor gate_up = backend_.zeros({S, 2 * inter});
-  Tensor act = backend_.zeros({S, inter});
+  // Every buffer is written in full before it is read (Backend::empty: no memset on CUDA;
+  // NaN-filled on the CPU, so a read before a write would show in every test).
+  Tensor h = backend_.empty({S, H});         // residual stream
+  Tensor xn = backend_.empty({S, H});        // normed input of a block
+  Tensor qkv = backend_.empty({S, qkv_cols});
+  Tensor attn = backend_.empty({S, nh * hd});
+  Tensor partial = backend_.empty({S, H});   // row-parallel output before all_reduce
+  Tensor gate_up = backend_.empty({S, 2 * inter});
+  Tensor act = backend_.empty({S, inter});
 
   // Vocab-parallel embedding: rows this rank does not own are zero, the sum fills them.
   backend_.embedding_lookup(weights_.embed_tokens, plan_.vocab_begin, plan_.vocab_local, H, in.ids, S,
@@ -229,15 +231,15 @@ Tensor Engine::run_pass(const PassInputs& in, KvCache& cache, std::span<const in
   Tensor selected;
   const float* last = h.data();
   if (!out.empty()) {
-    selected = backend_.zeros({rows, H});
+    selected = backend_.empty({rows, H});
     const Tensor index = backend_.upload_i32(out);
     backend_.gather_rows(h.data(), H, index.i32(), rows, selected.data());
     last = selected.data();
   }
-  Tensor normed = backend_.zeros({rows, H});
+  Tensor normed = backend_.empty({rows, H});
   backend_.rmsnorm(last, weights_.final_norm.data(), normed.data(), rows, H, eps);
   if (what == PassOutput::kHidden) return normed;
-  Tensor logits = backend_.zeros({rows, plan_.vocab_local});
+  Tensor logits = backend_.empty({rows, plan_.vocab_local});
   backend_.matmul_nt(normed.data(), weights_.lm_head, logits.data(), rows, H, plan_.vocab_local);
   return logits;
 }
@@ -245,7 +247,7 @@ Tensor Engine::run_pass(const PassInputs& in, KvCache& cache, std::span<const in
 std::vector<float> Engine::gather_logits(const Tensor& local, int64_t rows) {
   const int64_t vl = plan_.vocab_local;
   const int tp = comm_.size();
-  Tensor gathered = backend_.zeros({tp * rows * vl});
+  Tensor gathered = backend_.empty({tp * rows * vl});
   comm_.all_gather(local.data(), static_cast<size_t>(rows * vl), gathered.data());
   std::vector<float> recv(static_cast<size_t>(tp * rows * vl));
   backend_.to_host(gathered, recv.data());
@@ -378,7 +380,7 @@ void Engine::lm_head_local(const Tensor& hidden, int64_t r0, int64_t n, float* o
 Tensor Engine::lm_head_block(const Tensor& hidden, int64_t r0, int64_t n) {
   const int64_t H = config_.hidden_size, vl = plan_.vocab_local;
   LINNET_CHECK(r0 >= 0 && n >= 1 && hidden.numel() >= (r0 + n) * H, "lm_head_block rows out of range");
-  Tensor logits = backend_.zeros({n, vl});
+  Tensor logits = backend_.empty({n, vl});
   backend_.matmul_nt(hidden.data() + r0 * H, weights_.lm_head, logits.data(), n, H, vl);
   return logits;
 }

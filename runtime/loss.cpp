@@ -170,7 +170,9 @@ PackedLogprobs log_probs_packed(Engine& engine, const PackedBatch& batch, int64_
     }
   };
   // The same on a device backend: its k best columns of the block (Backend::top_k_rows),
-  // only the candidates reaching the host. NaN logits are not excluded there.
+  // only the candidates reaching the host. The device never picks NaN nor -inf, so where
+  // a shard has fewer than k finite logits it pads with (-inf, -1) where the host path
+  // lists the -inf ids.
   const auto pick_block = [&](int64_t b0, int64_t bn, const Tensor& logits) {
     const int64_t m = std::min<int64_t>(top_k, limit);
     std::vector<float> vals(static_cast<size_t>(bn * std::max<int64_t>(m, 1)));
