@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,7 @@
 #include "parallel/staged_communicator.h"
 #include "parallel/tp_comm_choice.h"
 #include "common/log.h"
+#include "runtime/block_cache.h"
 #include "runtime/cuda_backend.h"
 #include "runtime/weights.h"
 #ifdef LINNET_HAVE_NCCL
@@ -36,14 +38,17 @@
 namespace linnet {
 namespace {
 
-// Owns the stream; shared by every tensor's deleter, so tensors that outlive the
-// backend still free into a live stream.
+// Owns the stream and the cache of freed blocks; shared by every tensor's deleter, so
+// tensors that outlive the backend still give their blocks back to a live cache.
 struct StreamOwner {
   int device = 0;
   cudaStream_t stream = nullptr;
+  std::unique_ptr<BlockCache> cache;
   ~StreamOwner() {
     if (stream) {
       cudaSetDevice(device);
+      cudaStreamSynchronize(stream);
+      cache.reset();  // cudaFreeAsync of every cached block, on the stream
       cudaStreamSynchronize(stream);
       cudaStreamDestroy(stream);
     }
@@ -77,6 +82,19 @@ class CudaBackend final : public Backend {
     LINNET_CUDA_CHECK(cudaSetDevice(device));
     LINNET_CUDA_CHECK(cudaStreamCreateWithFlags(&owner_->stream, cudaStreamNonBlocking));
     stream_ = owner_->stream;
+    cudaStream_t stream = stream_;
+    owner_->cache = std::make_unique<BlockCache>(
+        [stream](size_t bytes) -> void* {
+          void* p = nullptr;
+          const cudaError_t rc = cudaMallocAsync(&p, bytes, stream);
+          if (rc == cudaErrorMemoryAllocation) {
+            (void)cudaGetLastError();
+            return nullptr;
+          }
+          LINNET_CUDA_CHECK(rc);
+          return p;
+        },
+        [stream](void* p) { cudaFreeAsync(p, stream); });
     LINNET_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device));
     int pools = 0;
     LINNET_CUDA_CHECK(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device));
@@ -482,10 +500,20 @@ class CudaBackend final : public Backend {
       return Tensor::wrap(std::move(shape), dtype, Device::kCuda, std::move(storage), p);
     }
     allocated_ += aligned(bytes);
+    // From the cache of freed blocks (runtime/block_cache.h): after the first steps no
+    // pass allocates; the pool behind it is only asked for new shapes.
     void* p = nullptr;
-    LINNET_CUDA_CHECK(cudaMallocAsync(&p, bytes, stream_));
+    try {
+      p = owner_->cache->take(bytes);
+    } catch (const std::bad_alloc&) {
+      size_t free_b = 0, total_b = 0;
+      cudaMemGetInfo(&free_b, &total_b);
+      throw Error("out of GPU memory allocating " + std::to_string(bytes) + " bytes (" + std::to_string(free_b >> 20) +
+                      " MiB free of " + std::to_string(total_b >> 20) + " MiB)",
+                  name(), "a smaller --kv-cache-memory-fraction, --max-batch or --max-seq-len");
+    }
     std::shared_ptr<StreamOwner> owner = owner_;
-    std::shared_ptr<void> storage(p, [owner](void* q) { cudaFreeAsync(q, owner->stream); });
+    std::shared_ptr<void> storage(p, [owner](void* q) { owner->cache->give(q); });
     return Tensor::wrap(std::move(shape), dtype, Device::kCuda, std::move(storage), p);
   }
 
