@@ -26,6 +26,7 @@
 #include "runtime/backend_factory.h"
 #include "runtime/batch_generate.h"
 #include "runtime/kv_cache.h"
+#include "runtime/loss.h"
 #include "runtime/engine.h"
 #include "runtime/model_loader.h"
 #include "runtime/random_weights.h"
@@ -109,6 +110,8 @@ BenchPrompts random_prompts(const BenchOptions& o, int64_t vocab_size) {
 
 struct PassTimes {
   double prefill_s = 0, decode_s = 0;
+  int64_t decode_waits = 0;     // Backend::host_waits over the decode steps
+  double decode_wait_s = 0;     // of decode_s, waiting on the device
 };
 
 // One packed prefill pass, then N decode steps of one random token per row, timed after
@@ -133,10 +136,14 @@ PassTimes time_passes(const BenchOptions& o, Engine& engine, Backend& backend, B
   engine.prefill_packed(p.tokens, p.rows, p.positions, p.last);
   backend.synchronize();
   t.prefill_s = seconds_since(t0);
+  const int64_t waits0 = backend.host_waits();
+  const double wait0 = backend.wait_seconds();
   t0 = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < o.new_tokens; ++i) decode_step(P + i);
   backend.synchronize();
   t.decode_s = seconds_since(t0);
+  t.decode_waits = backend.host_waits() - waits0 - 1;  // not the closing synchronize
+  t.decode_wait_s = backend.wait_seconds() - wait0;
   return t;
 }
 
@@ -153,6 +160,12 @@ void print_pass_times(const BenchOptions& o, const BenchShape& s, const Engine& 
   std::printf("prefill matmul GFLOP/s: %.1f per rank\n", matmul_flops / t.prefill_s / 1e9);
   std::printf("decode tokens/s: %.1f\n", t.decode_s > 0 ? static_cast<double>(B * o.new_tokens) / t.decode_s : 0.0);
   std::printf("decode ms/step: %.3f\n", step_ms);
+  if (t.decode_waits > 0 && o.new_tokens > 0) {
+    const double n = static_cast<double>(o.new_tokens);
+    std::printf("decode step split: %.3f ms waiting on the device, %.3f ms on the host; %.2f waits/step\n",
+                1e3 * t.decode_wait_s / n, 1e3 * (t.decode_s - t.decode_wait_s) / n,
+                static_cast<double>(t.decode_waits) / n);
+  }
   std::printf("weight bytes per decode step: %lld per rank (%s)\n", static_cast<long long>(step_bytes),
               format_bytes(step_bytes).c_str());
   std::printf("achieved GB/s: %.3f per rank\n", step_ms > 0 ? static_cast<double>(step_bytes) / step_ms / 1e6 : 0.0);
@@ -162,6 +175,43 @@ void print_pass_times(const BenchOptions& o, const BenchShape& s, const Engine& 
                 static_cast<long long>(engine.cuda_graph_replays()));
   }
   std::fflush(stdout);
+}
+
+// The B prompts as B documents of one loss_packed pass (each token's label the next,
+// the last unlabelled): its tokens/s, and the forward pass (packed_hidden) alone, so the
+// table shows what the lm_head and the cross-entropy add. After a warm-up pass.
+void time_loss(const BenchOptions& o, Engine& engine, Backend& backend, const BenchPrompts& p, bool print) {
+  const int64_t B = o.batch, P = o.prompt_len;
+  PackedBatch batch;
+  batch.tokens = p.tokens;
+  batch.positions = p.positions;
+  std::vector<int32_t> rows;
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t i = 0; i < P; ++i) {
+      batch.segments.push_back(static_cast<int32_t>(b));
+      const bool last = i + 1 == P;
+      batch.labels.push_back(last ? kIgnoreIndex : p.tokens[static_cast<size_t>(b * P + i + 1)]);
+      if (!last) rows.push_back(static_cast<int32_t>(b * P + i));
+    }
+  }
+  (void)loss_packed(engine, batch);  // warm-up
+  backend.synchronize();
+  auto t0 = std::chrono::steady_clock::now();
+  (void)engine.packed_hidden(batch.tokens, batch.positions, batch.segments, rows);
+  backend.synchronize();
+  const double pass_s = seconds_since(t0);
+  t0 = std::chrono::steady_clock::now();
+  const PackedLoss loss = loss_packed(engine, batch);
+  backend.synchronize();
+  const double loss_s = seconds_since(t0);
+  if (!print) return;
+  const auto scored = static_cast<int64_t>(rows.size());
+  std::printf("loss tokens/s: %.1f (%lld documents of %lld tokens, %lld scored, in %.2f ms)\n",
+              loss_s > 0 ? static_cast<double>(B * P) / loss_s : 0.0, static_cast<long long>(B),
+              static_cast<long long>(P), static_cast<long long>(scored), 1e3 * loss_s);
+  std::printf("loss split: %.2f ms forward pass, %.2f ms lm_head + cross-entropy\n", 1e3 * pass_s,
+              1e3 * std::max(0.0, loss_s - pass_s));
+  (void)loss;
 }
 
 // The prompts as requests through generate_batch (greedy, no EOS, N new tokens each).
@@ -284,6 +334,8 @@ std::optional<BenchOptions> parse_bench_options(int argc, char** argv, std::stri
     ("prompt-len", "Tokens per prompt (default 128)", cxxopts::value<int64_t>())
     ("new-tokens", "Decode steps (default 32)", cxxopts::value<int64_t>())
     ("seed", "Seed of the random weights and prompt tokens (default 1)", cxxopts::value<uint64_t>())
+    ("loss", "Also time loss_packed over the prompts as documents (labels: the next token): loss tokens/s, "
+     "and the forward pass alone")
     ("limits", "Also measure this rank's two CPU limits first: DRAM read GB/s and f32 fma GFLOP/s, with 1 "
      "thread and with --threads (kernels/cpu/roofline.h)")
     ("gemm", "Instead of the decoder: the CPU GEMM microbenchmark, out[M,N] = x[M,K] w[N,K]^T for each "
@@ -315,6 +367,7 @@ std::optional<BenchOptions> parse_bench_options(int argc, char** argv, std::stri
   read_at_least<int64_t>(r, "new-tokens", 0, o.new_tokens);
   if (r.count("seed")) o.seed = r["seed"].as<uint64_t>();
   o.limits = r.count("limits") > 0;
+  o.loss = r.count("loss") > 0;
   return o;
 }
 
@@ -381,6 +434,7 @@ int run_bench(const BenchOptions& o, Job& job) {
     // The same B prompts as requests through generate_batch, the continuous-batching
     // scheduler `generate --input` uses (greedy, no EOS, N new tokens each).
     if (o.new_tokens > 0) time_generate_batch(o, engine, backend, prompts, w.world_rank == 0);
+    if (o.loss) time_loss(o, engine, backend, prompts, w.world_rank == 0);
     if (w.world_rank == 0 && std::fflush(stdout) != 0) throw Error("cannot write the results", "stdout");
   } catch (const std::exception& e) {
     job.abort(e.what());

@@ -31,6 +31,7 @@ struct BenchOptions {
   int64_t new_tokens = 32;    // --new-tokens: decode steps
   uint64_t seed = 1;          // --seed: random weights and prompt tokens
   bool limits = false;        // --limits: also measure DRAM read bandwidth and fma peak (CPU)
+  bool loss = false;          // --loss: also time loss_packed over the prompts as documents
   std::vector<std::array<int64_t, 3>> gemm;  // --gemm MxKxN,...: the GEMM microbenchmark instead
 };
 

@@ -100,6 +100,11 @@ class Backend {
   /// the CPU backend, whose ops return when done).
   /// @throws Error when queued work failed (a CUDA error, an aborted NCCL communicator).
   virtual void synchronize() {}
+  /// Waits on the device so far (synchronize() calls, to_host's included) and the
+  /// seconds spent in them: the host-side / device-side split of a step for `bench`.
+  /// 0 on the CPU backend, whose ops return when done.
+  virtual int64_t host_waits() const { return 0; }
+  virtual double wait_seconds() const { return 0.0; }
   /// A weight matrix of `shape` in this backend's weight dtype and memory, element i =
   /// stddev * random_normal(seed, i) (common/random_normal.h), made where it lives: the
   /// CUDA backend fills it on the device, so an 8B-shaped model needs no host copy.

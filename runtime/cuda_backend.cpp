@@ -9,6 +9,7 @@
 // CUDA graphs (Backend::begin_capture): stream capture in thread-local mode; while
 // recording, alloc() carves tensors from the graph's own arena (one device block), so
 // no allocation is recorded and every recorded address lives as long as the graph.
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -214,7 +215,17 @@ class CudaBackend final : public Backend {
     LINNET_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
 
+  int64_t host_waits() const override { return waits_; }
+  double wait_seconds() const override { return wait_s_; }
+
   void synchronize() override {
+    ++waits_;
+    const auto t0 = std::chrono::steady_clock::now();
+    wait_stream();
+    wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+
+  void wait_stream() {
     if (watchers_.empty()) {
       LINNET_CUDA_CHECK(cudaStreamSynchronize(stream_));
     } else {
@@ -536,6 +547,8 @@ class CudaBackend final : public Backend {
   MPI_Comm comm_group_ = MPI_COMM_NULL;
   std::vector<std::function<void(double)>> watchers_;  // called with the seconds waited
   size_t allocated_ = 0;                 // allocated_bytes()
+  int64_t waits_ = 0;                    // host_waits()
+  double wait_s_ = 0;                    // wait_seconds()
   std::unique_ptr<CudaGraph> capture_;   // the graph being recorded
   size_t arena_bytes_ = 0, arena_used_ = 0;
 };

@@ -48,6 +48,24 @@ TEST_F(BenchCli, RandomWeightsFromAConfigAtTp1And2) {
   // f32: (96*64 + 64*64 + 3*112*64) * 2 + 301*64 = 82752 floats.
   EXPECT_EQ(value_of(one.out, "weight bytes per decode step"), 4.0 * 82752) << one.out;
   expect_results(run(2, args + " --tp 2"));
+  // The CPU backend never waits on a device: no step split line.
+  EXPECT_EQ(one.out.find("decode step split"), std::string::npos) << one.out;
+}
+
+// --loss (issue 26): loss_packed over the prompts as documents, with the forward pass
+// alone beside it, at tp 1 and 2.
+TEST_F(BenchCli, LossTimesThePromptsAsDocuments) {
+  const auto config = test::test_data_dir() / "fixtures" / "llama31" / "f32" / "config.json";
+  const std::string args = "bench --config " + quote(config.string()) +
+                           " --random-weights --backend cpu --batch 3 --prompt-len 16 --new-tokens 2 --loss";
+  for (int np : {1, 2}) {
+    const Result r = run(np, args);
+    expect_results(r);
+    EXPECT_GT(value_of(r.out, "loss tokens/s"), 0.0) << r.out;
+    EXPECT_NE(r.out.find("(3 documents of 16 tokens, 45 scored, in "), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("loss split: "), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find(" ms lm_head + cross-entropy"), std::string::npos) << r.out;
+  }
 }
 
 // --weight-dtype: random weights made in bf16 / f16 are held so (half the bytes a step

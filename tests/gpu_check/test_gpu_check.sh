@@ -39,6 +39,8 @@ done
 grep -q "^| qwen3_4b_hf | skipped |" "$WORK/logs/summary.md" || { echo "FAIL: the transformers step was not skipped"; exit 1; }
 [ "$(grep -c '^| [0-9]* | \(eager\|graphs\) (off) | [0-9.]* | [0-9.]* |' "$WORK/logs/summary.md")" = 4 ] ||
   { echo "FAIL: the bench table has not 4 rows of numbers"; exit 1; }
+grep -q "^loss: [0-9.]* (3 documents of 16 tokens, 45 scored, in [0-9.]* ms); [0-9.]* ms forward pass" "$WORK/logs/summary.md" ||
+  { echo "FAIL: the loss row has no numbers"; exit 1; }
 grep -q "^gpu check: passed" "$WORK/logs/summary.md" || { echo "FAIL: the summary does not say passed"; exit 1; }
 # compare_backends can fail: a reference of another seed (another model) is outside the bound.
 # (The carried binaries travel gzipped; the check unpacked them into its log folder.)
