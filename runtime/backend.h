@@ -174,13 +174,12 @@ class Backend {
 
   /// This rank's `k` best columns (< n_valid) of each row of `logits` (as
   /// cross_entropy_rows; rows = logits.dim(0)), by value descending, ties to the lower
-  /// column: values f32 and column indices i32, host [rows, k]. 0 < k <= n_valid.
-  /// @throws Error on a backend without it, or k outside (0, n_valid].
+  /// column: values f32 and column indices i32, host [rows, k]. 0 < k <= n_valid. The
+  /// CPU backend reads the rows in place (a row holding NaN or +-inf gets (-inf, -1)
+  /// throughout: argmax_rows names it); CUDA runs cuda::launch_topk.
+  /// @throws Error when k is outside (0, n_valid].
   virtual void top_k_rows(const Tensor& logits, int64_t ld, int64_t n_valid, int64_t k, float* values,
-                          int32_t* index) {
-    (void)logits, (void)ld, (void)n_valid, (void)k, (void)values, (void)index;
-    throw Error("this backend picks top-k candidates on the host", name() + " top_k_rows");
-  }
+                          int32_t* index);
 };
 
 /// Kernel (OpenMP) threads per rank: `requested` when > 0, else the node's cores shared by its

@@ -169,23 +169,56 @@ void BatchSession::sample_greedy(const std::vector<int64_t>& ids, const std::vec
   advance(ids, drawn);
 }
 
-bool BatchSession::greedy_step(const std::vector<int64_t>& ids, int64_t* vocab_limit) const {
+// Each row's draw from its merged top-k candidates (Engine::step_paged_top), as
+// Sampler::sample would draw from the full row: the same token and random stream.
+void BatchSession::sample_top(const std::vector<int64_t>& ids, const std::vector<Engine::TopCandidates>& cands) {
+  const bool root = engine_.tp_comm().rank() == 0;
+  std::vector<int32_t> drawn(2 * ids.size(), 0);
+  if (root) {
+    for (size_t k = 0; k < ids.size(); ++k) {
+      Entry& e = entries_.at(ids[k]);
+      GenerationResult& res = e.result;
+      const Engine::TopCandidates& c = cands[k];
+      try {
+        if (!e.sampler) e.sampler = std::make_unique<Sampler>(e.request.sampling);
+        if (c.bad_id >= 0 || c.ids.empty()) {
+          throw Error("non-finite logits (NaN or inf): no token can be drawn", "logits row", "finite values",
+                      "id " + std::to_string(c.bad_id));
+        }
+        const int32_t token = e.sampler->sample_top(c.ids, c.logits);
+        drawn[2 * k] = token;
+        if (options_.stop_check && options_.stop_check(ids[k], token)) drawn[2 * k + 1] = kStopCheck;
+      } catch (const Error& err) {
+        drawn[2 * k + 1] = kFailed;
+        res.error = std::string(err.what()) + " (at new token " + std::to_string(res.ids.size() + 1) + ")";
+      }
+    }
+  }
+  advance(ids, drawn);
+}
+
+int64_t BatchSession::shard_step(const std::vector<int64_t>& ids, int64_t* vocab_limit) const {
   static const bool enabled = [] {
-    const char* v = std::getenv("LINNET_SHARD_ARGMAX");
+    const char* v = std::getenv("LINNET_SHARD_SAMPLING");
     return !(v && std::string(v) == "0");
   }();
-  if (!enabled || ids.empty()) return false;
-  for (size_t k = 0; k < ids.size(); ++k) {
-    const BatchRequest& req = entries_.at(ids[k]).request;
+  if (!enabled || ids.empty()) return 0;
+  int64_t k = 1;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const BatchRequest& req = entries_.at(ids[i]).request;
     const SamplingParams& s = req.sampling;
-    if (s.temperature != 0.0 || s.repetition_penalty != 1.0 || s.presence_penalty != 0.0 ||
-        s.frequency_penalty != 0.0 || req.top_logprobs >= 0) {
-      return false;
+    if (s.repetition_penalty != 1.0 || s.presence_penalty != 0.0 || s.frequency_penalty != 0.0 ||
+        req.top_logprobs >= 0) {
+      return 0;
     }
-    if (k == 0) *vocab_limit = s.vocab_limit;
-    if (s.vocab_limit != *vocab_limit) return false;
+    if (s.temperature != 0.0) {
+      if (s.top_k < 1 || s.top_k > kMaxShardTopK) return 0;
+      k = std::max(k, s.top_k);
+    }
+    if (i == 0) *vocab_limit = s.vocab_limit;
+    if (s.vocab_limit != *vocab_limit) return 0;
   }
-  return true;
+  return k;
 }
 
 // Broadcasts rank 0's {token, outcome} pairs and advances each request: appends the
@@ -231,10 +264,17 @@ bool BatchSession::step() {
   if (!step) return false;
   last_step_sequences_ = static_cast<int64_t>(step->seq_ids.size());
   int64_t vocab_limit = 0;
-  if (greedy_step(step->ids, &vocab_limit)) {
+  const int64_t k = shard_step(step->ids, &vocab_limit);
+  if (k == 1) {  // every row greedy: the shards' argmax
     const std::vector<Engine::GreedyPick> picks = engine_.step_paged_argmax(step->batch, vocab_limit);
     scheduler_.done_step(*step);
     sample_greedy(step->ids, picks);
+    return true;
+  }
+  if (k > 1) {  // top-k sampling: the shards' k best candidates
+    const std::vector<Engine::TopCandidates> cands = engine_.step_paged_top(step->batch, vocab_limit, k);
+    scheduler_.done_step(*step);
+    sample_top(step->ids, cands);
     return true;
   }
   const std::vector<float> logits = engine_.step_paged(step->batch);

@@ -111,11 +111,16 @@ class BatchSession {
   void queue(int64_t id);              // hands a request to the scheduler (or finishes it)
   void release_deferred(int64_t id);   // queues the requests waiting for `id`'s prompt
   void sample(const std::vector<int64_t>& ids, const std::vector<float>& logits);
-  // Whether every row of a step is greedy without penalties or logprobs, with one vocab
-  // limit (set in *vocab_limit): then the step takes Engine::step_paged_argmax and only
-  // 3 numbers a row leave each rank (LINNET_SHARD_ARGMAX=0 turns this off, for A/B).
-  bool greedy_step(const std::vector<int64_t>& ids, int64_t* vocab_limit) const;
+  // How a step's rows can be drawn without gathering their logits: 1 when every row is
+  // greedy (Engine::step_paged_argmax: 3 numbers a row leave each rank), k > 1 when each
+  // row is greedy or samples with top_k in [1, kMaxShardTopK] (Engine::step_paged_top
+  // with the largest top_k: 2k + 1 numbers a row), 0 otherwise (penalties, logprobs, no
+  // top-k cut, rows with different vocab limits: the full logits to tp rank 0). Sets
+  // *vocab_limit. LINNET_SHARD_SAMPLING=0 always answers 0, for A/B.
+  int64_t shard_step(const std::vector<int64_t>& ids, int64_t* vocab_limit) const;
+  static constexpr int64_t kMaxShardTopK = 64;
   void sample_greedy(const std::vector<int64_t>& ids, const std::vector<Engine::GreedyPick>& picks);
+  void sample_top(const std::vector<int64_t>& ids, const std::vector<Engine::TopCandidates>& cands);
   // Broadcasts tp rank 0's drawn {token, outcome} pairs and advances each request.
   void advance(const std::vector<int64_t>& ids, std::vector<int32_t>& drawn);
   double now_ms() const;

@@ -214,4 +214,34 @@ void Backend::argmax_rows(const Tensor& logits, int64_t rows, int64_t ld, int64_
   }
 }
 
+// The host-memory default of Backend::top_k_rows (the CPU backend's).
+void Backend::top_k_rows(const Tensor& logits, int64_t ld, int64_t n_valid, int64_t k, float* values,
+                         int32_t* index) {
+  if (logits.device() != Device::kCpu) throw Error("top_k_rows of device memory needs its backend", name());
+  if (k <= 0 || k > n_valid) {
+    throw Error("top-k outside the vocabulary slice", "top_k_rows", "(0, " + std::to_string(n_valid) + "]",
+                std::to_string(k));
+  }
+  const int64_t rows = logits.dim(0);
+  LINNET_CHECK(n_valid <= ld && logits.numel() >= rows * ld, "top_k_rows shape");
+  std::vector<int32_t> idx(static_cast<size_t>(n_valid));
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* l = logits.data() + r * ld;
+    float* v = values + r * k;
+    int32_t* ix = index + r * k;
+    if (!std::all_of(l, l + n_valid, [](float x) { return std::isfinite(x); })) {
+      std::fill_n(v, k, -std::numeric_limits<float>::infinity());
+      std::fill_n(ix, k, -1);
+      continue;
+    }
+    for (int32_t j = 0; j < n_valid; ++j) idx[static_cast<size_t>(j)] = j;
+    std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
+                      [l](int32_t a, int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
+    for (int64_t c = 0; c < k; ++c) {
+      ix[c] = idx[static_cast<size_t>(c)];
+      v[c] = l[ix[c]];
+    }
+  }
+}
+
 }  // namespace linnet

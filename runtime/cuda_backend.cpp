@@ -401,6 +401,7 @@ class CudaBackend final : public Backend {
 
   void top_k_rows(const Tensor& logits, int64_t ld, int64_t n_valid, int64_t k, float* values,
                   int32_t* index) override {
+    if (logits.device() == Device::kCpu) return Backend::top_k_rows(logits, ld, n_valid, k, values, index);
     const int64_t rows = logits.dim(0);
     if (k <= 0 || k > n_valid) {
       throw Error("top-k outside the vocabulary slice", "CudaBackend::top_k_rows", "(0, " + std::to_string(n_valid) + "]",

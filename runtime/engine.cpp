@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <numeric>
 #include <string>
 
@@ -570,6 +571,91 @@ std::vector<Engine::GreedyPick> Engine::step_paged_argmax(const PagedBatch& batc
     }
   }
   return picks;
+}
+
+std::vector<Engine::TopCandidates> Engine::step_paged_top(const PagedBatch& batch, int64_t vocab_limit, int64_t k) {
+  if (k < 1 || k > 1024) throw Error("invalid value", "step_paged_top k", "in [1, 1024]", std::to_string(k));
+  const Rows r = paged_rows(batch, "step_paged_top");
+  const int64_t n = static_cast<int64_t>(batch.last.size());
+  if (n == 0) {
+    run(batch.tokens, r, cache_, {}, PassOutput::kNone);
+    return {};
+  }
+  const int64_t V = config_.vocab_size;
+  LINNET_CHECK(V < (int64_t{1} << 24), "vocabulary too large for float ids");
+  const int64_t limit = vocab_limit > 0 ? std::min(vocab_limit, V) : V;
+  const auto by_logit = [](const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  };
+  std::vector<TopCandidates> out(static_cast<size_t>(n));
+  std::vector<std::pair<float, int32_t>> cand;
+  if (DecodeGraph* g = graph_for(static_cast<int64_t>(batch.tokens.size()), batch.last)) {
+    const std::vector<float> logits = replay_decode(batch.tokens, r, *g);
+    for (int64_t row = 0; row < n; ++row) {
+      const float* l = logits.data() + row * V;
+      TopCandidates& c = out[static_cast<size_t>(row)];
+      cand.clear();
+      for (int64_t j = 0; j < limit; ++j) {
+        if (!std::isfinite(l[j])) {
+          c.bad_id = static_cast<int32_t>(j);
+          break;
+        }
+        cand.emplace_back(l[j], static_cast<int32_t>(j));
+      }
+      if (c.bad_id >= 0) continue;
+      const size_t m = std::min(cand.size(), static_cast<size_t>(k));
+      std::partial_sort(cand.begin(), cand.begin() + static_cast<long>(m), cand.end(), by_logit);
+      for (size_t i = 0; i < m; ++i) {
+        c.ids.push_back(cand[i].second);
+        c.logits.push_back(cand[i].first);
+      }
+    }
+    return out;
+  }
+  const Tensor local = run(batch.tokens, r, cache_, batch.last);
+  const int64_t vl = plan_.vocab_local, begin = plan_.vocab_begin;
+  const int64_t valid = std::clamp<int64_t>(limit - begin, 0, vl);
+  const int64_t kk = std::min(k, valid);  // this shard's candidates
+  std::vector<float> value(static_cast<size_t>(n));
+  std::vector<int32_t> index(static_cast<size_t>(n)), bad(static_cast<size_t>(n));
+  backend_.argmax_rows(local, n, vl, valid, value.data(), index.data(), bad.data());
+  std::vector<float> vals(static_cast<size_t>(n * std::max<int64_t>(kk, 1)));
+  std::vector<int32_t> cols(vals.size());
+  if (kk > 0) backend_.top_k_rows(local, vl, valid, kk, vals.data(), cols.data());
+  // 2k + 1 floats a row: k (logit, global id) pairs, padded with (-inf, -1), then the
+  // first non-finite id or -1. Ids travel as floats: exact below 2^24.
+  const int64_t width = 2 * k + 1;
+  const int tp = comm_.size();
+  std::vector<float> send(static_cast<size_t>(n * width)), recv(static_cast<size_t>(n * width * tp));
+  for (int64_t row = 0; row < n; ++row) {
+    float* f = send.data() + row * width;
+    for (int64_t c = 0; c < k; ++c) {
+      const bool real = c < kk && bad[row] < 0 && cols[row * kk + c] >= 0;
+      f[2 * c] = real ? vals[row * kk + c] : -std::numeric_limits<float>::infinity();
+      f[2 * c + 1] = real ? static_cast<float>(begin + cols[row * kk + c]) : -1.0f;
+    }
+    f[2 * k] = bad[row] >= 0 ? static_cast<float>(begin + bad[row]) : -1.0f;
+  }
+  comm_.all_gather(send.data(), send.size(), recv.data());
+  for (int64_t row = 0; row < n; ++row) {
+    TopCandidates& c = out[static_cast<size_t>(row)];
+    cand.clear();
+    for (int rank = 0; rank < tp; ++rank) {  // ranks hold ascending id ranges
+      const float* f = recv.data() + (static_cast<int64_t>(rank) * n + row) * width;
+      if (c.bad_id < 0 && f[2 * k] >= 0) c.bad_id = static_cast<int32_t>(f[2 * k]);
+      for (int64_t i = 0; i < k; ++i) {
+        if (f[2 * i + 1] >= 0) cand.emplace_back(f[2 * i], static_cast<int32_t>(f[2 * i + 1]));
+      }
+    }
+    if (c.bad_id >= 0) continue;
+    const size_t m = std::min(cand.size(), static_cast<size_t>(k));
+    std::partial_sort(cand.begin(), cand.begin() + static_cast<long>(m), cand.end(), by_logit);
+    for (size_t i = 0; i < m; ++i) {
+      c.ids.push_back(cand[i].second);
+      c.logits.push_back(cand[i].first);
+    }
+  }
+  return out;
 }
 
 std::vector<float> Engine::prefill_paged(PagedBatch batch) {

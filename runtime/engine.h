@@ -127,6 +127,21 @@ class Engine {
   /// host instead. Empty when batch.last is empty.
   /// @throws Error as step_paged.
   std::vector<GreedyPick> step_paged_argmax(const PagedBatch& batch, int64_t vocab_limit);
+  /// A logits row's best candidates, the same on every rank of the tp group.
+  struct TopCandidates {
+    std::vector<int32_t> ids;    ///< by logit descending, ties to the lower id; min(k, limit) of them
+    std::vector<float> logits;   ///< their logits
+    int32_t bad_id = -1;         ///< the lowest id < the limit whose logit is NaN or +-inf; -1 if none
+  };
+  /// step_paged for a step whose rows draw from their top-k candidates (Sampler::
+  /// sample_top): the same pass, each rank takes its shard's k best columns of each row
+  /// where its logits are (Backend::top_k_rows; on CUDA no logits row leaves the device)
+  /// and the first non-finite one (argmax_rows), the ranks all_gather 2k + 1 numbers a
+  /// row, and every rank merges them alike into the row's k best of ids < `vocab_limit`
+  /// (> 0; else vocab_size): exactly the k best of step_paged's row. 1 <= k <= 1024. A
+  /// step recorded as a CUDA graph sorts the gathered logits on the host instead.
+  /// @throws Error as step_paged, or k out of range.
+  std::vector<TopCandidates> step_paged_top(const PagedBatch& batch, int64_t vocab_limit, int64_t k);
   /// prefill_paged: step_paged over prompt chunks, logits of each sequence's last token
   /// in this pass, f32 [page_tables.size(), vocab_size].
   std::vector<float> prefill_paged(PagedBatch batch);

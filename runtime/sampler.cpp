@@ -116,14 +116,34 @@ int32_t Sampler::sample(std::span<const float> all_logits, std::span<const int32
     std::sort(idx.begin(), idx.end(), by_logit);
   }
 
+  std::vector<float> values(keep);
+  for (size_t i = 0; i < keep; ++i) values[i] = logits[static_cast<size_t>(idx[i])];
+  idx.resize(keep);
+  return draw(idx, values);
+}
+
+int32_t Sampler::sample_top(std::span<const int32_t> ids, std::span<const float> values) {
+  if (ids.empty() || ids.size() != values.size()) {
+    throw Error("candidates and their logits differ in length or are empty", "Sampler::sample_top",
+                std::to_string(ids.size()) + " ids", std::to_string(values.size()) + " logits");
+  }
+  if (params_.temperature == 0.0) return ids[0];
+  const size_t keep = params_.top_k > 0 ? std::min(ids.size(), static_cast<size_t>(params_.top_k)) : ids.size();
+  return draw(ids.first(keep), values.first(keep));
+}
+
+// The softmax over the candidates (sorted by logit descending, ties by id), top-p,
+// min-p and the draw: the one tail of sample() and sample_top().
+int32_t Sampler::draw(std::span<const int32_t> idx, std::span<const float> values) {
+  size_t keep = idx.size();
   // Softmax of logits / temperature over the candidates, in double. The max is
   // subtracted before dividing, so a tiny temperature gives exp(-inf) = 0 for the others
   // (greedy in the limit) rather than inf - inf. p[0] = 1 is the most probable.
-  const double mx = logits[static_cast<size_t>(idx[0])];
+  const double mx = values[0];
   std::vector<double> p(keep);
   double sum = 0.0;
   for (size_t i = 0; i < keep; ++i) {
-    p[i] = std::exp((static_cast<double>(logits[static_cast<size_t>(idx[i])]) - mx) / params_.temperature);
+    p[i] = std::exp((static_cast<double>(values[i]) - mx) / params_.temperature);
     sum += p[i];
   }
   // top-p: the smallest prefix whose mass reaches top_p (at least one token).

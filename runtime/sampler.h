@@ -56,6 +56,15 @@ class Sampler {
   int32_t sample(std::span<const float> logits, std::span<const int32_t> context = {},
                  std::span<const int32_t> generated = {});
 
+  /// The draw of sample() from a row's best candidates alone: `ids` and their logits
+  /// `values`, sorted by logit descending, ties by id, at least top_k of them (all the
+  /// row's ids when it has fewer), none non-finite: the same token, and the same step of
+  /// the random stream, as sample() over the full row, for settings without penalties
+  /// and with top_k > 0 (temperature 0: ids[0]). The vocab shards' candidates, merged
+  /// (Engine::step_paged_top), come here instead of the logits.
+  /// @throws Error when ids and values differ in length or are empty.
+  int32_t sample_top(std::span<const int32_t> ids, std::span<const float> values);
+
   /// argmax over logits; ties go to the lowest id.
   static int32_t argmax(std::span<const float> logits);
 
@@ -66,6 +75,8 @@ class Sampler {
                                 int64_t vocab_limit = 0);
 
  private:
+  int32_t draw(std::span<const int32_t> idx, std::span<const float> values);
+
   SamplingParams params_;
   std::mt19937_64 rng_;
   std::vector<float> penalized_;  // scratch row for the repetition penalty

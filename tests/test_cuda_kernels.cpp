@@ -386,6 +386,31 @@ TEST_F(CudaKernels, ArgmaxTopKAndTopP) {
   EXPECT_EQ(hidx[1], 10);
 }
 
+// The greedy path's check (Engine::step_paged_argmax): the first NaN / +-inf column below
+// n_valid of each row, -1 when none; padding columns past n_valid are not looked at.
+TEST_F(CudaKernels, FirstNonFiniteColumnOfEachRow) {
+  const int64_t rows = 5, ld = 2000, n_valid = 1990;
+  auto logits = randn(rows * ld, 41);
+  logits[0 * ld + 1500] = NAN;
+  logits[0 * ld + 700] = INFINITY;  // the first of row 0
+  logits[1 * ld + 3] = -INFINITY;
+  logits[2 * ld + 1995] = NAN;      // padding: not seen
+  logits[3 * ld + 1989] = NAN;      // the last valid column
+  Dev<float> dl(logits);
+  Dev<int32_t> out(rows);
+  cuda::launch_first_nonfinite(dl.get(), rows, ld, n_valid, out.get(), stream_);
+  const auto got = out.host();
+  for (int64_t r = 0; r < rows; ++r) {
+    int32_t want = -1;
+    for (int64_t j = 0; j < n_valid && want < 0; ++j) {
+      if (!std::isfinite(logits[r * ld + j])) want = static_cast<int32_t>(j);
+    }
+    EXPECT_EQ(got[r], want) << "row " << r;
+  }
+  EXPECT_EQ(got[0], 700);
+  EXPECT_EQ(got[2], -1);
+}
+
 TEST_F(CudaKernels, CrossEntropyPiecesOfAVocabSlice) {
   const int64_t rows = 4, ld = 512, n_valid = 500, vocab_begin = 1000;
   const auto logits = randn(rows * ld, 50, 4.0f);

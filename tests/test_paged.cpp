@@ -272,6 +272,61 @@ TEST_F(PagedTest, ShardArgmaxPicksTheSamplersGreedyToken) {
   }
 }
 
+// Issue 26, item 1: top-k sampling from the shards' merged candidates
+// (Engine::step_paged_top + Sampler::sample_top) draws the token Sampler::sample draws
+// from the gathered row, with the same seed, step after step (the same random stream):
+// temperatures high enough that the cuts matter (a top-k of 64 candidates handed to a
+// request of top_k 5 would draw other tokens), top-k up to 64, top-p and min-p, greedy
+// rows among them, at every tp size
+// and with a vocab limit inside a shard. Each pass runs twice on the same batch.
+TEST_F(PagedTest, ShardTopKDrawsTheSamplersToken) {
+  const std::vector<int32_t> base = story(120);
+  const int64_t V = files_->config.vocab_size;
+  std::vector<SamplingParams> settings(4);
+  settings[0].temperature = 3.0, settings[0].top_k = 5, settings[0].seed = 11;
+  settings[1].temperature = 2.0, settings[1].top_k = 40, settings[1].top_p = 0.95, settings[1].seed = 12;
+  settings[2].temperature = 1.5, settings[2].top_k = 64, settings[2].min_p = 0.02, settings[2].seed = 13;
+  settings[3].temperature = 0.0;  // greedy among them
+  for (const int64_t limit : {int64_t{0}, V / 2 + 3}) {
+    PagePool pool(paged_->num_pages(), paged_->page_size());
+    PagedScheduler sched(pool, /*max_batch=*/4, kMaxSeqLen, /*token_budget=*/40);
+    std::vector<std::unique_ptr<Sampler>> full, top;
+    for (int i = 0; i < 4; ++i) {
+      SamplingParams p = settings[static_cast<size_t>(i)];
+      p.vocab_limit = limit;
+      full.push_back(std::make_unique<Sampler>(p));
+      top.push_back(std::make_unique<Sampler>(p));
+      ASSERT_FALSE(sched.add(i, std::vector<int32_t>(base.begin() + 5 * i, base.begin() + 40 + 7 * i), 8));
+    }
+    std::vector<int> made(4, 0);
+    int drawn = 0;
+    while (auto step = sched.next_step()) {
+      const std::vector<float> logits = paged_->step_paged(step->batch);
+      const std::vector<Engine::TopCandidates> cands = paged_->step_paged_top(step->batch, limit, 64);
+      sched.done_step(*step);
+      ASSERT_EQ(cands.size(), step->ids.size());
+      for (size_t k = 0; k < step->ids.size(); ++k) {
+        const int64_t id = step->ids[k];
+        const std::span<const float> row = std::span<const float>(logits).subspan(k * V, V);
+        ASSERT_EQ(cands[k].bad_id, -1);
+        ASSERT_EQ(cands[k].ids.size(), static_cast<size_t>(std::min<int64_t>(64, limit > 0 ? limit : V)));
+        const int32_t want = full[id]->sample(row);
+        int32_t token = top[id]->sample_top(cands[k].ids, cands[k].logits);
+        EXPECT_EQ(token, want) << "request " << id << " token " << made[id] << " limit " << limit << " at tp "
+                               << world_->size();
+        world_->broadcast(&token, sizeof token, 0);
+        ++drawn;
+        if (++made[id] == 8) {
+          sched.finish(id);
+        } else {
+          sched.append(id, token);
+        }
+      }
+    }
+    EXPECT_EQ(drawn, 4 * 8);
+  }
+}
+
 // The architectures' fixtures (llama3 rope, Qwen3 QK-norm, Phi-3 and Mistral sliding
 // window 16) through generate_batch's paged path: prompts of ~150 tokens (three pages)
 // sharing a 130-token prefix, a 40-token step budget (chunked prefill), at most 3
