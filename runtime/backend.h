@@ -172,6 +172,23 @@ class Backend {
   virtual void argmax_rows(const Tensor& logits, int64_t rows, int64_t ld, int64_t n_valid, float* value,
                            int32_t* index, int32_t* bad);
 
+  /// One penalty of Sampler::sample on one logit: row `row` of a logits slice, global
+  /// vocabulary id `id`; `repetition` (1: none) as repetition_penalty (l < 0 ? l * p :
+  /// l / p, in f32), then `subtract` (0: none) as presence + frequency x count.
+  struct Penalty {
+    int32_t row = 0;
+    int32_t id = 0;
+    float repetition = 1.0f;
+    float subtract = 0.0f;
+  };
+  /// Applies `penalties` in place to this rank's logits slice `logits` (f32 [rows, ld],
+  /// this backend's memory) for the ids in [vocab_begin, vocab_begin + n_valid), in the
+  /// sampler's f32 operations, so the penalized values are bit-equal to Sampler::sample's.
+  /// At most one entry per (row, id). The CPU backend writes the rows in place; CUDA
+  /// uploads the entries and runs one thread per entry.
+  virtual void apply_penalties(Tensor& logits, int64_t ld, int64_t vocab_begin, int64_t n_valid,
+                               std::span<const Penalty> penalties);
+
   /// This rank's `k` best columns (< n_valid) of each row of `logits` (as
   /// cross_entropy_rows; rows = logits.dim(0)), by value descending, ties to the lower
   /// column: values f32 and column indices i32, host [rows, k]. 0 < k <= n_valid. The

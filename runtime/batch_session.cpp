@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <map>
 
 #include "common/error.h"
 
@@ -197,20 +198,19 @@ void BatchSession::sample_top(const std::vector<int64_t>& ids, const std::vector
   advance(ids, drawn);
 }
 
-int64_t BatchSession::shard_step(const std::vector<int64_t>& ids, int64_t* vocab_limit) const {
+int64_t BatchSession::shard_step(const std::vector<int64_t>& ids, int64_t* vocab_limit, bool* penalized) const {
   static const bool enabled = [] {
     const char* v = std::getenv("LINNET_SHARD_SAMPLING");
     return !(v && std::string(v) == "0");
   }();
+  *penalized = false;
   if (!enabled || ids.empty()) return 0;
   int64_t k = 1;
   for (size_t i = 0; i < ids.size(); ++i) {
     const BatchRequest& req = entries_.at(ids[i]).request;
     const SamplingParams& s = req.sampling;
-    if (s.repetition_penalty != 1.0 || s.presence_penalty != 0.0 || s.frequency_penalty != 0.0 ||
-        req.top_logprobs >= 0) {
-      return 0;
-    }
+    if (req.top_logprobs >= 0) return 0;
+    if (s.repetition_penalty != 1.0 || s.presence_penalty != 0.0 || s.frequency_penalty != 0.0) *penalized = true;
     if (s.temperature != 0.0) {
       if (s.top_k < 1 || s.top_k > kMaxShardTopK) return 0;
       k = std::max(k, s.top_k);
@@ -219,6 +219,38 @@ int64_t BatchSession::shard_step(const std::vector<int64_t>& ids, int64_t* vocab
     if (s.vocab_limit != *vocab_limit) return 0;
   }
   return k;
+}
+
+void add_sampler_penalties(const SamplingParams& s, std::span<const int32_t> prompt,
+                           std::span<const int32_t> generated, int32_t row, std::vector<Backend::Penalty>& out) {
+  std::map<int32_t, Backend::Penalty> pen;
+  if (s.repetition_penalty != 1.0 && !prompt.empty()) {
+    const float p = static_cast<float>(s.repetition_penalty);
+    for (const int32_t id : prompt) pen[id].repetition = p;
+    for (const int32_t id : generated) pen[id].repetition = p;
+  }
+  if ((s.presence_penalty != 0.0 || s.frequency_penalty != 0.0) && !generated.empty()) {
+    std::map<int32_t, int64_t> count;
+    for (const int32_t id : generated) ++count[id];
+    for (const auto& [id, c] : count) {
+      pen[id].subtract = static_cast<float>(s.presence_penalty + s.frequency_penalty * static_cast<double>(c));
+    }
+  }
+  for (auto& [id, p] : pen) {
+    if (id < 0) continue;
+    p.row = row;
+    p.id = id;
+    out.push_back(p);
+  }
+}
+
+std::vector<Backend::Penalty> BatchSession::penalties(const std::vector<int64_t>& ids) const {
+  std::vector<Backend::Penalty> out;
+  for (size_t k = 0; k < ids.size(); ++k) {
+    const Entry& e = entries_.at(ids[k]);
+    add_sampler_penalties(e.request.sampling, e.request.prompt, e.result.ids, static_cast<int32_t>(k), out);
+  }
+  return out;
 }
 
 // Broadcasts rank 0's {token, outcome} pairs and advances each request: appends the
@@ -264,15 +296,17 @@ bool BatchSession::step() {
   if (!step) return false;
   last_step_sequences_ = static_cast<int64_t>(step->seq_ids.size());
   int64_t vocab_limit = 0;
-  const int64_t k = shard_step(step->ids, &vocab_limit);
-  if (k == 1) {  // every row greedy: the shards' argmax
+  bool penalized = false;
+  const int64_t k = shard_step(step->ids, &vocab_limit, &penalized);
+  if (k == 1 && !penalized) {  // every row greedy: the shards' argmax
     const std::vector<Engine::GreedyPick> picks = engine_.step_paged_argmax(step->batch, vocab_limit);
     scheduler_.done_step(*step);
     sample_greedy(step->ids, picks);
     return true;
   }
-  if (k > 1) {  // top-k sampling: the shards' k best candidates
-    const std::vector<Engine::TopCandidates> cands = engine_.step_paged_top(step->batch, vocab_limit, k);
+  if (k >= 1) {  // top-k sampling (or penalized greedy rows): the shards' k best candidates
+    const std::vector<Backend::Penalty> pen = penalized ? penalties(step->ids) : std::vector<Backend::Penalty>{};
+    const std::vector<Engine::TopCandidates> cands = engine_.step_paged_top(step->batch, vocab_limit, k, pen);
     scheduler_.done_step(*step);
     sample_top(step->ids, cands);
     return true;

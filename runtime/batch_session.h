@@ -59,6 +59,14 @@ struct SessionOptions {
   bool prefix_caching = true;        // share the KV pages of common prompt prefixes
 };
 
+/// Appends row `row`'s penalties as Sampler::sample applies them, for
+/// Engine::step_paged_top to apply where the logits are: repetition_penalty (f32) once on
+/// each distinct id of `prompt` + `generated` (none when the prompt is empty, as the
+/// sampler's context), then presence + frequency x count (computed in f64, applied in
+/// f32) on each distinct id of `generated`. Every rank builds the same list.
+void add_sampler_penalties(const SamplingParams& s, std::span<const int32_t> prompt,
+                           std::span<const int32_t> generated, int32_t row, std::vector<Backend::Penalty>& out);
+
 /// An open-ended continuous-batching run over one engine's KV pool (up to
 /// engine.max_batch() requests running at once; the others wait in arrival order).
 class BatchSession {
@@ -111,13 +119,15 @@ class BatchSession {
   void queue(int64_t id);              // hands a request to the scheduler (or finishes it)
   void release_deferred(int64_t id);   // queues the requests waiting for `id`'s prompt
   void sample(const std::vector<int64_t>& ids, const std::vector<float>& logits);
-  // How a step's rows can be drawn without gathering their logits: 1 when every row is
-  // greedy (Engine::step_paged_argmax: 3 numbers a row leave each rank), k > 1 when each
-  // row is greedy or samples with top_k in [1, kMaxShardTopK] (Engine::step_paged_top
-  // with the largest top_k: 2k + 1 numbers a row), 0 otherwise (penalties, logprobs, no
-  // top-k cut, rows with different vocab limits: the full logits to tp rank 0). Sets
-  // *vocab_limit. LINNET_SHARD_SAMPLING=0 always answers 0, for A/B.
-  int64_t shard_step(const std::vector<int64_t>& ids, int64_t* vocab_limit) const;
+  // How a step's rows can be drawn without gathering their logits: the k of
+  // Engine::step_paged_top when each row is greedy or samples with top_k in [1,
+  // kMaxShardTopK] (the largest top_k; 1 when all are greedy, which takes
+  // Engine::step_paged_argmax unless *penalized), 0 otherwise (logprobs, no top-k cut,
+  // rows with different vocab limits: the full logits to tp rank 0). Sets *vocab_limit,
+  // and *penalized when a row has a repetition / presence / frequency penalty.
+  // LINNET_SHARD_SAMPLING=0 always answers 0, for A/B.
+  int64_t shard_step(const std::vector<int64_t>& ids, int64_t* vocab_limit, bool* penalized) const;
+  std::vector<Backend::Penalty> penalties(const std::vector<int64_t>& ids) const;
   static constexpr int64_t kMaxShardTopK = 64;
   void sample_greedy(const std::vector<int64_t>& ids, const std::vector<Engine::GreedyPick>& picks);
   void sample_top(const std::vector<int64_t>& ids, const std::vector<Engine::TopCandidates>& cands);

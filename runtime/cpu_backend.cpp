@@ -244,4 +244,18 @@ void Backend::top_k_rows(const Tensor& logits, int64_t ld, int64_t n_valid, int6
   }
 }
 
+// The host-memory default of Backend::apply_penalties (the CPU backend's).
+void Backend::apply_penalties(Tensor& logits, int64_t ld, int64_t vocab_begin, int64_t n_valid,
+                              std::span<const Penalty> penalties) {
+  if (logits.device() != Device::kCpu) throw Error("apply_penalties on device memory needs its backend", name());
+  for (const Penalty& p : penalties) {
+    const int64_t col = static_cast<int64_t>(p.id) - vocab_begin;
+    if (col < 0 || col >= n_valid) continue;
+    LINNET_CHECK(p.row >= 0 && (p.row + 1) * ld <= logits.numel(), "apply_penalties row");
+    float& l = logits.data()[p.row * ld + col];
+    if (p.repetition != 1.0f) l = l < 0.0f ? l * p.repetition : l / p.repetition;
+    if (p.subtract != 0.0f) l -= p.subtract;
+  }
+}
+
 }  // namespace linnet

@@ -377,6 +377,22 @@ class CudaBackend final : public Backend {
     std::copy(h.begin() + 2 * rows, h.end(), target_logit);
   }
 
+  void apply_penalties(Tensor& logits, int64_t ld, int64_t vocab_begin, int64_t n_valid,
+                       std::span<const Penalty> penalties) override {
+    if (penalties.empty()) return;
+    if (logits.device() == Device::kCpu) return Backend::apply_penalties(logits, ld, vocab_begin, n_valid, penalties);
+    std::vector<int32_t> packed(4 * penalties.size());
+    for (size_t i = 0; i < penalties.size(); ++i) {
+      packed[4 * i] = penalties[i].row;
+      packed[4 * i + 1] = penalties[i].id;
+      std::memcpy(&packed[4 * i + 2], &penalties[i].repetition, 4);
+      std::memcpy(&packed[4 * i + 3], &penalties[i].subtract, 4);
+    }
+    const Tensor entries = upload_i32(packed);
+    cuda::launch_apply_penalties(logits.data(), ld, vocab_begin, n_valid, entries.i32(),
+                                 static_cast<int64_t>(penalties.size()), stream_);
+  }
+
   void argmax_rows(const Tensor& logits, int64_t rows, int64_t ld, int64_t n_valid, float* value, int32_t* index,
                    int32_t* bad) override {
     if (rows <= 0) return;

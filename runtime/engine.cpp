@@ -573,7 +573,8 @@ std::vector<Engine::GreedyPick> Engine::step_paged_argmax(const PagedBatch& batc
   return picks;
 }
 
-std::vector<Engine::TopCandidates> Engine::step_paged_top(const PagedBatch& batch, int64_t vocab_limit, int64_t k) {
+std::vector<Engine::TopCandidates> Engine::step_paged_top(const PagedBatch& batch, int64_t vocab_limit, int64_t k,
+                                                          std::span<const Backend::Penalty> penalties) {
   if (k < 1 || k > 1024) throw Error("invalid value", "step_paged_top k", "in [1, 1024]", std::to_string(k));
   const Rows r = paged_rows(batch, "step_paged_top");
   const int64_t n = static_cast<int64_t>(batch.last.size());
@@ -590,19 +591,26 @@ std::vector<Engine::TopCandidates> Engine::step_paged_top(const PagedBatch& batc
   std::vector<TopCandidates> out(static_cast<size_t>(n));
   std::vector<std::pair<float, int32_t>> cand;
   if (DecodeGraph* g = graph_for(static_cast<int64_t>(batch.tokens.size()), batch.last)) {
-    const std::vector<float> logits = replay_decode(batch.tokens, r, *g);
+    std::vector<float> logits = replay_decode(batch.tokens, r, *g);
+    std::vector<uint8_t> bad_row(static_cast<size_t>(n), 0);
+    for (int64_t row = 0; row < n; ++row) {
+      const float* l = logits.data() + row * V;
+      for (int64_t j = 0; j < limit; ++j) {
+        if (!std::isfinite(l[j])) {
+          out[static_cast<size_t>(row)].bad_id = static_cast<int32_t>(j);
+          bad_row[static_cast<size_t>(row)] = 1;
+          break;
+        }
+      }
+    }
+    Tensor host = Tensor::wrap({n, V}, DType::kF32, Device::kCpu, nullptr, logits.data());
+    backend_.Backend::apply_penalties(host, V, 0, limit, penalties);
     for (int64_t row = 0; row < n; ++row) {
       const float* l = logits.data() + row * V;
       TopCandidates& c = out[static_cast<size_t>(row)];
       cand.clear();
-      for (int64_t j = 0; j < limit; ++j) {
-        if (!std::isfinite(l[j])) {
-          c.bad_id = static_cast<int32_t>(j);
-          break;
-        }
-        cand.emplace_back(l[j], static_cast<int32_t>(j));
-      }
-      if (c.bad_id >= 0) continue;
+      if (bad_row[static_cast<size_t>(row)]) continue;
+      for (int64_t j = 0; j < limit; ++j) cand.emplace_back(l[j], static_cast<int32_t>(j));
       const size_t m = std::min(cand.size(), static_cast<size_t>(k));
       std::partial_sort(cand.begin(), cand.begin() + static_cast<long>(m), cand.end(), by_logit);
       for (size_t i = 0; i < m; ++i) {
@@ -612,13 +620,14 @@ std::vector<Engine::TopCandidates> Engine::step_paged_top(const PagedBatch& batc
     }
     return out;
   }
-  const Tensor local = run(batch.tokens, r, cache_, batch.last);
+  Tensor local = run(batch.tokens, r, cache_, batch.last);
   const int64_t vl = plan_.vocab_local, begin = plan_.vocab_begin;
   const int64_t valid = std::clamp<int64_t>(limit - begin, 0, vl);
   const int64_t kk = std::min(k, valid);  // this shard's candidates
   std::vector<float> value(static_cast<size_t>(n));
   std::vector<int32_t> index(static_cast<size_t>(n)), bad(static_cast<size_t>(n));
-  backend_.argmax_rows(local, n, vl, valid, value.data(), index.data(), bad.data());
+  backend_.argmax_rows(local, n, vl, valid, value.data(), index.data(), bad.data());  // raw: the check
+  backend_.apply_penalties(local, vl, begin, valid, penalties);
   std::vector<float> vals(static_cast<size_t>(n * std::max<int64_t>(kk, 1)));
   std::vector<int32_t> cols(vals.size());
   if (kk > 0) backend_.top_k_rows(local, vl, valid, kk, vals.data(), cols.data());

@@ -138,10 +138,15 @@ class Engine {
   /// where its logits are (Backend::top_k_rows; on CUDA no logits row leaves the device)
   /// and the first non-finite one (argmax_rows), the ranks all_gather 2k + 1 numbers a
   /// row, and every rank merges them alike into the row's k best of ids < `vocab_limit`
-  /// (> 0; else vocab_size): exactly the k best of step_paged's row. 1 <= k <= 1024. A
-  /// step recorded as a CUDA graph sorts the gathered logits on the host instead.
+  /// (> 0; else vocab_size): exactly the k best of step_paged's row. `penalties` (rows
+  /// indexing batch.last) are applied first where the logits are (Backend::
+  /// apply_penalties: the sampler's repetition / presence / frequency penalties in its f32
+  /// operations), so the candidates are those of the penalized row; the non-finite check
+  /// reads the raw logits, as the sampler's. 1 <= k <= 1024. A step recorded as a CUDA
+  /// graph sorts the gathered logits on the host instead.
   /// @throws Error as step_paged, or k out of range.
-  std::vector<TopCandidates> step_paged_top(const PagedBatch& batch, int64_t vocab_limit, int64_t k);
+  std::vector<TopCandidates> step_paged_top(const PagedBatch& batch, int64_t vocab_limit, int64_t k,
+                                            std::span<const Backend::Penalty> penalties = {});
   /// prefill_paged: step_paged over prompt chunks, logits of each sequence's last token
   /// in this pass, f32 [page_tables.size(), vocab_size].
   std::vector<float> prefill_paged(PagedBatch batch);

@@ -411,6 +411,37 @@ TEST_F(CudaKernels, FirstNonFiniteColumnOfEachRow) {
   EXPECT_EQ(got[2], -1);
 }
 
+// The sampler's penalties on a logits slice (Backend::apply_penalties): bit-equal to the
+// host's f32 operations, ids outside [vocab_begin, vocab_begin + n_valid) left alone.
+TEST_F(CudaKernels, ApplyPenaltiesAsTheSamplerDoes) {
+  const int64_t rows = 3, ld = 300, n_valid = 290, vocab_begin = 1000;
+  auto logits = randn(rows * ld, 42, 4.0f);
+  struct E { int32_t row, id; float rep, sub; };
+  const std::vector<E> entries = {{0, 1000, 1.3f, 0.0f},  {0, 1005, 0.7f, 0.5f}, {1, 1289, 1.0f, -0.25f},
+                                  {1, 1290, 2.0f, 1.0f},  {2, 999, 2.0f, 1.0f},  {2, 1100, 1.7f, 0.1f},
+                                  {2, 1101, 1.0f, 0.0f}};
+  std::vector<int32_t> packed;
+  auto want = logits;
+  for (const E& e : entries) {
+    int32_t rep = 0, sub = 0;
+    std::memcpy(&rep, &e.rep, 4);
+    std::memcpy(&sub, &e.sub, 4);
+    packed.insert(packed.end(), {e.row, e.id, rep, sub});
+    const int64_t col = e.id - vocab_begin;
+    if (col < 0 || col >= n_valid) continue;
+    float& l = want[e.row * ld + col];
+    if (e.rep != 1.0f) l = l < 0.0f ? l * e.rep : l / e.rep;
+    if (e.sub != 0.0f) l -= e.sub;
+  }
+  Dev<float> dl(logits);
+  Dev<int32_t> de(packed);
+  cuda::launch_apply_penalties(dl.get(), ld, vocab_begin, n_valid, de.get(), static_cast<int64_t>(entries.size()),
+                               stream_);
+  const auto got = dl.host();
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0);
+}
+
 TEST_F(CudaKernels, CrossEntropyPiecesOfAVocabSlice) {
   const int64_t rows = 4, ld = 512, n_valid = 500, vocab_begin = 1000;
   const auto logits = randn(rows * ld, 50, 4.0f);

@@ -21,6 +21,7 @@
 #include "runtime/model_loader.h"
 #include "runtime/page_pool.h"
 #include "runtime/paged_scheduler.h"
+#include "runtime/batch_session.h"
 #include "runtime/sampler.h"
 #include "tests/test_data.h"
 
@@ -325,6 +326,61 @@ TEST_F(PagedTest, ShardTopKDrawsTheSamplersToken) {
     }
     EXPECT_EQ(drawn, 4 * 8);
   }
+}
+
+// The same with the sampler's penalties applied where the logits are (add_sampler_penalties
+// -> Engine::step_paged_top -> Backend::apply_penalties): repetition above and below 1,
+// presence and frequency, on sampled and greedy rows; the draw equals Sampler::sample over
+// the full row with the context and the generated tokens, token for token.
+TEST_F(PagedTest, ShardTopKWithPenaltiesDrawsTheSamplersToken) {
+  const std::vector<int32_t> base = story(120);
+  const int64_t V = files_->config.vocab_size;
+  std::vector<SamplingParams> settings(4);
+  settings[0].temperature = 1.5, settings[0].top_k = 20, settings[0].repetition_penalty = 1.3, settings[0].seed = 21;
+  settings[1].temperature = 2.0, settings[1].top_k = 64, settings[1].presence_penalty = 0.8,
+  settings[1].frequency_penalty = 0.6, settings[1].top_p = 0.95, settings[1].seed = 22;
+  settings[2].temperature = 0.0, settings[2].repetition_penalty = 1.8;  // penalized greedy
+  settings[3].temperature = 1.0, settings[3].top_k = 10, settings[3].repetition_penalty = 0.7,
+  settings[3].frequency_penalty = -0.5, settings[3].seed = 24;
+  PagePool pool(paged_->num_pages(), paged_->page_size());
+  PagedScheduler sched(pool, /*max_batch=*/4, kMaxSeqLen, /*token_budget=*/40);
+  std::vector<std::unique_ptr<Sampler>> full, top;
+  std::vector<std::vector<int32_t>> prompts, made(4);
+  for (int i = 0; i < 4; ++i) {
+    full.push_back(std::make_unique<Sampler>(settings[static_cast<size_t>(i)]));
+    top.push_back(std::make_unique<Sampler>(settings[static_cast<size_t>(i)]));
+    prompts.emplace_back(base.begin() + 3 * i, base.begin() + 30 + 5 * i);
+    ASSERT_FALSE(sched.add(i, prompts.back(), 10));
+  }
+  int drawn = 0;
+  while (auto step = sched.next_step()) {
+    std::vector<Backend::Penalty> pen;
+    for (size_t k = 0; k < step->ids.size(); ++k) {
+      const int64_t id = step->ids[k];
+      add_sampler_penalties(settings[static_cast<size_t>(id)], prompts[id], made[id], static_cast<int32_t>(k), pen);
+    }
+    const std::vector<float> logits = paged_->step_paged(step->batch);
+    const std::vector<Engine::TopCandidates> cands = paged_->step_paged_top(step->batch, 0, 64, pen);
+    sched.done_step(*step);
+    for (size_t k = 0; k < step->ids.size(); ++k) {
+      const int64_t id = step->ids[k];
+      const std::span<const float> row = std::span<const float>(logits).subspan(k * V, V);
+      std::vector<int32_t> context = prompts[id];
+      context.insert(context.end(), made[id].begin(), made[id].end());
+      const int32_t want = full[id]->sample(row, context, made[id]);
+      int32_t token = top[id]->sample_top(cands[k].ids, cands[k].logits);
+      EXPECT_EQ(token, want) << "request " << id << " token " << made[id].size() << " at tp " << world_->size();
+      world_->broadcast(&token, sizeof token, 0);
+      made[id].push_back(token);
+      ++drawn;
+      if (made[id].size() == 10) {
+        sched.finish(id);
+      } else {
+        sched.append(id, token);
+      }
+    }
+  }
+  EXPECT_EQ(drawn, 4 * 10);
 }
 
 // The architectures' fixtures (llama3 rope, Qwen3 QK-norm, Phi-3 and Mistral sliding

@@ -101,6 +101,13 @@ void launch_argmax(const float* logits, int64_t rows, int64_t ld, int64_t n_vali
 /// -1 when none; out i32 [rows]. (The greedy path refuses such rows as the sampler does.)
 void launch_first_nonfinite(const float* logits, int64_t rows, int64_t ld, int64_t n_valid, int32_t* out,
                             cudaStream_t stream);
+/// The sampler's penalties in place on a logits slice f32 [rows, ld] (Backend::
+/// apply_penalties): entry i is entries[4 i .. 4 i + 3] = row, global id, the f32 bits
+/// of the repetition factor (1: none; l < 0 ? l * p : l / p) and of the subtraction
+/// (0: none), applied to column id - vocab_begin when inside [0, n_valid); IEEE f32
+/// operations, as the host sampler's. At most one entry per (row, id).
+void launch_apply_penalties(float* logits, int64_t ld, int64_t vocab_begin, int64_t n_valid, const int32_t* entries,
+                            int64_t n, cudaStream_t stream);
 /// Per-row top-k over the first n_valid columns, sorted by value descending (ties: lower
 /// index first): out_value f32 [rows, k], out_index i32 [rows, k]. A rank's candidates
 /// for distributed top-k sampling (gather k per rank, not the vocabulary). `workspace`

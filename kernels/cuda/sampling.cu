@@ -62,6 +62,21 @@ __global__ void first_nonfinite_kernel(const float* logits, int64_t ld, int64_t 
   if (threadIdx.x == 0) out[blockIdx.x] = first == INT32_MAX ? -1 : first;
 }
 
+// One thread per entry: entries[4 i .. 4 i + 3] = row, global id, bits of the
+// repetition factor, bits of the subtraction (distinct (row, id) pairs: no races).
+__global__ void apply_penalties_kernel(float* logits, int64_t ld, int64_t vocab_begin, int64_t n_valid,
+                                       const int32_t* entries, int64_t n) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  const int32_t* e = entries + 4 * i;
+  const int64_t col = static_cast<int64_t>(e[1]) - vocab_begin;
+  if (col < 0 || col >= n_valid) return;
+  const float rep = __int_as_float(e[2]), sub = __int_as_float(e[3]);
+  float& l = logits[static_cast<int64_t>(e[0]) * ld + col];
+  if (rep != 1.0f) l = l < 0.0f ? __fmul_rn(l, rep) : __fdiv_rn(l, rep);
+  if (sub != 0.0f) l = __fsub_rn(l, sub);
+}
+
 // One thread per row (k is small).
 __global__ void top_p_kernel(const float* values, int64_t rows, int64_t k, float temperature, float top_p,
                              float* probs) {
@@ -97,6 +112,13 @@ void launch_first_nonfinite(const float* logits, int64_t rows, int64_t ld, int64
                             cudaStream_t stream) {
   if (rows <= 0) return;
   first_nonfinite_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(logits, ld, n_valid, out);
+  LINNET_CUDA_CHECK_LAUNCH();
+}
+
+void launch_apply_penalties(float* logits, int64_t ld, int64_t vocab_begin, int64_t n_valid, const int32_t* entries,
+                            int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  apply_penalties_kernel<<<grid_for(n, 128), 128, 0, stream>>>(logits, ld, vocab_begin, n_valid, entries, n);
   LINNET_CUDA_CHECK_LAUNCH();
 }
 
