@@ -192,8 +192,10 @@ class Backend {
   /// This rank's `k` best columns (< n_valid) of each row of `logits` (as
   /// cross_entropy_rows; rows = logits.dim(0)), by value descending, ties to the lower
   /// column: values f32 and column indices i32, host [rows, k]. 0 < k <= n_valid. The
-  /// CPU backend reads the rows in place (a row holding NaN or +-inf gets (-inf, -1)
-  /// throughout: argmax_rows names it); CUDA runs cuda::launch_topk.
+  /// CPU backend reads the rows in place (a row holding NaN gets (-inf, -1) throughout:
+  /// argmax_rows names it); CUDA runs cuda::launch_topk, which never picks -inf or NaN and
+  /// returns column INT32_MAX where a row has fewer than k others (callers treat a column
+  /// outside [0, n_valid) as padding).
   /// @throws Error when k is outside (0, n_valid].
   virtual void top_k_rows(const Tensor& logits, int64_t ld, int64_t n_valid, int64_t k, float* values,
                           int32_t* index);

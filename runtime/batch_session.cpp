@@ -116,13 +116,20 @@ void BatchSession::sample(const std::vector<int64_t>& ids, const std::vector<flo
       Entry& e = entries_.at(ids[k]);
       const BatchRequest& req = e.request;
       GenerationResult& res = e.result;
-      if (!e.sampler) {
-        e.sampler = std::make_unique<Sampler>(req.sampling);
-        if (req.sampling.repetition_penalty != 1.0) e.context = req.prompt;
-      }
       const std::span<const float> row = std::span<const float>(logits).subspan(k * V, V);
       try {
-        const int32_t token = e.sampler->sample(row, e.context, res.ids);
+        // Inside the try: settings the sampler refuses fail this request on rank 0 while
+        // every rank still reaches the broadcast below.
+        if (!e.sampler) e.sampler = std::make_unique<Sampler>(req.sampling);
+        // The repetition penalty's context, prompt + generated, made from what every path
+        // keeps (a request may have drawn earlier tokens through sample_top).
+        std::vector<int32_t> context;
+        if (req.sampling.repetition_penalty != 1.0 && !req.prompt.empty()) {
+          context.reserve(req.prompt.size() + res.ids.size());
+          context.assign(req.prompt.begin(), req.prompt.end());
+          context.insert(context.end(), res.ids.begin(), res.ids.end());
+        }
+        const int32_t token = e.sampler->sample(row, context, res.ids);
         if (req.top_logprobs >= 0) {
           res.logprobs.push_back(Sampler::logprobs(row, token, req.top_logprobs, req.sampling.vocab_limit));
         }
@@ -198,12 +205,14 @@ void BatchSession::sample_top(const std::vector<int64_t>& ids, const std::vector
   advance(ids, drawn);
 }
 
-int64_t BatchSession::shard_step(const std::vector<int64_t>& ids, int64_t* vocab_limit, bool* penalized) const {
+int64_t BatchSession::shard_step(const std::vector<int64_t>& ids, int64_t* vocab_limit, bool* penalized,
+                                 bool* all_greedy) const {
   static const bool enabled = [] {
     const char* v = std::getenv("LINNET_SHARD_SAMPLING");
     return !(v && std::string(v) == "0");
   }();
   *penalized = false;
+  *all_greedy = true;  // false once a row has temperature > 0: it draws (one random number), even at top_k 1
   if (!enabled || ids.empty()) return 0;
   int64_t k = 1;
   for (size_t i = 0; i < ids.size(); ++i) {
@@ -214,6 +223,7 @@ int64_t BatchSession::shard_step(const std::vector<int64_t>& ids, int64_t* vocab
     if (s.temperature != 0.0) {
       if (s.top_k < 1 || s.top_k > kMaxShardTopK) return 0;
       k = std::max(k, s.top_k);
+      *all_greedy = false;
     }
     if (i == 0) *vocab_limit = s.vocab_limit;
     if (s.vocab_limit != *vocab_limit) return 0;
@@ -274,7 +284,6 @@ void BatchSession::advance(const std::vector<int64_t>& ids, std::vector<int32_t>
       const int32_t token = drawn[2 * k];
       res.ids.push_back(token);
       res.token_ms.push_back(t);
-      if (root && !e.context.empty()) e.context.push_back(token);
       // The token would go into the cache at position prompt + new tokens - 1.
       const int64_t cached = static_cast<int64_t>(req.prompt.size() + res.ids.size()) - 1;
       reason = drawn[2 * k + 1] == kStopCheck
@@ -296,15 +305,15 @@ bool BatchSession::step() {
   if (!step) return false;
   last_step_sequences_ = static_cast<int64_t>(step->seq_ids.size());
   int64_t vocab_limit = 0;
-  bool penalized = false;
-  const int64_t k = shard_step(step->ids, &vocab_limit, &penalized);
-  if (k == 1 && !penalized) {  // every row greedy: the shards' argmax
+  bool penalized = false, all_greedy = true;
+  const int64_t k = shard_step(step->ids, &vocab_limit, &penalized, &all_greedy);
+  if (k == 1 && all_greedy && !penalized) {  // every row greedy: the shards' argmax
     const std::vector<Engine::GreedyPick> picks = engine_.step_paged_argmax(step->batch, vocab_limit);
     scheduler_.done_step(*step);
     sample_greedy(step->ids, picks);
     return true;
   }
-  if (k >= 1) {  // top-k sampling (or penalized greedy rows): the shards' k best candidates
+  if (k >= 1) {  // sampling, or penalized greedy rows: the shards' k best candidates
     const std::vector<Backend::Penalty> pen = penalized ? penalties(step->ids) : std::vector<Backend::Penalty>{};
     const std::vector<Engine::TopCandidates> cands = engine_.step_paged_top(step->batch, vocab_limit, k, pen);
     scheduler_.done_step(*step);

@@ -113,7 +113,6 @@ class BatchSession {
     BatchRequest request;
     GenerationResult result;
     std::unique_ptr<Sampler> sampler;  // tp rank 0, from the first logits row
-    std::vector<int32_t> context;      // prompt + new tokens, for the repetition penalty (tp rank 0)
   };
   void finish(int64_t id, const std::string& reason);
   void queue(int64_t id);              // hands a request to the scheduler (or finishes it)
@@ -121,12 +120,13 @@ class BatchSession {
   void sample(const std::vector<int64_t>& ids, const std::vector<float>& logits);
   // How a step's rows can be drawn without gathering their logits: the k of
   // Engine::step_paged_top when each row is greedy or samples with top_k in [1,
-  // kMaxShardTopK] (the largest top_k; 1 when all are greedy, which takes
-  // Engine::step_paged_argmax unless *penalized), 0 otherwise (logprobs, no top-k cut,
-  // rows with different vocab limits: the full logits to tp rank 0). Sets *vocab_limit,
-  // and *penalized when a row has a repetition / presence / frequency penalty.
+  // kMaxShardTopK] (the largest top_k), 0 otherwise (logprobs, no top-k cut, rows with
+  // different vocab limits: the full logits to tp rank 0). Sets *vocab_limit, *penalized
+  // when a row has a repetition / presence / frequency penalty, and *all_greedy when
+  // every row has temperature 0 (then, unpenalized, Engine::step_paged_argmax serves; a
+  // sampled row at top_k 1 still draws its random number through Sampler::sample_top).
   // LINNET_SHARD_SAMPLING=0 always answers 0, for A/B.
-  int64_t shard_step(const std::vector<int64_t>& ids, int64_t* vocab_limit, bool* penalized) const;
+  int64_t shard_step(const std::vector<int64_t>& ids, int64_t* vocab_limit, bool* penalized, bool* all_greedy) const;
   std::vector<Backend::Penalty> penalties(const std::vector<int64_t>& ids) const;
   static constexpr int64_t kMaxShardTopK = 64;
   void sample_greedy(const std::vector<int64_t>& ids, const std::vector<Engine::GreedyPick>& picks);

@@ -229,7 +229,9 @@ void Backend::top_k_rows(const Tensor& logits, int64_t ld, int64_t n_valid, int6
     const float* l = logits.data() + r * ld;
     float* v = values + r * k;
     int32_t* ix = index + r * k;
-    if (!std::all_of(l, l + n_valid, [](float x) { return std::isfinite(x); })) {
+    // NaN breaks the ordering: such a row gets padding (argmax_rows names it). +-inf (a
+    // finite logit pushed past the f32 range by a penalty) is ordered as any value.
+    if (std::any_of(l, l + n_valid, [](float x) { return std::isnan(x); })) {
       std::fill_n(v, k, -std::numeric_limits<float>::infinity());
       std::fill_n(ix, k, -1);
       continue;

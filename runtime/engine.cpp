@@ -639,7 +639,9 @@ std::vector<Engine::TopCandidates> Engine::step_paged_top(const PagedBatch& batc
   for (int64_t row = 0; row < n; ++row) {
     float* f = send.data() + row * width;
     for (int64_t c = 0; c < k; ++c) {
-      const bool real = c < kk && bad[row] < 0 && cols[row * kk + c] >= 0;
+      // A column outside [0, valid) is padding (CUDA's top-k where fewer than kk values
+      // are above -inf; they have probability 0, so leaving them out draws the same).
+      const bool real = c < kk && bad[row] < 0 && cols[row * kk + c] >= 0 && cols[row * kk + c] < valid;
       f[2 * c] = real ? vals[row * kk + c] : -std::numeric_limits<float>::infinity();
       f[2 * c + 1] = real ? static_cast<float>(begin + cols[row * kk + c]) : -1.0f;
     }

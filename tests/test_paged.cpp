@@ -383,6 +383,32 @@ TEST_F(PagedTest, ShardTopKWithPenaltiesDrawsTheSamplersToken) {
   EXPECT_EQ(drawn, 4 * 10);
 }
 
+// A request whose tokens come partly from the shard path (Sampler::sample_top) and partly
+// from the full logits (a step with a logprobs request falls back) keeps its repetition
+// penalty throughout: its tokens equal those it draws alone (all steps on the shard path),
+// batch invariance making the logits equal. Two rows a step: the penalized request runs
+// with a short greedy one first, then with one that asks for logprobs.
+TEST_F(PagedTest, PenalizedRequestKeepsItsPenaltyAcrossPaths) {
+  const ShardPlan plan = ShardPlan::make(files_->config, world_->rank(), world_->size());
+  auto two = make_engine(*files_, plan, *backend_, *world_, kMaxSeqLen, /*max_batch=*/2, kKvPageSize, 24);
+  const std::vector<int32_t> base = story(120);
+  BatchRequest a, c, b;
+  a.prompt.assign(base.begin(), base.begin() + 40);
+  a.sampling.temperature = 1.2, a.sampling.top_k = 20, a.sampling.repetition_penalty = 3.0, a.sampling.seed = 5;
+  a.max_new_tokens = 16;
+  c.prompt.assign(base.begin() + 50, base.begin() + 70);
+  c.max_new_tokens = 2;
+  b.prompt.assign(base.begin() + 60, base.begin() + 90);
+  b.max_new_tokens = 12;
+  b.top_logprobs = 2;  // its steps gather the full logits
+  const std::vector<int32_t> alone = generate_batch(*two, {a})[0].ids;
+  const std::vector<GenerationResult> mixed = generate_batch(*two, {a, c, b});
+  ASSERT_EQ(alone.size(), 16u);
+  EXPECT_EQ(mixed[0].ids, alone) << "at tp " << world_->size();
+  EXPECT_EQ(mixed[1].ids.size(), 2u);
+  EXPECT_EQ(mixed[2].ids.size(), 12u);
+}
+
 // The architectures' fixtures (llama3 rope, Qwen3 QK-norm, Phi-3 and Mistral sliding
 // window 16) through generate_batch's paged path: prompts of ~150 tokens (three pages)
 // sharing a 130-token prefix, a 40-token step budget (chunked prefill), at most 3
