@@ -104,126 +104,81 @@ bool BatchSession::cancel(int64_t id) {
   return true;
 }
 
-// Draws one token per logits row on tp rank 0 (with its logprobs and the caller's stop
-// check), then advance() broadcasts and applies them.
-void BatchSession::sample(const std::vector<int64_t>& ids, const std::vector<float>& logits) {
-  Communicator& comm = engine_.tp_comm();
-  const bool root = comm.rank() == 0;
-  const int64_t V = engine_.config().vocab_size;
+// On tp rank 0, each row's token from draw_row(k, entry) (which throws Error to fail the
+// request) and the caller's stop check; then advance() broadcasts and applies them on
+// every rank. The Sampler is made here, inside the try, so settings it refuses fail the
+// request on rank 0 while every rank still reaches the broadcast.
+template <class DrawRow>
+void BatchSession::draw_rows(const std::vector<int64_t>& ids, const DrawRow& draw_row) {
   std::vector<int32_t> drawn(2 * ids.size(), 0);
-  if (root) {
+  if (engine_.tp_comm().rank() == 0) {
     for (size_t k = 0; k < ids.size(); ++k) {
       Entry& e = entries_.at(ids[k]);
-      const BatchRequest& req = e.request;
-      GenerationResult& res = e.result;
-      const std::span<const float> row = std::span<const float>(logits).subspan(k * V, V);
       try {
-        // Inside the try: settings the sampler refuses fail this request on rank 0 while
-        // every rank still reaches the broadcast below.
-        if (!e.sampler) e.sampler = std::make_unique<Sampler>(req.sampling);
-        // The repetition penalty's context, prompt + generated, made from what every path
-        // keeps (a request may have drawn earlier tokens through sample_top).
-        std::vector<int32_t> context;
-        if (req.sampling.repetition_penalty != 1.0 && !req.prompt.empty()) {
-          context.reserve(req.prompt.size() + res.ids.size());
-          context.assign(req.prompt.begin(), req.prompt.end());
-          context.insert(context.end(), res.ids.begin(), res.ids.end());
-        }
-        const int32_t token = e.sampler->sample(row, context, res.ids);
-        if (req.top_logprobs >= 0) {
-          res.logprobs.push_back(Sampler::logprobs(row, token, req.top_logprobs, req.sampling.vocab_limit));
-        }
+        if (!e.sampler) e.sampler = std::make_unique<Sampler>(e.request.sampling);
+        const int32_t token = draw_row(k, e);
         drawn[2 * k] = token;
         if (options_.stop_check && options_.stop_check(ids[k], token)) drawn[2 * k + 1] = kStopCheck;
       } catch (const Error& err) {
         drawn[2 * k + 1] = kFailed;
-        res.error = std::string(err.what()) + " (at new token " + std::to_string(res.ids.size() + 1) + ")";
+        e.result.error =
+            std::string(err.what()) + " (at new token " + std::to_string(e.result.ids.size() + 1) + ")";
       }
     }
   }
   advance(ids, drawn);
 }
 
-// A greedy step's tokens (Engine::step_paged_argmax: the merged argmax of every rank's
-// shard, the token Sampler's greedy argmax would draw), refused as the sampler refuses a
-// row with a non-finite logit.
-void BatchSession::sample_greedy(const std::vector<int64_t>& ids, const std::vector<Engine::GreedyPick>& picks) {
-  const bool root = engine_.tp_comm().rank() == 0;
-  std::vector<int32_t> drawn(2 * ids.size(), 0);
-  if (root) {
-    for (size_t k = 0; k < ids.size(); ++k) {
-      Entry& e = entries_.at(ids[k]);
-      GenerationResult& res = e.result;
-      const Engine::GreedyPick& p = picks[k];
-      try {  // the sampler's checks of the settings, as on the full path
-        if (!e.sampler) e.sampler = std::make_unique<Sampler>(e.request.sampling);
-      } catch (const Error& err) {
-        drawn[2 * k + 1] = kFailed;
-        res.error = std::string(err.what()) + " (at new token " + std::to_string(res.ids.size() + 1) + ")";
-        continue;
-      }
-      if (p.bad_id >= 0 || p.id < 0) {
-        drawn[2 * k + 1] = kFailed;
-        res.error = std::string(Error("non-finite logits (NaN or inf): no token can be drawn", "logits row",
-                                      "finite values", "id " + std::to_string(p.bad_id))
-                                    .what()) +
-                    " (at new token " + std::to_string(res.ids.size() + 1) + ")";
-        continue;
-      }
-      drawn[2 * k] = p.id;
-      if (options_.stop_check && options_.stop_check(ids[k], p.id)) drawn[2 * k + 1] = kStopCheck;
+// The full path: each row from its gathered logits (with its logprobs).
+void BatchSession::sample(const std::vector<int64_t>& ids, const std::vector<float>& logits) {
+  const int64_t V = engine_.config().vocab_size;
+  draw_rows(ids, [&](size_t k, Entry& e) {
+    const BatchRequest& req = e.request;
+    GenerationResult& res = e.result;
+    const std::span<const float> row = std::span<const float>(logits).subspan(k * V, V);
+    // The repetition penalty's context, prompt + generated, made from what every path
+    // keeps (a request may have drawn earlier tokens through sample_top).
+    std::vector<int32_t> context;
+    if (req.sampling.repetition_penalty != 1.0 && !req.prompt.empty()) {
+      context.reserve(req.prompt.size() + res.ids.size());
+      context.assign(req.prompt.begin(), req.prompt.end());
+      context.insert(context.end(), res.ids.begin(), res.ids.end());
     }
-  }
-  advance(ids, drawn);
+    const int32_t token = e.sampler->sample(row, context, res.ids);
+    if (req.top_logprobs >= 0) {
+      res.logprobs.push_back(Sampler::logprobs(row, token, req.top_logprobs, req.sampling.vocab_limit));
+    }
+    return token;
+  });
 }
 
 // Each row's draw from its merged top-k candidates (Engine::step_paged_top), as
 // Sampler::sample would draw from the full row: the same token and random stream.
 void BatchSession::sample_top(const std::vector<int64_t>& ids, const std::vector<Engine::TopCandidates>& cands) {
-  const bool root = engine_.tp_comm().rank() == 0;
-  std::vector<int32_t> drawn(2 * ids.size(), 0);
-  if (root) {
-    for (size_t k = 0; k < ids.size(); ++k) {
-      Entry& e = entries_.at(ids[k]);
-      GenerationResult& res = e.result;
-      const Engine::TopCandidates& c = cands[k];
-      try {
-        if (!e.sampler) e.sampler = std::make_unique<Sampler>(e.request.sampling);
-        if (c.bad_id >= 0 || c.ids.empty()) {
-          throw Error("non-finite logits (NaN or inf): no token can be drawn", "logits row", "finite values",
-                      "id " + std::to_string(c.bad_id));
-        }
-        const int32_t token = e.sampler->sample_top(c.ids, c.logits);
-        drawn[2 * k] = token;
-        if (options_.stop_check && options_.stop_check(ids[k], token)) drawn[2 * k + 1] = kStopCheck;
-      } catch (const Error& err) {
-        drawn[2 * k + 1] = kFailed;
-        res.error = std::string(err.what()) + " (at new token " + std::to_string(res.ids.size() + 1) + ")";
-      }
+  draw_rows(ids, [&](size_t k, Entry& e) {
+    const Engine::TopCandidates& c = cands[k];
+    if (c.bad_id >= 0 || c.ids.empty()) {
+      throw Error("non-finite logits (NaN or inf): no token can be drawn", "logits row", "finite values",
+                  "id " + std::to_string(c.bad_id));
     }
-  }
-  advance(ids, drawn);
+    return e.sampler->sample_top(c.ids, c.logits);
+  });
 }
 
-int64_t BatchSession::shard_step(const std::vector<int64_t>& ids, int64_t* vocab_limit, bool* penalized,
-                                 bool* all_greedy) const {
+int64_t BatchSession::shard_step(const std::vector<int64_t>& ids, int64_t* vocab_limit) const {
   static const bool enabled = [] {
     const char* v = std::getenv("LINNET_SHARD_SAMPLING");
     return !(v && std::string(v) == "0");
   }();
-  *penalized = false;
-  *all_greedy = true;  // false once a row has temperature > 0: it draws (one random number), even at top_k 1
   if (!enabled || ids.empty()) return 0;
   int64_t k = 1;
   for (size_t i = 0; i < ids.size(); ++i) {
     const BatchRequest& req = entries_.at(ids[i]).request;
     const SamplingParams& s = req.sampling;
     if (req.top_logprobs >= 0) return 0;
-    if (s.repetition_penalty != 1.0 || s.presence_penalty != 0.0 || s.frequency_penalty != 0.0) *penalized = true;
     if (s.temperature != 0.0) {
       if (s.top_k < 1 || s.top_k > kMaxShardTopK) return 0;
       k = std::max(k, s.top_k);
-      *all_greedy = false;
     }
     if (i == 0) *vocab_limit = s.vocab_limit;
     if (s.vocab_limit != *vocab_limit) return 0;
@@ -305,17 +260,9 @@ bool BatchSession::step() {
   if (!step) return false;
   last_step_sequences_ = static_cast<int64_t>(step->seq_ids.size());
   int64_t vocab_limit = 0;
-  bool penalized = false, all_greedy = true;
-  const int64_t k = shard_step(step->ids, &vocab_limit, &penalized, &all_greedy);
-  if (k == 1 && all_greedy && !penalized) {  // every row greedy: the shards' argmax
-    const std::vector<Engine::GreedyPick> picks = engine_.step_paged_argmax(step->batch, vocab_limit);
-    scheduler_.done_step(*step);
-    sample_greedy(step->ids, picks);
-    return true;
-  }
-  if (k >= 1) {  // sampling, or penalized greedy rows: the shards' k best candidates
-    const std::vector<Backend::Penalty> pen = penalized ? penalties(step->ids) : std::vector<Backend::Penalty>{};
-    const std::vector<Engine::TopCandidates> cands = engine_.step_paged_top(step->batch, vocab_limit, k, pen);
+  if (const int64_t k = shard_step(step->ids, &vocab_limit); k > 0) {  // the shards' k best candidates
+    const std::vector<Engine::TopCandidates> cands =
+        engine_.step_paged_top(step->batch, vocab_limit, k, penalties(step->ids));
     scheduler_.done_step(*step);
     sample_top(step->ids, cands);
     return true;

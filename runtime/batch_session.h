@@ -118,19 +118,18 @@ class BatchSession {
   void queue(int64_t id);              // hands a request to the scheduler (or finishes it)
   void release_deferred(int64_t id);   // queues the requests waiting for `id`'s prompt
   void sample(const std::vector<int64_t>& ids, const std::vector<float>& logits);
-  // How a step's rows can be drawn without gathering their logits: the k of
-  // Engine::step_paged_top when each row is greedy or samples with top_k in [1,
-  // kMaxShardTopK] (the largest top_k), 0 otherwise (logprobs, no top-k cut, rows with
-  // different vocab limits: the full logits to tp rank 0). Sets *vocab_limit, *penalized
-  // when a row has a repetition / presence / frequency penalty, and *all_greedy when
-  // every row has temperature 0 (then, unpenalized, Engine::step_paged_argmax serves; a
-  // sampled row at top_k 1 still draws its random number through Sampler::sample_top).
-  // LINNET_SHARD_SAMPLING=0 always answers 0, for A/B.
-  int64_t shard_step(const std::vector<int64_t>& ids, int64_t* vocab_limit, bool* penalized, bool* all_greedy) const;
-  std::vector<Backend::Penalty> penalties(const std::vector<int64_t>& ids) const;
-  static constexpr int64_t kMaxShardTopK = 64;
-  void sample_greedy(const std::vector<int64_t>& ids, const std::vector<Engine::GreedyPick>& picks);
   void sample_top(const std::vector<int64_t>& ids, const std::vector<Engine::TopCandidates>& cands);
+  template <class DrawRow>
+  void draw_rows(const std::vector<int64_t>& ids, const DrawRow& draw_row);
+  // How a step's rows can be drawn without gathering their logits: the k of
+  // Engine::step_paged_top (the largest top_k of the sampled rows, 1 when all are
+  // greedy) when each row is greedy or samples with top_k in [1, kMaxShardTopK]; 0
+  // otherwise (logprobs, no top-k cut, rows with different vocab limits: the full logits
+  // to tp rank 0). Sets *vocab_limit. LINNET_SHARD_SAMPLING=0 always answers 0, for A/B.
+  int64_t shard_step(const std::vector<int64_t>& ids, int64_t* vocab_limit) const;
+  static constexpr int64_t kMaxShardTopK = 64;
+  // The step's rows' penalties (add_sampler_penalties), row k for ids[k]; empty when none.
+  std::vector<Backend::Penalty> penalties(const std::vector<int64_t>& ids) const;
   // Broadcasts tp rank 0's drawn {token, outcome} pairs and advances each request.
   void advance(const std::vector<int64_t>& ids, std::vector<int32_t>& drawn);
   double now_ms() const;

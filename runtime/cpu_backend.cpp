@@ -43,9 +43,8 @@ class CpuBackend final : public Backend {
   std::string name() const override { return "cpu"; }
   Tensor zeros(std::vector<int64_t> shape, DType dtype) override { return Tensor::zeros(std::move(shape), dtype); }
   Tensor empty(std::vector<int64_t> shape, DType dtype) override {
-    Tensor t = Tensor::zeros(std::move(shape), dtype);
-    if (dtype == DType::kF32) std::fill_n(t.data(), t.numel(), std::numeric_limits<float>::quiet_NaN());
-    return t;
+    constexpr uint32_t kQuietNan = 0x7fc00000u;  // f32 quiet NaN
+    return Tensor::filled(std::move(shape), dtype, dtype == DType::kF32 ? kQuietNan : 0u);
   }
 
   // Every matrix is held packed (kernels/cpu/gemm.h: panels of 16 output columns) in

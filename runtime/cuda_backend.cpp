@@ -445,10 +445,7 @@ class CudaBackend final : public Backend {
       TpCommReport mine;
       mine.wish = parse_comm_wish(std::getenv("LINNET_COMM"));
       mine.nccl_built = cuda_has_nccl() ? 1 : 0;
-      cudaDeviceProp prop{};
-      LINNET_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
-      static_assert(sizeof prop.uuid.bytes == 16);
-      std::memcpy(mine.gpu_uuid.data(), prop.uuid.bytes, 16);
+      mine.gpu_uuid = cuda_device_memory(device_).uuid;  // as start_engine_run reports it
       // Every rank's report, gathered once (a collective of the group; none for one
       // rank), so every rank makes the same choice (tp_comm_choice.h).
       reports.assign(static_cast<size_t>(group.size()), mine);
@@ -610,6 +607,7 @@ CudaDeviceMemory cuda_device_memory(int device) {
       cudaGetDeviceProperties(&prop, device) == cudaSuccess) {
     m.free_bytes = static_cast<int64_t>(free_b);
     m.total_bytes = static_cast<int64_t>(total_b);
+    static_assert(sizeof prop.uuid.bytes == 16);
     std::memcpy(m.uuid.data(), prop.uuid.bytes, 16);
   } else {
     (void)cudaGetLastError();

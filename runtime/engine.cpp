@@ -517,62 +517,6 @@ std::vector<float> Engine::step_paged(const PagedBatch& batch) {
   return cache_logits(batch.tokens, r, batch.last);
 }
 
-std::vector<Engine::GreedyPick> Engine::step_paged_argmax(const PagedBatch& batch, int64_t vocab_limit) {
-  const Rows r = paged_rows(batch, "step_paged_argmax");
-  const int64_t n = static_cast<int64_t>(batch.last.size());
-  if (n == 0) {
-    run(batch.tokens, r, cache_, {}, PassOutput::kNone);
-    return {};
-  }
-  const int64_t V = config_.vocab_size;
-  const int64_t limit = vocab_limit > 0 ? std::min(vocab_limit, V) : V;
-  std::vector<GreedyPick> picks(static_cast<size_t>(n));
-  if (DecodeGraph* g = graph_for(static_cast<int64_t>(batch.tokens.size()), batch.last)) {
-    const std::vector<float> logits = replay_decode(batch.tokens, r, *g);
-    for (int64_t k = 0; k < n; ++k) {
-      const float* l = logits.data() + k * V;
-      GreedyPick& p = picks[static_cast<size_t>(k)];
-      for (int64_t j = 0; j < limit; ++j) {
-        if (!std::isfinite(l[j])) {
-          p.bad_id = static_cast<int32_t>(j);
-          break;
-        }
-        if (p.id < 0 || l[j] > l[p.id]) p.id = static_cast<int32_t>(j);
-      }
-      if (p.id >= 0) p.logit = l[p.id];
-    }
-    return picks;
-  }
-  const Tensor local = run(batch.tokens, r, cache_, batch.last);
-  const int64_t vl = plan_.vocab_local, begin = plan_.vocab_begin;
-  const int64_t valid = std::clamp<int64_t>(limit - begin, 0, vl);
-  std::vector<float> value(static_cast<size_t>(n));
-  std::vector<int32_t> index(static_cast<size_t>(n)), bad(static_cast<size_t>(n));
-  backend_.argmax_rows(local, n, vl, valid, value.data(), index.data(), bad.data());
-  // Ids travel as floats: exact below 2^24.
-  LINNET_CHECK(V < (int64_t{1} << 24), "vocabulary too large for float ids");
-  const int tp = comm_.size();
-  std::vector<float> send(static_cast<size_t>(3 * n)), recv(static_cast<size_t>(3 * n * tp));
-  for (int64_t k = 0; k < n; ++k) {
-    send[3 * k] = value[k];
-    send[3 * k + 1] = index[k] >= 0 ? static_cast<float>(begin + index[k]) : -1.0f;
-    send[3 * k + 2] = bad[k] >= 0 ? static_cast<float>(begin + bad[k]) : -1.0f;
-  }
-  comm_.all_gather(send.data(), send.size(), recv.data());
-  for (int64_t k = 0; k < n; ++k) {
-    GreedyPick& p = picks[static_cast<size_t>(k)];
-    for (int rank = 0; rank < tp; ++rank) {  // ranks hold ascending id ranges
-      const float* f = recv.data() + (static_cast<int64_t>(rank) * n + k) * 3;
-      if (p.bad_id < 0 && f[2] >= 0) p.bad_id = static_cast<int32_t>(f[2]);
-      if (f[1] >= 0 && (p.id < 0 || f[0] > p.logit)) {
-        p.id = static_cast<int32_t>(f[1]);
-        p.logit = f[0];
-      }
-    }
-  }
-  return picks;
-}
-
 std::vector<Engine::TopCandidates> Engine::step_paged_top(const PagedBatch& batch, int64_t vocab_limit, int64_t k,
                                                           std::span<const Backend::Penalty> penalties) {
   if (k < 1 || k > 1024) throw Error("invalid value", "step_paged_top k", "in [1, 1024]", std::to_string(k));
@@ -583,76 +527,66 @@ std::vector<Engine::TopCandidates> Engine::step_paged_top(const PagedBatch& batc
     return {};
   }
   const int64_t V = config_.vocab_size;
-  LINNET_CHECK(V < (int64_t{1} << 24), "vocabulary too large for float ids");
+  LINNET_CHECK(V < (int64_t{1} << 24), "vocabulary too large for float ids");  // ids travel as floats
   const int64_t limit = vocab_limit > 0 ? std::min(vocab_limit, V) : V;
-  const auto by_logit = [](const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {
-    return a.first > b.first || (a.first == b.first && a.second < b.second);
-  };
-  std::vector<TopCandidates> out(static_cast<size_t>(n));
-  std::vector<std::pair<float, int32_t>> cand;
+  // The rows this rank reads: its logits slice where they are computed, or, for a step
+  // recorded as a CUDA graph, the gathered rows on the host (one "shard" of the whole
+  // vocabulary, nothing left to gather). The backend's ops take either memory.
+  std::vector<float> gathered;
+  Tensor logits;
+  int64_t ld = plan_.vocab_local, begin = plan_.vocab_begin, parts = comm_.size();
   if (DecodeGraph* g = graph_for(static_cast<int64_t>(batch.tokens.size()), batch.last)) {
-    std::vector<float> logits = replay_decode(batch.tokens, r, *g);
-    std::vector<uint8_t> bad_row(static_cast<size_t>(n), 0);
-    for (int64_t row = 0; row < n; ++row) {
-      const float* l = logits.data() + row * V;
-      for (int64_t j = 0; j < limit; ++j) {
-        if (!std::isfinite(l[j])) {
-          out[static_cast<size_t>(row)].bad_id = static_cast<int32_t>(j);
-          bad_row[static_cast<size_t>(row)] = 1;
-          break;
-        }
-      }
-    }
-    Tensor host = Tensor::wrap({n, V}, DType::kF32, Device::kCpu, nullptr, logits.data());
-    backend_.Backend::apply_penalties(host, V, 0, limit, penalties);
-    for (int64_t row = 0; row < n; ++row) {
-      const float* l = logits.data() + row * V;
-      TopCandidates& c = out[static_cast<size_t>(row)];
-      cand.clear();
-      if (bad_row[static_cast<size_t>(row)]) continue;
-      for (int64_t j = 0; j < limit; ++j) cand.emplace_back(l[j], static_cast<int32_t>(j));
-      const size_t m = std::min(cand.size(), static_cast<size_t>(k));
-      std::partial_sort(cand.begin(), cand.begin() + static_cast<long>(m), cand.end(), by_logit);
-      for (size_t i = 0; i < m; ++i) {
-        c.ids.push_back(cand[i].second);
-        c.logits.push_back(cand[i].first);
-      }
-    }
-    return out;
+    gathered = replay_decode(batch.tokens, r, *g);
+    logits = Tensor::wrap({n, V}, DType::kF32, Device::kCpu, nullptr, gathered.data());
+    ld = V, begin = 0, parts = 1;
+  } else {
+    logits = run(batch.tokens, r, cache_, batch.last);
   }
-  Tensor local = run(batch.tokens, r, cache_, batch.last);
-  const int64_t vl = plan_.vocab_local, begin = plan_.vocab_begin;
-  const int64_t valid = std::clamp<int64_t>(limit - begin, 0, vl);
+  const int64_t valid = std::clamp<int64_t>(limit - begin, 0, ld);
   const int64_t kk = std::min(k, valid);  // this shard's candidates
   std::vector<float> value(static_cast<size_t>(n));
   std::vector<int32_t> index(static_cast<size_t>(n)), bad(static_cast<size_t>(n));
-  backend_.argmax_rows(local, n, vl, valid, value.data(), index.data(), bad.data());  // raw: the check
-  backend_.apply_penalties(local, vl, begin, valid, penalties);
-  std::vector<float> vals(static_cast<size_t>(n * std::max<int64_t>(kk, 1)));
-  std::vector<int32_t> cols(vals.size());
-  if (kk > 0) backend_.top_k_rows(local, vl, valid, kk, vals.data(), cols.data());
+  backend_.argmax_rows(logits, n, ld, valid, value.data(), index.data(), bad.data());  // raw: the check
+  std::vector<float> vals = value;
+  std::vector<int32_t> cols = index;
+  if (kk > 1 || (kk == 1 && !penalties.empty())) {  // else the argmax is the shard's top 1
+    backend_.apply_penalties(logits, ld, begin, valid, penalties);
+    vals.resize(static_cast<size_t>(n * kk));
+    cols.resize(vals.size());
+    backend_.top_k_rows(logits, ld, valid, kk, vals.data(), cols.data());
+  }
   // 2k + 1 floats a row: k (logit, global id) pairs, padded with (-inf, -1), then the
-  // first non-finite id or -1. Ids travel as floats: exact below 2^24.
+  // first non-finite id or -1.
   const int64_t width = 2 * k + 1;
-  const int tp = comm_.size();
-  std::vector<float> send(static_cast<size_t>(n * width)), recv(static_cast<size_t>(n * width * tp));
+  std::vector<float> send(static_cast<size_t>(n * width)), recv;
   for (int64_t row = 0; row < n; ++row) {
     float* f = send.data() + row * width;
     for (int64_t c = 0; c < k; ++c) {
       // A column outside [0, valid) is padding (CUDA's top-k where fewer than kk values
       // are above -inf; they have probability 0, so leaving them out draws the same).
-      const bool real = c < kk && bad[row] < 0 && cols[row * kk + c] >= 0 && cols[row * kk + c] < valid;
+      const int32_t col = c < kk ? cols[row * kk + c] : -1;
+      const bool real = bad[row] < 0 && col >= 0 && col < valid;
       f[2 * c] = real ? vals[row * kk + c] : -std::numeric_limits<float>::infinity();
-      f[2 * c + 1] = real ? static_cast<float>(begin + cols[row * kk + c]) : -1.0f;
+      f[2 * c + 1] = real ? static_cast<float>(begin + col) : -1.0f;
     }
     f[2 * k] = bad[row] >= 0 ? static_cast<float>(begin + bad[row]) : -1.0f;
   }
-  comm_.all_gather(send.data(), send.size(), recv.data());
+  if (parts == 1) {
+    recv = std::move(send);
+  } else {
+    recv.resize(send.size() * static_cast<size_t>(parts));
+    comm_.all_gather(send.data(), send.size(), recv.data());
+  }
+  const auto by_logit = [](const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  };
+  std::vector<TopCandidates> out(static_cast<size_t>(n));
+  std::vector<std::pair<float, int32_t>> cand;
   for (int64_t row = 0; row < n; ++row) {
     TopCandidates& c = out[static_cast<size_t>(row)];
     cand.clear();
-    for (int rank = 0; rank < tp; ++rank) {  // ranks hold ascending id ranges
-      const float* f = recv.data() + (static_cast<int64_t>(rank) * n + row) * width;
+    for (int64_t part = 0; part < parts; ++part) {  // ranks hold ascending id ranges
+      const float* f = recv.data() + (part * n + row) * width;
       if (c.bad_id < 0 && f[2 * k] >= 0) c.bad_id = static_cast<int32_t>(f[2 * k]);
       for (int64_t i = 0; i < k; ++i) {
         if (f[2 * i + 1] >= 0) cand.emplace_back(f[2 * i], static_cast<int32_t>(f[2 * i + 1]));

@@ -111,22 +111,6 @@ class Engine {
   /// @throws Error on mismatched lengths, a page outside [0, num_pages), a position past
   ///   its page table or max_seq_len, non-consecutive positions of a sequence, bad ids.
   std::vector<float> step_paged(const PagedBatch& batch);
-  /// The greedy pick of one logits row, the same on every rank of the tp group.
-  struct GreedyPick {
-    int32_t id = -1;       ///< argmax over ids < the vocab limit, ties to the lower id
-    float logit = 0.0f;    ///< its logit
-    int32_t bad_id = -1;   ///< the lowest id < the limit whose logit is NaN or +-inf; -1 if none
-  };
-  /// step_paged for a step whose rows are all greedy: the same pass, but each rank takes
-  /// the argmax of its own vocab shard where its logits are (Backend::argmax_rows: on
-  /// CUDA no logits row leaves the device) and the ranks all_gather 3 numbers a row
-  /// instead of the logits; every rank merges them alike (the max, ties to the lower id:
-  /// the lower rank). The same token as Sampler's greedy argmax over step_paged's row, bit
-  /// for bit (the same logits). Ids >= `vocab_limit` (> 0; else vocab_size) are never
-  /// picked nor checked. A step recorded as a CUDA graph scans the gathered logits on the
-  /// host instead. Empty when batch.last is empty.
-  /// @throws Error as step_paged.
-  std::vector<GreedyPick> step_paged_argmax(const PagedBatch& batch, int64_t vocab_limit);
   /// A logits row's best candidates, the same on every rank of the tp group.
   struct TopCandidates {
     std::vector<int32_t> ids;    ///< by logit descending, ties to the lower id; min(k, limit) of them
@@ -134,16 +118,17 @@ class Engine {
     int32_t bad_id = -1;         ///< the lowest id < the limit whose logit is NaN or +-inf; -1 if none
   };
   /// step_paged for a step whose rows draw from their top-k candidates (Sampler::
-  /// sample_top): the same pass, each rank takes its shard's k best columns of each row
-  /// where its logits are (Backend::top_k_rows; on CUDA no logits row leaves the device)
-  /// and the first non-finite one (argmax_rows), the ranks all_gather 2k + 1 numbers a
-  /// row, and every rank merges them alike into the row's k best of ids < `vocab_limit`
-  /// (> 0; else vocab_size): exactly the k best of step_paged's row. `penalties` (rows
-  /// indexing batch.last) are applied first where the logits are (Backend::
-  /// apply_penalties: the sampler's repetition / presence / frequency penalties in its f32
-  /// operations), so the candidates are those of the penalized row; the non-finite check
-  /// reads the raw logits, as the sampler's. 1 <= k <= 1024. A step recorded as a CUDA
-  /// graph sorts the gathered logits on the host instead.
+  /// sample_top; greedy rows take the first): the same pass, each rank takes its shard's
+  /// k best columns of each row where its logits are (Backend::top_k_rows; for k = 1
+  /// without penalties the argmax of Backend::argmax_rows, which also finds the first
+  /// non-finite column; on CUDA no logits row leaves the device), the ranks all_gather
+  /// 2k + 1 numbers a row, and every rank merges them alike into the row's k best of ids
+  /// < `vocab_limit` (> 0; else vocab_size): exactly the k best of step_paged's row, ties
+  /// to the lower id. `penalties` (rows indexing batch.last) are applied first where the
+  /// logits are (Backend::apply_penalties: the sampler's repetition / presence /
+  /// frequency penalties in its f32 operations); the non-finite check reads the raw
+  /// logits, as the sampler's. 1 <= k <= 1024. A step recorded as a CUDA graph runs the
+  /// same ops on the gathered rows on the host.
   /// @throws Error as step_paged, or k out of range.
   std::vector<TopCandidates> step_paged_top(const PagedBatch& batch, int64_t vocab_limit, int64_t k,
                                             std::span<const Backend::Penalty> penalties = {});

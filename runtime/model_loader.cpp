@@ -84,35 +84,34 @@ int64_t resolve_kv_cache_tokens(const ModelConfig& config, const ShardPlan& plan
                   std::to_string(*tokens));
     }
     pool = (*tokens + page - 1) / page * page;
-  } else if (memory_fraction) {
-    option = "--kv-cache-memory-fraction";
-    if (!(*memory_fraction > 0.0 && *memory_fraction <= 1.0)) {
-      throw Error("invalid value", option, "in (0, 1]", std::to_string(*memory_fraction));
-    }
-    if (node_available_bytes < 0) throw Error("the available memory cannot be read (/proc/meminfo)", option);
+  } else if (memory_fraction || (default_cap_fraction && node_available_bytes >= 0)) {
+    // This rank's share of the memory, what its weights leave of it, and the whole pages
+    // of positions `fraction` of that holds.
     const int64_t share = node_available_bytes / std::max(1, ranks_on_node);
     const int64_t weights = weight_bytes_local(config, plan, weight_dtype, weight_group_size);
-    const int64_t free_bytes = share - weights;
+    const int64_t left = share - weights;
     const int64_t per_token =
         KvCache::bytes_for(config.num_hidden_layers, 1, plan.num_kv_heads_local, config.head_dim, kv_cache_dtype);
-    if (free_bytes <= 0) {
-      throw Error("no memory is left for the KV cache after the weights (" + format_bytes(share) +
-                      " per rank, weights " + format_bytes(weights) + ")",
-                  option);
-    }
-    pool = static_cast<int64_t>(static_cast<double>(free_bytes) * *memory_fraction) / per_token / page * page;
-  } else if (default_cap_fraction && node_available_bytes >= 0) {
-    const int64_t share = node_available_bytes / std::max(1, ranks_on_node);
-    const int64_t weights = weight_bytes_local(config, plan, weight_dtype, weight_group_size);
-    const int64_t per_token =
-        KvCache::bytes_for(config.num_hidden_layers, 1, plan.num_kv_heads_local, config.head_dim, kv_cache_dtype);
-    const int64_t left = std::max<int64_t>(0, share - weights);
-    const int64_t cap = static_cast<int64_t>(static_cast<double>(left) * *default_cap_fraction) / per_token / page * page;
-    if (cap < pool) {
+    const auto positions = [&](double fraction) {
+      return static_cast<int64_t>(static_cast<double>(std::max<int64_t>(0, left)) * fraction) / per_token / page * page;
+    };
+    if (memory_fraction) {
+      option = "--kv-cache-memory-fraction";
+      if (!(*memory_fraction > 0.0 && *memory_fraction <= 1.0)) {
+        throw Error("invalid value", option, "in (0, 1]", std::to_string(*memory_fraction));
+      }
+      if (node_available_bytes < 0) throw Error("the available memory cannot be read (/proc/meminfo)", option);
+      if (left <= 0) {
+        throw Error("no memory is left for the KV cache after the weights (" + format_bytes(share) +
+                        " per rank, weights " + format_bytes(weights) + ")",
+                    option);
+      }
+      pool = positions(*memory_fraction);
+    } else if (const int64_t cap = positions(*default_cap_fraction); cap < pool) {
       if (cap < row_tokens) {
-        throw Error("the device memory the weights leave (" + format_bytes(left) + " of " + format_bytes(share) +
-                        " per rank, weights " + format_bytes(weights) + ") holds " + std::to_string(cap) +
-                        " KV positions, fewer than one request of --max-seq-len",
+        throw Error("the device memory the weights leave (" + format_bytes(std::max<int64_t>(0, left)) + " of " +
+                        format_bytes(share) + " per rank, weights " + format_bytes(weights) + ") holds " +
+                        std::to_string(cap) + " KV positions, fewer than one request of --max-seq-len",
                     "--max-seq-len", "<= " + std::to_string(cap) + " positions, or more ranks over more GPUs",
                     std::to_string(max_seq_len));
       }

@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <string>
@@ -13,7 +14,9 @@ namespace linnet {
 
 int64_t element_size(DType dtype) { return static_cast<int64_t>(dtype_size(dtype)); }
 
-Tensor Tensor::zeros(std::vector<int64_t> shape, DType dtype) {
+Tensor Tensor::zeros(std::vector<int64_t> shape, DType dtype) { return filled(std::move(shape), dtype, 0u); }
+
+Tensor Tensor::filled(std::vector<int64_t> shape, DType dtype, uint32_t word) {
   Tensor t;
   t.shape_ = std::move(shape);
   t.dtype_ = dtype;
@@ -25,16 +28,17 @@ Tensor Tensor::zeros(std::vector<int64_t> shape, DType dtype) {
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED) {
       throw Error("cannot reserve " + std::to_string(bytes) + " bytes of address space: " + std::strerror(errno),
-                  "Tensor::zeros");
+                  "Tensor::filled");
     }
     const size_t len = static_cast<size_t>(bytes);
     t.storage_ = std::shared_ptr<void>(p, [len](void* q) { munmap(q, len); });
     t.data_ = p;
+    if (word != 0) std::fill_n(static_cast<uint32_t*>(p), len / 4, word);
     return t;
   }
   // 4-byte words cover every element type and keep f32 / i32 data aligned.
   const int64_t words = (bytes + 3) / 4;
-  auto buf = std::make_shared<std::vector<uint32_t>>(static_cast<size_t>(words), 0u);
+  auto buf = std::make_shared<std::vector<uint32_t>>(static_cast<size_t>(words), word);
   t.data_ = buf->data();
   t.storage_ = std::move(buf);
   return t;

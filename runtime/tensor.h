@@ -41,6 +41,10 @@ class Tensor {
   /// follows use: a KV pool costs what its used pages hold).
   /// @throws Error when the address space cannot be reserved.
   static Tensor zeros(std::vector<int64_t> shape, DType dtype = DType::kF32);
+  /// Host tensor of `shape` whose every 4-byte word holds `word` (zeros: 0; the CPU
+  /// backend's Backend::empty: a quiet NaN's bits), written in one pass. The tail of a
+  /// size that is not a multiple of 4 bytes is zero where a large tensor is mapped.
+  static Tensor filled(std::vector<int64_t> shape, DType dtype, uint32_t word);
   /// Host i32 tensor holding `values` (shape [values.size()]).
   static Tensor from_i32(const std::vector<int32_t>& values);
   /// A tensor over `data`, kept alive by `storage` (a backend's allocation).

@@ -386,7 +386,7 @@ TEST_F(CudaKernels, ArgmaxTopKAndTopP) {
   EXPECT_EQ(hidx[1], 10);
 }
 
-// The greedy path's check (Engine::step_paged_argmax): the first NaN / +-inf column below
+// The shard sampling's check (Engine::step_paged_top): the first NaN / +-inf column below
 // n_valid of each row, -1 when none; padding columns past n_valid are not looked at.
 TEST_F(CudaKernels, FirstNonFiniteColumnOfEachRow) {
   const int64_t rows = 5, ld = 2000, n_valid = 1990;

@@ -233,7 +233,7 @@ TEST_F(PagedTest, SchedulerSharesPrefixPagesAndMatchesEachAlone) {
 }
 
 // Issue 26, item 1: a greedy step's argmax on each rank's vocab shard, merged from 3
-// numbers a row (Engine::step_paged_argmax), picks the token Sampler's greedy argmax
+// numbers a row (Engine::step_paged_top with k = 1), picks the token Sampler's greedy argmax
 // picks from the gathered row, bit for bit, at every tp size and with a vocab limit
 // inside a shard. Each pass runs twice on the same batch (the second writes the same
 // K/V to the same slots).
@@ -250,15 +250,16 @@ TEST_F(PagedTest, ShardArgmaxPicksTheSamplersGreedyToken) {
     int rows = 0;
     while (auto step = sched.next_step()) {
       const std::vector<float> logits = paged_->step_paged(step->batch);
-      const std::vector<Engine::GreedyPick> picks = paged_->step_paged_argmax(step->batch, limit);
+      const std::vector<Engine::TopCandidates> picks = paged_->step_paged_top(step->batch, limit, 1);
       sched.done_step(*step);
       ASSERT_EQ(picks.size(), step->ids.size());
       for (size_t k = 0; k < step->ids.size(); ++k) {
         const int64_t n = limit > 0 ? limit : V;
         const std::span<const float> row = std::span<const float>(logits).subspan(k * V, n);
         const int32_t want = Sampler::argmax(row);
-        EXPECT_EQ(picks[k].id, want) << "limit " << limit << " at tp " << world_->size();
-        EXPECT_EQ(picks[k].logit, row[static_cast<size_t>(want)]);
+        ASSERT_EQ(picks[k].ids.size(), 1u);
+        EXPECT_EQ(picks[k].ids[0], want) << "limit " << limit << " at tp " << world_->size();
+        EXPECT_EQ(picks[k].logits[0], row[static_cast<size_t>(want)]);
         EXPECT_EQ(picks[k].bad_id, -1);
         ++rows;
         const int64_t id = step->ids[k];
