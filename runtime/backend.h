@@ -18,6 +18,7 @@
 #include <string>
 
 #include "common/error.h"
+#include "runtime/exp_sum.h"
 #include "runtime/tensor.h"
 
 namespace linnet {
@@ -199,6 +200,24 @@ class Backend {
   /// @throws Error when k is outside (0, n_valid].
   virtual void top_k_rows(const Tensor& logits, int64_t ld, int64_t n_valid, int64_t k, float* values,
                           int32_t* index);
+
+  /// One softmax normalizer wanted of a logits slice: row `row`, the row's max over the
+  /// whole vocabulary `max` (so every term is in [0, 1]) and the divisor (the
+  /// temperature; 1 for log-probabilities).
+  struct ExpSumRequest {
+    int32_t row = 0;
+    double max = 0.0;
+    double divisor = 1.0;
+  };
+  /// For each request j, over columns < n_valid of row requests[j].row of this rank's
+  /// logits slice `logits` (this backend's memory, f32 [rows, ld]): out[j] = the ExpSum
+  /// (runtime/exp_sum.h) of exp((double(l) - max) / divisor), each term computed in
+  /// double. The shards' partial sums add up, exactly, to the sampler's sum over the
+  /// whole row (Sampler::sample_top's row_sum, Sampler::logprobs_top). Host outputs;
+  /// one wait on the backend. The CPU backend reads the rows in place; CUDA runs
+  /// cuda::launch_exp_sums (its exp may differ from the host's in the last bit).
+  virtual void exp_sums(const Tensor& logits, int64_t ld, int64_t n_valid, std::span<const ExpSumRequest> requests,
+                        ExpSum* out);
 };
 
 /// Kernel (OpenMP) threads per rank: `requested` when > 0, else the node's cores shared by its

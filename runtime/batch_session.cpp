@@ -152,38 +152,81 @@ void BatchSession::sample(const std::vector<int64_t>& ids, const std::vector<flo
   });
 }
 
-// Each row's draw from its merged top-k candidates (Engine::step_paged_top), as
-// Sampler::sample would draw from the full row: the same token and random stream.
-void BatchSession::sample_top(const std::vector<int64_t>& ids, const std::vector<Engine::TopCandidates>& cands) {
+// Each row's draw from its merged candidates (Engine::step_paged_top), as
+// Sampler::sample would draw from the full row: the same token and random stream; a
+// row the candidates cannot decide (plan.always_full, or a nucleus reaching past them)
+// came with its whole penalized row. Logprobs rows have no penalties (shard_step), so
+// their candidates and whole rows are the raw logits.
+void BatchSession::sample_top(const std::vector<int64_t>& ids, const std::vector<Engine::TopCandidates>& cands,
+                              const ShardStep& plan) {
   draw_rows(ids, [&](size_t k, Entry& e) {
     const Engine::TopCandidates& c = cands[k];
     if (c.bad_id >= 0 || c.ids.empty()) {
       throw Error("non-finite logits (NaN or inf): no token can be drawn", "logits row", "finite values",
                   "id " + std::to_string(c.bad_id));
     }
-    return e.sampler->sample_top(c.ids, c.logits);
+    const int64_t top_n = e.request.top_logprobs;
+    if (!c.full.empty()) {
+      const int32_t token = e.sampler->sample_penalized(c.full);
+      if (top_n >= 0) {
+        e.result.logprobs.push_back(Sampler::logprobs(c.full, token, top_n, e.request.sampling.vocab_limit));
+      }
+      return token;
+    }
+    const int nucleus = plan.nucleus_sum[k];
+    const int32_t token = e.sampler->sample_top(c.ids, c.logits, nucleus >= 0 ? c.sums.at(nucleus) : -1.0);
+    if (top_n >= 0) {
+      e.result.logprobs.push_back(Sampler::logprobs_top(c.ids, c.logits, token, top_n, c.sums.at(plan.logprob_sum[k])));
+    }
+    return token;
   });
 }
 
-int64_t BatchSession::shard_step(const std::vector<int64_t>& ids, int64_t* vocab_limit) const {
+BatchSession::ShardStep BatchSession::shard_step(const std::vector<int64_t>& ids) const {
   static const bool enabled = [] {
     const char* v = std::getenv("LINNET_SHARD_SAMPLING");
     return !(v && std::string(v) == "0");
   }();
-  if (!enabled || ids.empty()) return 0;
+  ShardStep plan;
+  if (!enabled || ids.empty()) return plan;
+  const int64_t V = engine_.config().vocab_size;
   int64_t k = 1;
+  plan.nucleus_sum.assign(ids.size(), -1);
+  plan.logprob_sum.assign(ids.size(), -1);
+  plan.always_full.assign(ids.size(), 0);
   for (size_t i = 0; i < ids.size(); ++i) {
     const BatchRequest& req = entries_.at(ids[i]).request;
     const SamplingParams& s = req.sampling;
-    if (req.top_logprobs >= 0) return 0;
+    if (i == 0) plan.vocab_limit = s.vocab_limit;
+    if (s.vocab_limit != plan.vocab_limit) return {};
+    const int64_t limit = s.vocab_limit > 0 ? std::min(s.vocab_limit, V) : V;
+    int sums = 0;  // this row's sums so far
     if (s.temperature != 0.0) {
-      if (s.top_k < 1 || s.top_k > kMaxShardTopK) return 0;
-      k = std::max(k, s.top_k);
+      if (s.top_k >= 1 && s.top_k <= kMaxShardTopK) {
+        k = std::max(k, s.top_k);
+      } else if (s.top_k == 0 || s.top_k >= limit) {  // no top-k cut
+        if (s.top_p < 1.0 || s.min_p > 0.0) {
+          k = kMaxShardTopK;
+          plan.nucleus_sum[i] = sums++;
+          plan.sums.push_back({static_cast<int32_t>(i), s.temperature});
+        } else {
+          plan.always_full[i] = 1;
+        }
+      } else {
+        return {};
+      }
     }
-    if (i == 0) *vocab_limit = s.vocab_limit;
-    if (s.vocab_limit != *vocab_limit) return 0;
+    if (req.top_logprobs >= 0) {
+      const bool penalized =
+          s.repetition_penalty != 1.0 || s.presence_penalty != 0.0 || s.frequency_penalty != 0.0;
+      if (penalized || req.top_logprobs > kMaxShardTopK) return {};
+      k = std::max(k, req.top_logprobs);
+      plan.logprob_sum[i] = sums++;
+      plan.sums.push_back({static_cast<int32_t>(i), 1.0});
+    }
   }
-  return k;
+  plan.k = k;
+  return plan;
 }
 
 void add_sampler_penalties(const SamplingParams& s, std::span<const int32_t> prompt,
@@ -222,7 +265,6 @@ std::vector<Backend::Penalty> BatchSession::penalties(const std::vector<int64_t>
 // token, checks the outcome, EOS / stop ids, max_new_tokens and max_seq_len.
 void BatchSession::advance(const std::vector<int64_t>& ids, std::vector<int32_t>& drawn) {
   Communicator& comm = engine_.tp_comm();
-  const bool root = comm.rank() == 0;
   const int64_t L = engine_.max_seq_len();
   comm.broadcast(drawn.data(), drawn.size() * sizeof(int32_t), 0);
   const double t = now_ms();
@@ -259,12 +301,17 @@ bool BatchSession::step() {
   const auto step = scheduler_.next_step();
   if (!step) return false;
   last_step_sequences_ = static_cast<int64_t>(step->seq_ids.size());
-  int64_t vocab_limit = 0;
-  if (const int64_t k = shard_step(step->ids, &vocab_limit); k > 0) {  // the shards' k best candidates
+  if (const ShardStep plan = shard_step(step->ids); plan.k > 0) {  // the shards' k best candidates
+    const auto want_full = [&](int64_t row, const Engine::TopCandidates& c) {
+      const size_t r = static_cast<size_t>(row);
+      if (plan.always_full[r]) return true;
+      return plan.nucleus_sum[r] >= 0 &&
+             !Sampler::nucleus_within(entries_.at(step->ids[r]).request.sampling, c.logits, c.sums.at(plan.nucleus_sum[r]));
+    };
     const std::vector<Engine::TopCandidates> cands =
-        engine_.step_paged_top(step->batch, vocab_limit, k, penalties(step->ids));
+        engine_.step_paged_top(step->batch, plan.vocab_limit, plan.k, penalties(step->ids), plan.sums, want_full);
     scheduler_.done_step(*step);
-    sample_top(step->ids, cands);
+    sample_top(step->ids, cands, plan);
     return true;
   }
   const std::vector<float> logits = engine_.step_paged(step->batch);

@@ -118,15 +118,28 @@ class BatchSession {
   void queue(int64_t id);              // hands a request to the scheduler (or finishes it)
   void release_deferred(int64_t id);   // queues the requests waiting for `id`'s prompt
   void sample(const std::vector<int64_t>& ids, const std::vector<float>& logits);
-  void sample_top(const std::vector<int64_t>& ids, const std::vector<Engine::TopCandidates>& cands);
+  // How a step's rows are drawn without gathering their logits (Engine::step_paged_top).
+  struct ShardStep {
+    int64_t k = 0;            // candidates a row; 0: the full path (the whole step's logits to tp rank 0)
+    int64_t vocab_limit = 0;  // the rows' common vocab_limit
+    std::vector<Engine::RowSum> sums;
+    std::vector<int> nucleus_sum;   // per row: index into its TopCandidates::sums of the
+                                    // temperature's normalizer (top_k 0 with top-p / min-p); -1: none
+    std::vector<int> logprob_sum;   // the same for its logprobs' normalizer; -1: none
+    std::vector<char> always_full;  // per row: no cut at all (temperature alone): its whole row
+  };
+  // The shard path of a step: the k of Engine::step_paged_top (the largest top_k of the
+  // sampled rows, top_logprobs of the logprobs rows, kMaxShardTopK for a top-p / min-p
+  // over the whole vocabulary, at least 1) and the sums; k = 0 (the full path) when a row
+  // samples with 64 < top_k < the vocabulary, asks for more than kMaxShardTopK logprobs,
+  // or asks for logprobs with a penalty (they are of the raw logits, the candidates are
+  // penalized), or the rows' vocab limits differ. LINNET_SHARD_SAMPLING=0 always answers
+  // k = 0, for A/B.
+  ShardStep shard_step(const std::vector<int64_t>& ids) const;
+  void sample_top(const std::vector<int64_t>& ids, const std::vector<Engine::TopCandidates>& cands,
+                  const ShardStep& plan);
   template <class DrawRow>
   void draw_rows(const std::vector<int64_t>& ids, const DrawRow& draw_row);
-  // How a step's rows can be drawn without gathering their logits: the k of
-  // Engine::step_paged_top (the largest top_k of the sampled rows, 1 when all are
-  // greedy) when each row is greedy or samples with top_k in [1, kMaxShardTopK]; 0
-  // otherwise (logprobs, no top-k cut, rows with different vocab limits: the full logits
-  // to tp rank 0). Sets *vocab_limit. LINNET_SHARD_SAMPLING=0 always answers 0, for A/B.
-  int64_t shard_step(const std::vector<int64_t>& ids, int64_t* vocab_limit) const;
   static constexpr int64_t kMaxShardTopK = 64;
   // The step's rows' penalties (add_sampler_penalties), row k for ids[k]; empty when none.
   std::vector<Backend::Penalty> penalties(const std::vector<int64_t>& ids) const;

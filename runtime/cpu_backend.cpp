@@ -259,4 +259,19 @@ void Backend::apply_penalties(Tensor& logits, int64_t ld, int64_t vocab_begin, i
   }
 }
 
+// The host-memory default of Backend::exp_sums (the CPU backend's).
+void Backend::exp_sums(const Tensor& logits, int64_t ld, int64_t n_valid, std::span<const ExpSumRequest> requests,
+                       ExpSum* out) {
+  if (logits.device() != Device::kCpu) throw Error("exp_sums of device memory needs its backend", name());
+  LINNET_CHECK(n_valid >= 0 && n_valid <= ld, "exp_sums shape");
+  for (size_t j = 0; j < requests.size(); ++j) {
+    const ExpSumRequest& q = requests[j];
+    LINNET_CHECK(q.row >= 0 && (q.row + 1) * ld <= logits.numel(), "exp_sums row");
+    const float* l = logits.data() + q.row * ld;
+    ExpSum s;
+    for (int64_t c = 0; c < n_valid; ++c) s.add(exp_sum_term(std::exp((static_cast<double>(l[c]) - q.max) / q.divisor)));
+    out[j] = s;
+  }
+}
+
 }  // namespace linnet

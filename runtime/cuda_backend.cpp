@@ -393,6 +393,29 @@ class CudaBackend final : public Backend {
                                  static_cast<int64_t>(penalties.size()), stream_);
   }
 
+  void exp_sums(const Tensor& logits, int64_t ld, int64_t n_valid, std::span<const ExpSumRequest> requests,
+                ExpSum* out) override {
+    if (requests.empty()) return;
+    if (logits.device() == Device::kCpu) return Backend::exp_sums(logits, ld, n_valid, requests, out);
+    LINNET_CHECK(n_valid >= 0 && n_valid <= ld, "exp_sums shape");
+    const int64_t n = static_cast<int64_t>(requests.size());
+    std::vector<int32_t> packed(static_cast<size_t>(5 * n));
+    for (int64_t j = 0; j < n; ++j) {
+      const ExpSumRequest& q = requests[static_cast<size_t>(j)];
+      LINNET_CHECK(q.row >= 0 && (q.row + 1) * ld <= logits.numel(), "exp_sums row");
+      packed[5 * j] = q.row;
+      std::memcpy(&packed[5 * j + 1], &q.max, 8);
+      std::memcpy(&packed[5 * j + 3], &q.divisor, 8);
+    }
+    const Tensor entries = upload_i32(packed);
+    Tensor sums = alloc({4 * n}, DType::kF32);  // u64 [2 n], copied out as bits
+    cuda::launch_exp_sums(logits.data(), ld, n_valid, entries.i32(), n,
+                          static_cast<unsigned long long*>(sums.raw()), stream_);
+    std::vector<uint64_t> h(static_cast<size_t>(2 * n));
+    to_host(sums, reinterpret_cast<float*>(h.data()));  // waits (polling the communicator)
+    for (int64_t j = 0; j < n; ++j) out[j] = ExpSum{h[2 * j], h[2 * j + 1]};
+  }
+
   void argmax_rows(const Tensor& logits, int64_t rows, int64_t ld, int64_t n_valid, float* value, int32_t* index,
                    int32_t* bad) override {
     if (rows <= 0) return;

@@ -517,11 +517,18 @@ std::vector<float> Engine::step_paged(const PagedBatch& batch) {
   return cache_logits(batch.tokens, r, batch.last);
 }
 
-std::vector<Engine::TopCandidates> Engine::step_paged_top(const PagedBatch& batch, int64_t vocab_limit, int64_t k,
-                                                          std::span<const Backend::Penalty> penalties) {
+std::vector<Engine::TopCandidates> Engine::step_paged_top(
+    const PagedBatch& batch, int64_t vocab_limit, int64_t k, std::span<const Backend::Penalty> penalties,
+    std::span<const RowSum> sums, const std::function<bool(int64_t row, const TopCandidates&)>& want_full) {
   if (k < 1 || k > 1024) throw Error("invalid value", "step_paged_top k", "in [1, 1024]", std::to_string(k));
   const Rows r = paged_rows(batch, "step_paged_top");
   const int64_t n = static_cast<int64_t>(batch.last.size());
+  for (const RowSum& q : sums) {
+    if (q.row < 0 || q.row >= n || !(q.divisor > 0.0) || std::isinf(q.divisor)) {
+      throw Error("invalid row sum", "step_paged_top", "a row in [0, " + std::to_string(n) + ") and a divisor > 0",
+                  "row " + std::to_string(q.row) + ", divisor " + std::to_string(q.divisor));
+    }
+  }
   if (n == 0) {
     run(batch.tokens, r, cache_, {}, PassOutput::kNone);
     return {};
@@ -600,7 +607,66 @@ std::vector<Engine::TopCandidates> Engine::step_paged_top(const PagedBatch& batc
       c.logits.push_back(cand[i].first);
     }
   }
+  if (!sums.empty()) row_sums(logits, ld, valid, parts, sums, out);
+  if (want_full) {
+    std::vector<int32_t> rows;
+    for (int64_t row = 0; row < n; ++row) {
+      const TopCandidates& c = out[static_cast<size_t>(row)];
+      if (c.bad_id < 0 && !c.ids.empty() && want_full(row, c)) rows.push_back(static_cast<int32_t>(row));
+    }
+    if (!rows.empty()) {
+      const int64_t m = static_cast<int64_t>(rows.size());
+      std::vector<float> full;
+      if (parts == 1 && logits.device() == Device::kCpu) {  // one rank's host rows, or a graph step's
+        full.resize(static_cast<size_t>(m * V));
+        for (int64_t i = 0; i < m; ++i) {
+          std::copy_n(logits.data() + rows[static_cast<size_t>(i)] * ld, V, full.begin() + i * V);
+        }
+      } else {
+        Tensor picked = backend_.empty({m, ld});
+        const Tensor index = backend_.upload_i32(rows);
+        backend_.gather_rows(logits.data(), ld, index.i32(), m, picked.data());
+        full = gather_logits(picked, m);
+      }
+      for (int64_t i = 0; i < m; ++i) {
+        auto& dst = out[static_cast<size_t>(rows[static_cast<size_t>(i)])].full;
+        dst.assign(full.begin() + i * V, full.begin() + (i + 1) * V);
+      }
+    }
+  }
   return out;
+}
+
+// The second gather of step_paged_top: each request's ExpSum over this shard (relative
+// to the row's merged best logit), all_gathered as 4 floats' bits per request and rank,
+// added exactly on every rank. Rows with a non-finite logit or no candidates get 0.
+void Engine::row_sums(const Tensor& logits, int64_t ld, int64_t valid, int64_t parts, std::span<const RowSum> sums,
+                      std::vector<TopCandidates>& out) {
+  std::vector<Backend::ExpSumRequest> reqs;
+  std::vector<size_t> which;  // index into sums of each request
+  for (size_t j = 0; j < sums.size(); ++j) {
+    const TopCandidates& c = out[static_cast<size_t>(sums[j].row)];
+    if (c.bad_id >= 0 || c.ids.empty()) continue;
+    reqs.push_back({sums[j].row, static_cast<double>(c.logits[0]), sums[j].divisor});
+    which.push_back(j);
+  }
+  std::vector<ExpSum> mine(reqs.size());
+  backend_.exp_sums(logits, ld, valid, reqs, mine.data());
+  static_assert(sizeof(ExpSum) == 4 * sizeof(float), "an ExpSum travels as 4 floats' bits");
+  std::vector<ExpSum> all(mine.size() * static_cast<size_t>(parts));
+  if (parts == 1) {
+    all = mine;
+  } else if (!mine.empty()) {
+    // The bits travel as floats: an all_gather only copies them.
+    comm_.all_gather(reinterpret_cast<const float*>(mine.data()), 4 * mine.size(), reinterpret_cast<float*>(all.data()));
+  }
+  std::vector<double> total(sums.size(), 0.0);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    ExpSum s;
+    for (int64_t part = 0; part < parts; ++part) s.add(all[static_cast<size_t>(part) * reqs.size() + i]);
+    total[which[i]] = s.value();
+  }
+  for (size_t j = 0; j < sums.size(); ++j) out[static_cast<size_t>(sums[j].row)].sums.push_back(total[j]);
 }
 
 std::vector<float> Engine::prefill_paged(PagedBatch batch) {

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -116,6 +117,19 @@ class Engine {
     std::vector<int32_t> ids;    ///< by logit descending, ties to the lower id; min(k, limit) of them
     std::vector<float> logits;   ///< their logits
     int32_t bad_id = -1;         ///< the lowest id < the limit whose logit is NaN or +-inf; -1 if none
+    std::vector<double> sums;    ///< the row's RowSum results, in the order they were asked for
+    std::vector<float> full;     ///< the whole row, f32 [vocab_size] (penalties applied), when
+                                 ///< want_full asked for it; empty otherwise
+  };
+  /// A softmax normalizer step_paged_top computes over a row's whole vocabulary (ids <
+  /// the limit): the ExpSum (runtime/exp_sum.h) of exp((l - best) / divisor), best the
+  /// row's best logit (logits[0] of its candidates), l after the penalties. The
+  /// sampler's normalizer of a nucleus drawn from the whole row (divisor = temperature:
+  /// Sampler::sample_top's row_sum) or of log-probabilities (divisor 1:
+  /// Sampler::logprobs_top's).
+  struct RowSum {
+    int32_t row = 0;       ///< index into batch.last
+    double divisor = 1.0;  ///< > 0
   };
   /// step_paged for a step whose rows draw from their top-k candidates (Sampler::
   /// sample_top; greedy rows take the first): the same pass, each rank takes its shard's
@@ -127,11 +141,17 @@ class Engine {
   /// to the lower id. `penalties` (rows indexing batch.last) are applied first where the
   /// logits are (Backend::apply_penalties: the sampler's repetition / presence /
   /// frequency penalties in its f32 operations); the non-finite check reads the raw
-  /// logits, as the sampler's. 1 <= k <= 1024. A step recorded as a CUDA graph runs the
-  /// same ops on the gathered rows on the host.
-  /// @throws Error as step_paged, or k out of range.
-  std::vector<TopCandidates> step_paged_top(const PagedBatch& batch, int64_t vocab_limit, int64_t k,
-                                            std::span<const Backend::Penalty> penalties = {});
+  /// logits, as the sampler's. Then, when asked: `sums` (a second all_gather of 16
+  /// bytes a request and rank: each shard's Backend::exp_sums, added exactly), and the
+  /// whole (penalized) row of each row for which `want_full(row, candidates)` says so (it
+  /// must answer alike on every rank: a third gather, of those rows only; rows with a
+  /// non-finite logit are never asked). 1 <= k <= 1024. A step recorded as a CUDA graph
+  /// runs the same ops on the gathered rows on the host.
+  /// @throws Error as step_paged, or k out of range, or a RowSum's row or divisor.
+  std::vector<TopCandidates> step_paged_top(
+      const PagedBatch& batch, int64_t vocab_limit, int64_t k, std::span<const Backend::Penalty> penalties = {},
+      std::span<const RowSum> sums = {},
+      const std::function<bool(int64_t row, const TopCandidates&)>& want_full = {});
   /// prefill_paged: step_paged over prompt chunks, logits of each sequence's last token
   /// in this pass, f32 [page_tables.size(), vocab_size].
   std::vector<float> prefill_paged(PagedBatch batch);
@@ -225,6 +245,8 @@ class Engine {
   std::vector<float> cache_logits(std::span<const int32_t> tokens, const Rows& r, std::span<const int32_t> last);
   // all_gather of local logits [rows, vocab_local] into [rows, vocab_size].
   std::vector<float> gather_logits(const Tensor& local, int64_t rows);
+  void row_sums(const Tensor& logits, int64_t ld, int64_t valid, int64_t parts, std::span<const RowSum> sums,
+                std::vector<TopCandidates>& out);
   // The host copy of all_gather's output [tp, rows, vocab_local] -> [keep, vocab_size]
   // (the first `keep` rows).
   std::vector<float> unpack_logits(const std::vector<float>& recv, int64_t rows, int64_t keep) const;

@@ -56,14 +56,30 @@ class Sampler {
   int32_t sample(std::span<const float> logits, std::span<const int32_t> context = {},
                  std::span<const int32_t> generated = {});
 
+  /// sample() of a row whose penalties are already applied (Backend::apply_penalties
+  /// where the logits are) and whose raw logits were already checked for NaN / inf:
+  /// the same token and step of the random stream as sample() over the raw row.
+  int32_t sample_penalized(std::span<const float> penalized_logits);
+
   /// The draw of sample() from a row's best candidates alone: `ids` and their logits
-  /// `values`, sorted by logit descending, ties by id, at least top_k of them (all the
-  /// row's ids when it has fewer), none non-finite: the same token, and the same step of
-  /// the random stream, as sample() over the full row, for settings without penalties
-  /// and with top_k > 0 (temperature 0: ids[0]). The vocab shards' candidates, merged
-  /// (Engine::step_paged_top), come here instead of the logits.
-  /// @throws Error when ids and values differ in length or are empty.
-  int32_t sample_top(std::span<const int32_t> ids, std::span<const float> values);
+  /// `values` (penalties applied), sorted by logit descending, ties by id, none
+  /// non-finite: the same token, and the same step of the random stream, as sample()
+  /// over the full row (temperature 0: ids[0]). The vocab shards' candidates, merged
+  /// (Engine::step_paged_top), come here instead of the logits. Either top_k > 0 and
+  /// there are at least top_k candidates (all the row's ids when it has fewer), or
+  /// top_k is 0 (or at least the row's length) and `row_sum` is the whole row's
+  /// ExpSum of exp((l - values[0]) / temperature) (Backend::exp_sums over the shards),
+  /// with the top-p / min-p cut inside the candidates (nucleus_within says so).
+  /// @throws Error when ids and values differ in length or are empty, or when the cut
+  ///   reaches past the candidates.
+  int32_t sample_top(std::span<const int32_t> ids, std::span<const float> values, double row_sum = -1.0);
+
+  /// Whether the top-p and min-p cuts of `params` over a row whose best logits are
+  /// `values` (sorted descending; the row's exact best, as sample_top's) and whose
+  /// ExpSum of exp((l - values[0]) / temperature) is `row_sum` end inside `values`: then
+  /// sample_top can draw from them. False when neither cut is set (the whole row is
+  /// drawn from) or temperature is 0.
+  static bool nucleus_within(const SamplingParams& params, std::span<const float> values, double row_sum);
 
   /// argmax over logits; ties go to the lowest id.
   static int32_t argmax(std::span<const float> logits);
@@ -74,8 +90,16 @@ class Sampler {
   static TokenLogprobs logprobs(std::span<const float> logits, int32_t token, int64_t top_n,
                                 int64_t vocab_limit = 0);
 
+  /// logprobs() from a row's best candidates (`ids`, `values`: raw logits sorted
+  /// descending, ties by id, at least top_n of them or the whole row, `token` among them) and the whole
+  /// row's ExpSum of exp(l - values[0]) `row_sum` (Backend::exp_sums over the shards):
+  /// the same numbers, bit for bit. @throws Error when token is not a candidate.
+  static TokenLogprobs logprobs_top(std::span<const int32_t> ids, std::span<const float> values, int32_t token,
+                                    int64_t top_n, double row_sum);
+
  private:
-  int32_t draw(std::span<const int32_t> idx, std::span<const float> values);
+  int32_t choose(std::span<const float> logits);
+  int32_t draw(std::span<const int32_t> idx, std::span<const float> values, double row_sum);
 
   SamplingParams params_;
   std::mt19937_64 rng_;

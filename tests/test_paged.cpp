@@ -384,6 +384,102 @@ TEST_F(PagedTest, ShardTopKWithPenaltiesDrawsTheSamplersToken) {
   EXPECT_EQ(drawn, 4 * 10);
 }
 
+// Issue 26, item 1: what has no top-k cut and what asks for logprobs through the
+// shards too. A top-p / min-p over the whole vocabulary draws from the merged 64 best and
+// the whole row's normalizer (Engine::RowSum, divisor = temperature) when the cut ends
+// inside them, and gets its whole row (want_full) when it does not; a temperature with
+// no cut always gets its whole row; logprobs come from the candidates and the divisor-1
+// normalizer. Tokens equal Sampler::sample over step_paged's row, the same random
+// stream; logprobs equal Sampler::logprobs bit for bit; at every tp size and with a
+// vocab limit inside a shard. Both branches of the nucleus are taken.
+TEST_F(PagedTest, ShardNucleusAndLogprobsMatchTheFullPath) {
+  const std::vector<int32_t> base = story(120);
+  const int64_t V = files_->config.vocab_size;
+  std::vector<SamplingParams> settings(4);
+  settings[0].temperature = 1.5, settings[0].top_p = 0.9, settings[0].seed = 31;
+  settings[1].temperature = 2.5, settings[1].min_p = 0.05, settings[1].top_p = 0.97, settings[1].seed = 32;
+  settings[2].temperature = 1.0, settings[2].seed = 33;  // no cut: its whole row
+  settings[3].temperature = 0.0;                         // greedy
+  const std::vector<int64_t> top_logprobs = {3, -1, 0, 5};
+  int within = 0, past = 0;
+  for (const int64_t limit : {int64_t{0}, V / 2 + 3}) {
+    PagePool pool(paged_->num_pages(), paged_->page_size());
+    PagedScheduler sched(pool, /*max_batch=*/4, kMaxSeqLen, /*token_budget=*/40);
+    std::vector<std::unique_ptr<Sampler>> full, top;
+    std::vector<SamplingParams> params;
+    for (int i = 0; i < 4; ++i) {
+      params.push_back(settings[static_cast<size_t>(i)]);
+      params.back().vocab_limit = limit;
+      full.push_back(std::make_unique<Sampler>(params.back()));
+      top.push_back(std::make_unique<Sampler>(params.back()));
+      ASSERT_FALSE(sched.add(i, std::vector<int32_t>(base.begin() + 5 * i, base.begin() + 40 + 7 * i), 10));
+    }
+    std::vector<int> made(4, 0);
+    while (auto step = sched.next_step()) {
+      std::vector<Engine::RowSum> sums;
+      std::vector<int> nucleus(step->ids.size(), -1), lp(step->ids.size(), -1);
+      for (size_t k = 0; k < step->ids.size(); ++k) {
+        const int64_t id = step->ids[k];
+        int n = 0;
+        if (id < 2) {
+          nucleus[k] = n++;
+          sums.push_back({static_cast<int32_t>(k), params[id].temperature});
+        }
+        if (top_logprobs[id] >= 0) {
+          lp[k] = n++;
+          sums.push_back({static_cast<int32_t>(k), 1.0});
+        }
+      }
+      const auto want_full = [&](int64_t row, const Engine::TopCandidates& c) {
+        const int64_t id = step->ids[static_cast<size_t>(row)];
+        if (id == 2) return true;
+        return id < 2 && !Sampler::nucleus_within(params[id], c.logits, c.sums.at(nucleus[row]));
+      };
+      const std::vector<float> logits = paged_->step_paged(step->batch);
+      const std::vector<Engine::TopCandidates> cands = paged_->step_paged_top(step->batch, limit, 64, {}, sums, want_full);
+      sched.done_step(*step);
+      ASSERT_EQ(cands.size(), step->ids.size());
+      for (size_t k = 0; k < step->ids.size(); ++k) {
+        const int64_t id = step->ids[k];
+        const std::span<const float> row = std::span<const float>(logits).subspan(k * V, V);
+        const Engine::TopCandidates& c = cands[k];
+        ASSERT_EQ(c.bad_id, -1);
+        const int32_t want = full[id]->sample(row);
+        int32_t token = -1;
+        if (!c.full.empty()) {
+          EXPECT_TRUE(id == 2 || id < 2) << "only rows that asked get their whole row";
+          EXPECT_TRUE(std::equal(c.full.begin(), c.full.end(), row.begin()));
+          token = top[id]->sample_penalized(c.full);
+          past += id < 2;
+        } else {
+          EXPECT_NE(id, 2);
+          token = top[id]->sample_top(c.ids, c.logits, nucleus[k] >= 0 ? c.sums.at(nucleus[k]) : -1.0);
+          within += id < 2;
+        }
+        EXPECT_EQ(token, want) << "request " << id << " token " << made[id] << " limit " << limit << " at tp "
+                               << world_->size();
+        if (top_logprobs[id] >= 0) {
+          const TokenLogprobs a = Sampler::logprobs(row, want, top_logprobs[id], limit);
+          const TokenLogprobs b = c.full.empty()
+                                      ? Sampler::logprobs_top(c.ids, c.logits, token, top_logprobs[id], c.sums.at(lp[k]))
+                                      : Sampler::logprobs(c.full, token, top_logprobs[id], limit);
+          EXPECT_EQ(a.logprob, b.logprob) << "request " << id << " token " << made[id];
+          EXPECT_EQ(a.top, b.top) << "request " << id << " token " << made[id];
+        }
+        world_->broadcast(&token, sizeof token, 0);
+        if (++made[id] == 10) {
+          sched.finish(id);
+        } else {
+          sched.append(id, token);
+        }
+      }
+    }
+    EXPECT_EQ(made, std::vector<int>(4, 10));
+  }
+  EXPECT_GT(within, 0) << "at tp " << world_->size();
+  EXPECT_GT(past, 0) << "at tp " << world_->size();
+}
+
 // A request whose tokens come partly from the shard path (Sampler::sample_top) and partly
 // from the full logits (a step with a logprobs request falls back) keeps its repetition
 // penalty throughout: its tokens equal those it draws alone (all steps on the shard path),
@@ -401,7 +497,8 @@ TEST_F(PagedTest, PenalizedRequestKeepsItsPenaltyAcrossPaths) {
   c.max_new_tokens = 2;
   b.prompt.assign(base.begin() + 60, base.begin() + 90);
   b.max_new_tokens = 12;
-  b.top_logprobs = 2;  // its steps gather the full logits
+  b.top_logprobs = 2;  // with a penalty: its steps gather the full logits
+  b.sampling.presence_penalty = 0.5;
   const std::vector<int32_t> alone = generate_batch(*two, {a})[0].ids;
   const std::vector<GenerationResult> mixed = generate_batch(*two, {a, c, b});
   ASSERT_EQ(alone.size(), 16u);

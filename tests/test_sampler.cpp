@@ -2,15 +2,19 @@
 // computed by hand from the definitions in transformers' logits_process.py
 // (MinPLogitsWarper, RepetitionPenaltyLogitsProcessor) and log_softmax. The top-k /
 // top-p / greedy edge cases live in test_parallel_units.cpp.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <map>
+#include <numeric>
+#include <random>
 #include <set>
 #include <vector>
 
 #include <gtest/gtest.h>
 
 #include "common/error.h"
+#include "runtime/exp_sum.h"
 #include "runtime/sampler.h"
 
 namespace linnet {
@@ -216,6 +220,95 @@ TEST(Logprobs, AreTheLogSoftmaxOfTheRawRow) {
   EXPECT_EQ(tie.top[0].first, 1);
   EXPECT_EQ(tie.top[1].first, 2);
   EXPECT_THROW(Sampler::logprobs(logits, 3, 1), Error);
+}
+
+// The fixed-point normalizer (exp_sum.h) gives one total however the terms are ordered or
+// split into shards, and stays within 1e-12 of the plain double sum.
+TEST(ExpSum, IsTheSameInAnyOrderAndSplit) {
+  std::mt19937_64 rng(3);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  std::vector<double> t(5000);
+  for (double& x : t) x = std::pow(u(rng), 8.0);  // many small terms, as a softmax has
+  t[17] = 1.0;
+  const auto total = [](const std::vector<double>& v, size_t parts) {
+    std::vector<ExpSum> part(parts);
+    for (size_t i = 0; i < v.size(); ++i) part[i * parts / v.size()].add(exp_sum_term(v[i]));
+    ExpSum s;
+    for (auto it = part.rbegin(); it != part.rend(); ++it) s.add(*it);
+    return s.value();
+  };
+  const double want = total(t, 1);
+  EXPECT_NEAR(want, std::accumulate(t.begin(), t.end(), 0.0), 1e-12 * want);
+  std::vector<double> shuffled = t;
+  std::shuffle(shuffled.begin(), shuffled.end(), rng);
+  for (size_t parts : {2, 3, 7}) {
+    EXPECT_EQ(total(t, parts), want) << parts << " parts";
+    EXPECT_EQ(total(shuffled, parts), want) << parts << " parts, shuffled";
+  }
+  EXPECT_EQ(exp_sum_term(0.0), 0u);
+  EXPECT_EQ(exp_sum_term(std::nan("")), 0u);
+  EXPECT_EQ(exp_sum_term(2.0), exp_sum_term(1.0));  // a term is at most 1
+}
+
+// A row's 64 best logits and its whole-row normalizer (what the vocab shards hand over)
+// draw with top-p / min-p and no top-k exactly as sample() over the row, when the cut
+// ends inside the candidates (nucleus_within); the random stream stays in step, so a
+// draw from the whole row may follow. Log-probabilities from the candidates equal
+// logprobs() over the row, bit for bit.
+TEST(SampleTop, NucleusOverTheWholeRowDrawsAsSample) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 2.5f);
+  std::vector<float> row(3000);
+  std::vector<SamplingParams> settings(4);
+  settings[0].temperature = 1.0, settings[0].top_p = 0.9;
+  settings[1].temperature = 1.5, settings[1].min_p = 0.05;
+  settings[2].temperature = 0.7, settings[2].top_p = 0.95, settings[2].min_p = 0.01;
+  settings[3].temperature = 3.0, settings[3].top_p = 0.999;  // reaches past 64 candidates
+  int within = 0, past = 0;
+  for (size_t si = 0; si < settings.size(); ++si) {
+    SamplingParams p = settings[si];
+    p.seed = 40 + si;
+    Sampler whole(p), top(p);
+    for (int step = 0; step < 60; ++step) {
+      for (float& x : row) x = normal(rng);
+      row[static_cast<size_t>(step * 37 % 3000)] += 9.0f;  // a confident row now and then
+      std::vector<int32_t> idx(row.size());
+      std::iota(idx.begin(), idx.end(), 0);
+      std::partial_sort(idx.begin(), idx.begin() + 64, idx.end(),
+                        [&](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
+      idx.resize(64);
+      std::vector<float> vals;
+      for (int32_t i : idx) vals.push_back(row[static_cast<size_t>(i)]);
+      ExpSum sum, raw;
+      for (float x : row) {
+        sum.add(exp_sum_term(std::exp((static_cast<double>(x) - vals[0]) / p.temperature)));
+        raw.add(exp_sum_term(std::exp((static_cast<double>(x) - vals[0]) / 1.0)));
+      }
+      const int32_t want = whole.sample(row);
+      int32_t got = -1;
+      if (Sampler::nucleus_within(p, vals, sum.value())) {
+        ++within;
+        got = top.sample_top(idx, vals, sum.value());
+        const TokenLogprobs a = Sampler::logprobs(row, got, 5), b = Sampler::logprobs_top(idx, vals, got, 5, raw.value());
+        EXPECT_EQ(a.logprob, b.logprob);
+        EXPECT_EQ(a.top, b.top);
+      } else {
+        ++past;
+        EXPECT_THROW(Sampler(p).sample_top(idx, vals, sum.value()), Error);
+        got = top.sample(row);
+      }
+      ASSERT_EQ(got, want) << "setting " << si << " step " << step;
+    }
+  }
+  EXPECT_GT(within, 60);  // 93 of 240 at the time of writing
+  EXPECT_GT(past, 60);
+  // No cut at all: the candidates never decide; greedy is not a nucleus.
+  SamplingParams plain;
+  plain.temperature = 1.0;
+  EXPECT_FALSE(Sampler::nucleus_within(plain, std::vector<float>{5.0f, 1.0f}, 1.1));
+  plain.temperature = 0.0, plain.top_p = 0.5;
+  EXPECT_FALSE(Sampler::nucleus_within(plain, std::vector<float>{5.0f, 1.0f}, 1.1));
+  EXPECT_THROW(Sampler::logprobs_top(std::vector<int32_t>{4, 2}, std::vector<float>{1.0f, 0.5f}, 7, 1, 2.0), Error);
 }
 
 }  // namespace

@@ -101,6 +101,13 @@ void launch_argmax(const float* logits, int64_t rows, int64_t ld, int64_t n_vali
 /// -1 when none; out i32 [rows]. (The greedy path refuses such rows as the sampler does.)
 void launch_first_nonfinite(const float* logits, int64_t rows, int64_t ld, int64_t n_valid, int32_t* out,
                             cudaStream_t stream);
+/// Softmax normalizers of rows of a logits slice f32 [rows, ld] (Backend::exp_sums):
+/// request j is entries[5 j .. 5 j + 4] = row, the f64 bits (low word, high word) of the
+/// row's max and of the divisor; out[2 j], out[2 j + 1] = the low and high words of the
+/// 128-bit sum over columns < n_valid of floor(min(t, 1) * 2^62), t = exp((l - max) /
+/// divisor) in f64 (runtime/exp_sum.h's ExpSum, whatever the order of the columns).
+void launch_exp_sums(const float* logits, int64_t ld, int64_t n_valid, const int32_t* entries, int64_t n,
+                     unsigned long long* out, cudaStream_t stream);
 /// The sampler's penalties in place on a logits slice f32 [rows, ld] (Backend::
 /// apply_penalties): entry i is entries[4 i .. 4 i + 3] = row, global id, the f32 bits
 /// of the repetition factor (1: none; l < 0 ? l * p : l / p) and of the subtraction

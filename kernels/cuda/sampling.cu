@@ -77,6 +77,42 @@ __global__ void apply_penalties_kernel(float* logits, int64_t ld, int64_t vocab_
   if (sub != 0.0f) l = __fsub_rn(l, sub);
 }
 
+// One block per request: entries[5 j .. 5 j + 4] = row, the low and high words of the
+// row's max (f64) and of the divisor (f64). Each thread adds its columns' fixed-point
+// terms (runtime/exp_sum.h: floor(min(t, 1) * 2^62), 0 for t <= 0 or NaN) into a 128-bit
+// (lo, hi) pair; the block adds the pairs in shared memory. Integer sums: the same total
+// in any order.
+__global__ void exp_sums_kernel(const float* logits, int64_t ld, int64_t n_valid, const int32_t* entries,
+                                unsigned long long* out) {
+  __shared__ unsigned long long s_lo[kThreads], s_hi[kThreads];
+  const int32_t* e = entries + 5 * blockIdx.x;
+  const float* row = logits + static_cast<int64_t>(e[0]) * ld;
+  const double mx = __hiloint2double(e[2], e[1]);
+  const double divisor = __hiloint2double(e[4], e[3]);
+  unsigned long long lo = 0, hi = 0;
+  for (int64_t i = threadIdx.x; i < n_valid; i += blockDim.x) {
+    const double t = exp((static_cast<double>(row[i]) - mx) / divisor);
+    const unsigned long long v = t > 0.0 ? __double2ull_rz(fmin(t, 1.0) * 0x1p62) : 0ull;
+    lo += v;
+    hi += lo < v ? 1ull : 0ull;
+  }
+  s_lo[threadIdx.x] = lo;
+  s_hi[threadIdx.x] = hi;
+  __syncthreads();
+  for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride) {
+      const unsigned long long other = s_lo[threadIdx.x + stride];
+      s_lo[threadIdx.x] += other;
+      s_hi[threadIdx.x] += s_hi[threadIdx.x + stride] + (s_lo[threadIdx.x] < other ? 1ull : 0ull);
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    out[2 * blockIdx.x] = s_lo[0];
+    out[2 * blockIdx.x + 1] = s_hi[0];
+  }
+}
+
 // One thread per row (k is small).
 __global__ void top_p_kernel(const float* values, int64_t rows, int64_t k, float temperature, float top_p,
                              float* probs) {
@@ -105,6 +141,13 @@ void launch_argmax(const float* logits, int64_t rows, int64_t ld, int64_t n_vali
                    int32_t* out_index, cudaStream_t stream) {
   if (rows <= 0) return;
   argmax_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(logits, ld, n_valid, out_value, out_index);
+  LINNET_CUDA_CHECK_LAUNCH();
+}
+
+void launch_exp_sums(const float* logits, int64_t ld, int64_t n_valid, const int32_t* entries, int64_t n,
+                     unsigned long long* out, cudaStream_t stream) {
+  if (n <= 0) return;
+  exp_sums_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(logits, ld, n_valid, entries, out);
   LINNET_CUDA_CHECK_LAUNCH();
 }
 
