@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,7 @@
 #include "parallel/mpi_communicator.h"
 #include "runtime/backend_factory.h"
 #include "runtime/cuda_backend.h"
+#include "runtime/exp_sum.h"
 #include "runtime/loss.h"
 #include "runtime/model_loader.h"
 #include "runtime/random_weights.h"
@@ -244,6 +246,70 @@ TEST(CudaLoss, DeviceCrossEntropyAndTopKMatchTheHostOnTheSameLogits) {
   }
   for (size_t i = 0; i < b.labels.size(); ++i) {
     if (b.labels[i] == kIgnoreIndex) EXPECT_FALSE(loss.scored[i]);
+  }
+}
+
+// Issue 26, item 1 on the device: Engine::step_paged_top's pieces where the logits are
+// (Backend::argmax_rows / apply_penalties / top_k_rows / exp_sums, the want_full row
+// gather) against the same engine's gathered rows (step_paged of the same batch, run
+// first: the second pass writes the same K/V), penalties applied on the host as the
+// sampler does. Candidates equal bit for bit (ids and values), the normalizers within
+// 1e-12 of the host's ExpSum (CUDA's f64 exp may differ in the last bit), the whole row
+// equal to the penalized row.
+TEST(CudaSampling, ShardCandidatesSumsAndRowsMatchTheGatheredLogits) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device (" << cuda_device_error() << ")";
+  MpiCommunicator self(MPI_COMM_SELF);
+  const ModelConfig config = ModelConfig::load(test::test_data_dir() / "fixtures" / "llama31" / "f32" / "config.json");
+  const ShardPlan plan = ShardPlan::make(config, 0, 1);
+  auto gpu = make_backend("cuda", 1, 0, 1);
+  Engine engine(config, plan, random_weights(*gpu, config, plan, 7, 0.2f), *gpu, tp_communicator(*gpu, self), 64,
+                /*max_batch=*/3, /*page_size=*/16, /*num_pages=*/12);
+  const int64_t V = config.vocab_size;
+  Engine::PagedBatch batch;
+  batch.page_tables = {{4, 1}, {0, 7}, {9}};
+  for (int32_t s = 0; s < 3; ++s) {
+    for (int32_t i = 0; i < 10 + 3 * s; ++i) {
+      batch.tokens.push_back((s * 97 + i * 31 + 3) % static_cast<int32_t>(V));
+      batch.seq.push_back(s);
+      batch.positions.push_back(i);
+    }
+    batch.last.push_back(static_cast<int32_t>(batch.tokens.size()) - 1);
+  }
+  std::vector<Backend::Penalty> pen = {{0, 5, 1.3f, 0.0f}, {1, 17, 1.0f, 0.75f}, {2, 40, 0.8f, -0.5f}};
+  const std::vector<Engine::RowSum> sums = {{0, 1.5}, {1, 1.0}, {2, 0.7}};
+  const std::vector<float> rows = engine.step_paged(batch);
+  const std::vector<Engine::TopCandidates> got = engine.step_paged_top(
+      batch, 0, 64, pen, sums, [](int64_t row, const Engine::TopCandidates&) { return row == 1; });
+  ASSERT_EQ(got.size(), 3u);
+  for (int64_t r = 0; r < 3; ++r) {
+    std::vector<float> row(rows.begin() + r * V, rows.begin() + (r + 1) * V);
+    for (const Backend::Penalty& p : pen) {
+      if (p.row != r) continue;
+      float& l = row[static_cast<size_t>(p.id)];
+      if (p.repetition != 1.0f) l = l < 0.0f ? l * p.repetition : l / p.repetition;
+      if (p.subtract != 0.0f) l -= p.subtract;
+    }
+    std::vector<int32_t> order(static_cast<size_t>(V));
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + 64, order.end(), [&](int32_t a, int32_t b) {
+      return row[a] > row[b] || (row[a] == row[b] && a < b);
+    });
+    const Engine::TopCandidates& c = got[static_cast<size_t>(r)];
+    EXPECT_EQ(c.bad_id, -1);
+    ASSERT_EQ(c.ids.size(), 64u) << "row " << r;
+    for (size_t i = 0; i < 64; ++i) {
+      EXPECT_EQ(c.ids[i], order[i]) << "row " << r << " candidate " << i;
+      EXPECT_EQ(c.logits[i], row[static_cast<size_t>(order[i])]) << "row " << r << " candidate " << i;
+    }
+    ExpSum want;
+    for (float l : row) want.add(exp_sum_term(std::exp((static_cast<double>(l) - c.logits[0]) / sums[r].divisor)));
+    ASSERT_EQ(c.sums.size(), 1u);
+    EXPECT_NEAR(c.sums[0], want.value(), 1e-12 * want.value()) << "row " << r;
+    if (r == 1) {
+      EXPECT_EQ(c.full, row);
+    } else {
+      EXPECT_TRUE(c.full.empty());
+    }
   }
 }
 

@@ -19,6 +19,7 @@
 #include "common/cuda_check.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/ops.h"
+#include "runtime/exp_sum.h"
 
 namespace linnet {
 namespace {
@@ -440,6 +441,44 @@ TEST_F(CudaKernels, ApplyPenaltiesAsTheSamplerDoes) {
   const auto got = dl.host();
   ASSERT_EQ(got.size(), want.size());
   EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0);
+}
+
+// The softmax normalizers of a logits slice (Backend::exp_sums): the host's ExpSum of
+// exp((l - max) / divisor) over columns < n_valid. Exact where every term is (a flat
+// row: n_valid terms of 1; -inf: 0); elsewhere within 1e-13 (CUDA's f64 exp may differ
+// from the host's in the last bit, which the 2^-62 fixed point keeps).
+TEST_F(CudaKernels, ExpSumsAsTheHost) {
+  const int64_t rows = 3, ld = 3000, n_valid = 2990;
+  auto logits = randn(rows * ld, 77, 3.0f);
+  for (int64_t j = 0; j < ld; ++j) logits[2 * ld + j] = 1.5f;  // row 2: flat
+  logits[2 * ld + 10] = -INFINITY;
+  logits[0 * ld + 2995] = 1e30f;  // padding: not seen
+  struct Q { int32_t row; double divisor; };
+  const std::vector<Q> qs = {{0, 1.0}, {0, 0.7}, {1, 2.5}, {2, 1.0}, {1, 1e-3}};
+  std::vector<int32_t> packed;
+  std::vector<double> want;
+  for (const Q& q : qs) {
+    const float* row = logits.data() + q.row * ld;
+    const double mx = *std::max_element(row, row + n_valid);
+    int32_t words[4];
+    std::memcpy(words, &mx, 8);
+    std::memcpy(words + 2, &q.divisor, 8);
+    packed.insert(packed.end(), {q.row, words[0], words[1], words[2], words[3]});
+    ExpSum s;
+    for (int64_t j = 0; j < n_valid; ++j) s.add(exp_sum_term(std::exp((static_cast<double>(row[j]) - mx) / q.divisor)));
+    want.push_back(s.value());
+  }
+  Dev<float> dl(logits);
+  Dev<int32_t> dq(packed);
+  Dev<unsigned long long> out(2 * qs.size());
+  cuda::launch_exp_sums(dl.get(), ld, n_valid, dq.get(), static_cast<int64_t>(qs.size()), out.get(), stream_);
+  const auto got = out.host();
+  for (size_t j = 0; j < qs.size(); ++j) {
+    const double g = ExpSum{got[2 * j], got[2 * j + 1]}.value();
+    EXPECT_NEAR(g, want[j], 1e-13 * want[j]) << "request " << j;
+  }
+  const ExpSum flat{got[6], got[7]};
+  EXPECT_EQ(flat.value(), static_cast<double>(n_valid - 1));  // the flat row: one -inf, the rest 1
 }
 
 TEST_F(CudaKernels, CrossEntropyPiecesOfAVocabSlice) {
