@@ -20,6 +20,7 @@ std::vector<GenerationResult> generate_batch(Engine& engine, const std::vector<B
   SessionOptions so;
   so.step_token_budget = options.step_token_budget;
   so.prefix_caching = options.prefix_caching;
+  so.speculative = options.speculative;
   if (options.stop_check) {
     so.stop_check = [&](int64_t id, int32_t token) { return options.stop_check(static_cast<size_t>(id), token); };
   }
@@ -39,6 +40,7 @@ std::vector<GenerationResult> generate_batch(Engine& engine, const std::vector<B
     if (const GenerationResult* g = session.result(static_cast<int64_t>(i))) results[i] = *g;
   }
   if (options.kv_stats) *options.kv_stats = session.pool_stats();
+  if (options.speculative_stats) *options.speculative_stats = session.speculative_stats();
   return results;
 }
 

@@ -42,6 +42,8 @@ struct BatchOptions {
                                      // chunks; a longer prompt is prefilled over several steps)
   bool prefix_caching = true;         // share the KV pages of common prompt prefixes
   PagePoolStats* kv_stats = nullptr;  // when set, receives the KV pool's counters at the end
+  SpeculativeConfig speculative;      // speculative decoding (SessionOptions::speculative)
+  SpeculativeStats* speculative_stats = nullptr;  // when set, receives its counters at the end
 };
 
 /// Generates every request, up to engine.max_batch() at a time, and returns the results

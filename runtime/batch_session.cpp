@@ -1,6 +1,7 @@
 #include "runtime/batch_session.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <map>
 
@@ -10,7 +11,9 @@ namespace linnet {
 namespace {
 
 // What tp rank 0 decided for a row, broadcast with its token.
-enum Outcome : int32_t { kGoOn = 0, kStopCheck = 1, kFailed = 2 };
+// kRejected: a guess row not drawn (the guess before it was not the model's token, or
+// the request ended earlier): nothing is emitted.
+enum Outcome : int32_t { kGoOn = 0, kStopCheck = 1, kFailed = 2, kRejected = 3 };
 
 }  // namespace
 
@@ -104,47 +107,81 @@ bool BatchSession::cancel(int64_t id) {
   return true;
 }
 
-// On tp rank 0, each row's token from draw_row(k, entry) (which throws Error to fail the
-// request) and the caller's stop check; then advance() broadcasts and applies them on
-// every rank. The Sampler is made here, inside the try, so settings it refuses fail the
-// request on rank 0 while every rank still reaches the broadcast.
+// On tp rank 0, each row's token from draw_row(k, entry, prior) (which throws Error to
+// fail the request; `prior`: the tokens drawn from the request's rows before k in this
+// step) and the caller's stop check; then advance() broadcasts and applies them on every
+// rank. The Sampler is made here, inside the try, so settings it refuses fail the
+// request on rank 0 while every rank still reaches the broadcast. A guess row is drawn
+// only when the row before it drew exactly that guess and does not end the request:
+// otherwise it and the rest of its request's rows are kRejected (never emitted).
 template <class DrawRow>
 void BatchSession::draw_rows(const std::vector<int64_t>& ids, const DrawRow& draw_row) {
   std::vector<int32_t> drawn(2 * ids.size(), 0);
   if (engine_.tp_comm().rank() == 0) {
+    std::vector<int32_t> prior;
     for (size_t k = 0; k < ids.size(); ++k) {
       Entry& e = entries_.at(ids[k]);
+      if (guess_[k] >= 0) {
+        const int32_t before = drawn[2 * (k - 1)], outcome = drawn[2 * (k - 1) + 1];
+        if (outcome != kGoOn || before != guess_[k] ||
+            ends(e, before, static_cast<int64_t>(e.result.ids.size() + prior.size()))) {
+          drawn[2 * k + 1] = kRejected;
+          continue;
+        }
+      } else {
+        prior.clear();
+      }
       try {
         if (!e.sampler) e.sampler = std::make_unique<Sampler>(e.request.sampling);
-        const int32_t token = draw_row(k, e);
+        const int32_t token = draw_row(k, e, std::span<const int32_t>(prior));
         drawn[2 * k] = token;
+        prior.push_back(token);
         if (options_.stop_check && options_.stop_check(ids[k], token)) drawn[2 * k + 1] = kStopCheck;
       } catch (const Error& err) {
         drawn[2 * k + 1] = kFailed;
-        e.result.error =
-            std::string(err.what()) + " (at new token " + std::to_string(e.result.ids.size() + 1) + ")";
+        e.result.error = std::string(err.what()) + " (at new token " +
+                         std::to_string(e.result.ids.size() + prior.size() + 1) + ")";
       }
     }
   }
   advance(ids, drawn);
 }
 
+bool BatchSession::ends(const Entry& e, int32_t token, int64_t n) const {
+  const int64_t cached = static_cast<int64_t>(e.request.prompt.size()) + n - 1;
+  return !finish_reason_after(token, e.request.eos_ids, n, e.request.max_new_tokens, cached, engine_.max_seq_len())
+              .empty();
+}
+
+std::vector<int32_t> BatchSession::guesses(const Entry& e) const {
+  const SpeculativeConfig& c = options_.speculative;
+  if (!c.enabled() || e.request.sampling.temperature != 0.0) return {};
+  if (c.disable_by_batch_size > 0 && scheduler_.running() > c.disable_by_batch_size) return {};
+  std::vector<int32_t> tokens(e.request.prompt);
+  tokens.insert(tokens.end(), e.result.ids.begin(), e.result.ids.end());
+  return propose_ngram(tokens, c.prompt_lookup_min, c.prompt_lookup_max, c.num_speculative_tokens);
+}
+
 // The full path: each row from its gathered logits (with its logprobs).
 void BatchSession::sample(const std::vector<int64_t>& ids, const std::vector<float>& logits) {
   const int64_t V = engine_.config().vocab_size;
-  draw_rows(ids, [&](size_t k, Entry& e) {
+  draw_rows(ids, [&](size_t k, Entry& e, std::span<const int32_t> prior) {
     const BatchRequest& req = e.request;
     GenerationResult& res = e.result;
     const std::span<const float> row = std::span<const float>(logits).subspan(k * V, V);
+    // The tokens generated before this row: the request's, then those drawn from its
+    // earlier rows in this step (speculation).
+    std::vector<int32_t> generated(res.ids);
+    generated.insert(generated.end(), prior.begin(), prior.end());
     // The repetition penalty's context, prompt + generated, made from what every path
     // keeps (a request may have drawn earlier tokens through sample_top).
     std::vector<int32_t> context;
     if (req.sampling.repetition_penalty != 1.0 && !req.prompt.empty()) {
-      context.reserve(req.prompt.size() + res.ids.size());
+      context.reserve(req.prompt.size() + generated.size());
       context.assign(req.prompt.begin(), req.prompt.end());
-      context.insert(context.end(), res.ids.begin(), res.ids.end());
+      context.insert(context.end(), generated.begin(), generated.end());
     }
-    const int32_t token = e.sampler->sample(row, context, res.ids);
+    const int32_t token = e.sampler->sample(row, context, generated);
     if (req.top_logprobs >= 0) {
       res.logprobs.push_back(Sampler::logprobs(row, token, req.top_logprobs, req.sampling.vocab_limit));
     }
@@ -159,7 +196,7 @@ void BatchSession::sample(const std::vector<int64_t>& ids, const std::vector<flo
 // their candidates and whole rows are the raw logits.
 void BatchSession::sample_top(const std::vector<int64_t>& ids, const std::vector<Engine::TopCandidates>& cands,
                               const ShardStep& plan) {
-  draw_rows(ids, [&](size_t k, Entry& e) {
+  draw_rows(ids, [&](size_t k, Entry& e, std::span<const int32_t> /*prior: in the penalties already*/) {
     const Engine::TopCandidates& c = cands[k];
     if (c.bad_id >= 0 || c.ids.empty()) {
       throw Error("non-finite logits (NaN or inf): no token can be drawn", "logits row", "finite values",
@@ -201,6 +238,9 @@ BatchSession::ShardStep BatchSession::shard_step(const std::vector<int64_t>& ids
     if (s.vocab_limit != plan.vocab_limit) return {};
     const int64_t limit = s.vocab_limit > 0 ? std::min(s.vocab_limit, V) : V;
     int sums = 0;  // this row's sums so far
+    // A temperature the Sampler refuses fails its request in draw_rows (the full path),
+    // never the step.
+    if (!(s.temperature >= 0.0) || std::isinf(s.temperature)) return {};
     if (s.temperature != 0.0) {
       if (s.top_k >= 1 && s.top_k <= kMaxShardTopK) {
         k = std::max(k, s.top_k);
@@ -221,8 +261,12 @@ BatchSession::ShardStep BatchSession::shard_step(const std::vector<int64_t>& ids
           s.repetition_penalty != 1.0 || s.presence_penalty != 0.0 || s.frequency_penalty != 0.0;
       if (penalized || req.top_logprobs > kMaxShardTopK) return {};
       k = std::max(k, req.top_logprobs);
-      plan.logprob_sum[i] = sums++;
-      plan.sums.push_back({static_cast<int32_t>(i), 1.0});
+      if (plan.nucleus_sum[i] >= 0 && s.temperature == 1.0) {
+        plan.logprob_sum[i] = plan.nucleus_sum[i];  // the same normalizer
+      } else {
+        plan.logprob_sum[i] = sums++;
+        plan.sums.push_back({static_cast<int32_t>(i), 1.0});
+      }
     }
   }
   plan.k = k;
@@ -254,9 +298,17 @@ void add_sampler_penalties(const SamplingParams& s, std::span<const int32_t> pro
 
 std::vector<Backend::Penalty> BatchSession::penalties(const std::vector<int64_t>& ids) const {
   std::vector<Backend::Penalty> out;
+  std::vector<int32_t> generated;
   for (size_t k = 0; k < ids.size(); ++k) {
     const Entry& e = entries_.at(ids[k]);
-    add_sampler_penalties(e.request.sampling, e.request.prompt, e.result.ids, static_cast<int32_t>(k), out);
+    // A guess row is used only when the guesses before it were drawn: its generated
+    // tokens are the request's and those guesses.
+    if (guess_[k] < 0) {
+      generated = e.result.ids;
+    } else {
+      generated.push_back(guess_[k]);
+    }
+    add_sampler_penalties(e.request.sampling, e.request.prompt, generated, static_cast<int32_t>(k), out);
   }
   return out;
 }
@@ -267,10 +319,23 @@ void BatchSession::advance(const std::vector<int64_t>& ids, std::vector<int32_t>
   Communicator& comm = engine_.tp_comm();
   const int64_t L = engine_.max_seq_len();
   comm.broadcast(drawn.data(), drawn.size() * sizeof(int32_t), 0);
+  // Speculation's counts: each request's rows after its first carried a guess; a guess
+  // row that was drawn means the guess before it was kept.
+  for (size_t k = 0; k < ids.size(); ++k) {
+    if (guess_[k] < 0) {
+      if (k + 1 < ids.size() && guess_[k + 1] >= 0) ++spec_stats_.steps;
+      continue;
+    }
+    ++spec_stats_.proposed;
+    if (drawn[2 * k + 1] != kRejected) ++spec_stats_.accepted;
+  }
   const double t = now_ms();
   for (size_t k = 0; k < ids.size(); ++k) {
     const int64_t id = ids[k];
-    Entry& e = entries_.at(id);
+    const auto it = entries_.find(id);
+    // A rejected guess row, or a row of a request that ended at an earlier row.
+    if (it == entries_.end() || drawn[2 * k + 1] == kRejected) continue;
+    Entry& e = it->second;
     const BatchRequest& req = e.request;
     GenerationResult& res = e.result;
     std::string reason;
@@ -287,7 +352,13 @@ void BatchSession::advance(const std::vector<int64_t>& ids, std::vector<int32_t>
                    ? "stop"
                    : finish_reason_after(token, req.eos_ids, static_cast<int64_t>(res.ids.size()),
                                          req.max_new_tokens, cached, L);
-      if (reason.empty()) scheduler_.append(id, token);
+      const bool more = k + 1 < ids.size() && ids[k + 1] == id && drawn[2 * (k + 1) + 1] != kRejected;
+      if (reason.empty() && !more) {
+        // The request's last token this step: the K/V of the positions before it are
+        // valid (a guess row's rejected successors are not), it runs next, with guesses.
+        if (guess_[k] >= 0 || (k + 1 < ids.size() && ids[k + 1] == id)) scheduler_.rewind(id, cached);
+        scheduler_.append(id, token, guesses(e));
+      }
       if (options_.on_token) options_.on_token(id, res);
     }
     // Its prompt is in the cache now: requests deferred behind it can share its pages.
@@ -301,6 +372,10 @@ bool BatchSession::step() {
   const auto step = scheduler_.next_step();
   if (!step) return false;
   last_step_sequences_ = static_cast<int64_t>(step->seq_ids.size());
+  guess_.assign(step->ids.size(), -1);
+  for (size_t k = 1; k < step->ids.size(); ++k) {
+    if (step->ids[k] == step->ids[k - 1]) guess_[k] = step->batch.tokens[static_cast<size_t>(step->batch.last[k])];
+  }
   if (const ShardStep plan = shard_step(step->ids); plan.k > 0) {  // the shards' k best candidates
     const auto want_full = [&](int64_t row, const Engine::TopCandidates& c) {
       const size_t r = static_cast<size_t>(row);

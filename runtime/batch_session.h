@@ -28,6 +28,7 @@
 #include "runtime/page_pool.h"
 #include "runtime/paged_scheduler.h"
 #include "runtime/sampler.h"
+#include "runtime/speculative.h"
 
 namespace linnet {
 
@@ -57,6 +58,12 @@ struct SessionOptions {
   int64_t step_token_budget = 4096;  // most tokens in one pass (decode tokens and prompt
                                      // chunks; a longer prompt is prefilled over several steps)
   bool prefix_caching = true;        // share the KV pages of common prompt prefixes
+  /// Speculative decoding (runtime/speculative.h): with method "ngram", each greedy
+  /// request's pending token goes through the model with up to num_speculative_tokens
+  /// prompt-lookup guesses; the longest prefix the model agrees with is kept, plus the
+  /// model's own next token. Greedy output is unchanged (row-invariant kernels); sampled
+  /// requests do not speculate yet.
+  SpeculativeConfig speculative;
 };
 
 /// Appends row `row`'s penalties as Sampler::sample applies them, for
@@ -107,6 +114,8 @@ class BatchSession {
   const PagePoolStats& pool_stats() const { return scheduler_.pool_stats(); }
   /// What an unfinished request has generated so far, or null.
   const GenerationResult* result(int64_t id) const;
+  /// The session's speculation so far (all zero without SessionOptions::speculative).
+  const SpeculativeStats& speculative_stats() const { return spec_stats_; }
 
  private:
   struct Entry {
@@ -145,6 +154,11 @@ class BatchSession {
   std::vector<Backend::Penalty> penalties(const std::vector<int64_t>& ids) const;
   // Broadcasts tp rank 0's drawn {token, outcome} pairs and advances each request.
   void advance(const std::vector<int64_t>& ids, std::vector<int32_t>& drawn);
+  // The guesses to run after request `e`'s newest token (prompt lookup), or none.
+  std::vector<int32_t> guesses(const Entry& e) const;
+  // Whether `token`, the request's `n`-th new token, ends it (EOS, max_new_tokens, the
+  // KV cache's length): tp rank 0 draws no guess row after it.
+  bool ends(const Entry& e, int32_t token, int64_t n) const;
   double now_ms() const;
 
   Engine& engine_;
@@ -156,6 +170,10 @@ class BatchSession {
   std::map<int64_t, std::vector<int64_t>> deferred_;   // by the request they wait for
   int64_t deferred_count_ = 0;
   int64_t last_step_sequences_ = 0;
+  // The current step's guess per logits row: the guessed token the row's position was
+  // fed (a request's rows after its first), -1 for a request's first row.
+  std::vector<int32_t> guess_;
+  SpeculativeStats spec_stats_;
 };
 
 }  // namespace linnet

@@ -609,10 +609,18 @@ std::vector<Engine::TopCandidates> Engine::step_paged_top(
   }
   if (!sums.empty()) row_sums(logits, ld, valid, parts, sums, out);
   if (want_full) {
-    std::vector<int32_t> rows;
+    std::vector<float> wanted(static_cast<size_t>(n), 0.0f);
     for (int64_t row = 0; row < n; ++row) {
       const TopCandidates& c = out[static_cast<size_t>(row)];
-      if (c.bad_id < 0 && !c.ids.empty() && want_full(row, c)) rows.push_back(static_cast<int32_t>(row));
+      if (c.bad_id < 0 && !c.ids.empty() && want_full(row, c)) wanted[static_cast<size_t>(row)] = 1.0f;
+    }
+    // The callback may compute in floating point (Sampler::nucleus_within's exp): ranks
+    // on hosts with another libm could answer differently on a boundary row, so the
+    // ranks take the union before the gather, which they must all make alike.
+    if (parts > 1) comm_.all_reduce_max(wanted.data(), wanted.size());
+    std::vector<int32_t> rows;
+    for (int64_t row = 0; row < n; ++row) {
+      if (wanted[static_cast<size_t>(row)] > 0.0f) rows.push_back(static_cast<int32_t>(row));
     }
     if (!rows.empty()) {
       const int64_t m = static_cast<int64_t>(rows.size());

@@ -143,10 +143,11 @@ class Engine {
   /// frequency penalties in its f32 operations); the non-finite check reads the raw
   /// logits, as the sampler's. Then, when asked: `sums` (a second all_gather of 16
   /// bytes a request and rank: each shard's Backend::exp_sums, added exactly), and the
-  /// whole (penalized) row of each row for which `want_full(row, candidates)` says so (it
-  /// must answer alike on every rank: a third gather, of those rows only; rows with a
-  /// non-finite logit are never asked). 1 <= k <= 1024. A step recorded as a CUDA graph
-  /// runs the same ops on the gathered rows on the host.
+  /// whole (penalized) row, on every rank, of each row for which `want_full(row,
+  /// candidates)` says so on any rank (the ranks take the union, an all_reduce of n
+  /// flags, then a third gather, of those rows only; rows with a non-finite logit are
+  /// never asked). 1 <= k <= 1024. A step recorded as a CUDA graph runs the same ops on
+  /// the gathered rows on the host.
   /// @throws Error as step_paged, or k out of range, or a RowSum's row or divisor.
   std::vector<TopCandidates> step_paged_top(
       const PagedBatch& batch, int64_t vocab_limit, int64_t k, std::span<const Backend::Penalty> penalties = {},

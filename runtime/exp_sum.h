@@ -3,8 +3,11 @@
 // the row's largest logit) is truncated to a multiple of 2^-62 and the integers are
 // added exactly in 128 bits; the total is then one deterministic conversion to double.
 // So the sum over a row equals the sum of its vocab shards' partial sums bit for bit, at
-// every tp size: Sampler (the whole row on the host), Backend::exp_sums (each rank's
-// slice, CPU or CUDA) and Engine::step_paged_top (the merge) all add the same integers.
+// every tp size, wherever the terms are computed with the same exp: Sampler (the whole
+// row on the host), the CPU backend's Backend::exp_sums (each rank's slice) and
+// Engine::step_paged_top (the merge) all add the same integers. CUDA's exp may differ
+// from the host's in the last bit of a term, so on a GPU the shard path's normalizer is
+// within ~1e-15 of the gathered row's, not bit-equal.
 // Truncation drops < 2^-62 per term: with Z >= 1 (the max's term is 1) and 2^24 terms at
 // most, the relative error is below 2^-38 before the double conversion, far under
 // anything a logprob printed as f32 or a top-p comparison (1e-9 slack) can see.

@@ -84,12 +84,17 @@ std::optional<PagedScheduler::Step> PagedScheduler::next_step() {
   for (const auto& [id, r] : running_) {
     if (!r.next_token) continue;
     const int32_t s = add_sequence(r);
-    b.tokens.push_back(*r.next_token);
-    b.seq.push_back(s);
-    b.positions.push_back(static_cast<int32_t>(r.cached));
-    b.last.push_back(static_cast<int32_t>(b.tokens.size() - 1));
-    step.ids.push_back(id);
-    --budget;
+    // The pending token, then the guesses the budget leaves room for (the decode
+    // tokens themselves always run).
+    const int64_t guesses = std::clamp<int64_t>(budget - 1, 0, static_cast<int64_t>(r.draft.size()));
+    for (int64_t i = 0; i <= guesses; ++i) {
+      b.tokens.push_back(i == 0 ? *r.next_token : r.draft[static_cast<size_t>(i - 1)]);
+      b.seq.push_back(s);
+      b.positions.push_back(static_cast<int32_t>(r.cached + i));
+      b.last.push_back(static_cast<int32_t>(b.tokens.size() - 1));
+      step.ids.push_back(id);
+      --budget;
+    }
   }
   // Then prompt chunks, oldest first, while the budget lasts (at least one token per
   // step, so a step never comes out empty).
@@ -121,6 +126,7 @@ void PagedScheduler::done_step(const Step& step) {
     const bool prefill = !r.next_token;
     r.cached += count[s];
     r.next_token.reset();
+    r.draft.clear();
     if (prefill && prefix_caching_) {  // newly filled prompt pages can be shared from now on
       const int64_t P = static_cast<int64_t>(r.prompt.size());
       pool_.register_prefix(r.pages, std::span<const int32_t>(r.prompt).first(static_cast<size_t>(std::min(r.cached, P))));
@@ -128,10 +134,24 @@ void PagedScheduler::done_step(const Step& step) {
   }
 }
 
-void PagedScheduler::append(int64_t id, int32_t token) {
+void PagedScheduler::append(int64_t id, int32_t token, std::span<const int32_t> draft) {
   const auto it = running_.find(id);
   LINNET_CHECK(it != running_.end(), "append to a request that is not running");
-  it->second.next_token = token;
+  Request& r = it->second;
+  r.next_token = token;
+  // The token goes to position cached, guess i to cached + 1 + i: all below the
+  // request's reserved length.
+  const int64_t room = std::max<int64_t>(0, r.length - r.cached - 1);
+  r.draft.assign(draft.begin(), draft.begin() + std::min<int64_t>(room, static_cast<int64_t>(draft.size())));
+}
+
+void PagedScheduler::rewind(int64_t id, int64_t cached) {
+  const auto it = running_.find(id);
+  LINNET_CHECK(it != running_.end(), "rewind of a request that is not running");
+  Request& r = it->second;
+  LINNET_CHECK(cached >= static_cast<int64_t>(r.prompt.size()) && cached <= r.cached,
+               "rewind to " << cached << " positions outside [prompt, cached = " << r.cached << "]");
+  r.cached = cached;
 }
 
 void PagedScheduler::finish(int64_t id) {

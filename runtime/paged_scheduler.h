@@ -43,7 +43,9 @@ class PagedScheduler {
   std::optional<std::string> add(int64_t id, std::vector<int32_t> prompt, int64_t max_new_tokens);
 
   /// One pass to run: batch.last[k] is the token whose logits belong to request ids[k]
-  /// (the last prompt token of a finished prefill, or a decode token).
+  /// (the last prompt token of a finished prefill, or a decode token). A request with
+  /// guesses (append's `draft`) has consecutive rows: its pending token's, then one per
+  /// guess (the guess is that row's input token, batch.tokens[batch.last[k]]).
   struct Step {
     Engine::PagedBatch batch;
     std::vector<int64_t> ids;      // per logits row
@@ -56,8 +58,15 @@ class PagedScheduler {
   /// sharing).
   void done_step(const Step& step);
   /// The token request `id` sampled from its logits; it goes through the model in the
-  /// next step.
-  void append(int64_t id, int32_t token);
+  /// next step, followed by the guessed tokens `draft` (speculative decoding: each gets
+  /// a logits row), as many of them as fit before the request's reserved length and in
+  /// the step's token budget.
+  void append(int64_t id, int32_t token, std::span<const int32_t> draft = {});
+  /// After a step with guesses: request `id` keeps K/V for its first `cached` positions
+  /// only (the pending token and the accepted guesses); the rejected positions' K/V stay
+  /// in its pages unread until later tokens overwrite them. cached must lie between the
+  /// prompt's length and what the request has cached.
+  void rewind(int64_t id, int64_t cached);
   /// Ends request `id` (stop, length, error, cancelled) and releases its pages; a
   /// request still waiting is taken out of the queue. Unknown ids are ignored.
   void finish(int64_t id);
@@ -77,6 +86,7 @@ class PagedScheduler {
     std::vector<int32_t> pages;
     int64_t cached = 0;                    // positions whose K/V are in the pool
     std::optional<int32_t> next_token;     // sampled, not yet run
+    std::vector<int32_t> draft;            // guesses run after next_token
   };
   int64_t pages_for(int64_t positions) const;
   bool admit(Request& r);

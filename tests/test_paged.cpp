@@ -398,23 +398,26 @@ TEST_F(PagedTest, ShardNucleusAndLogprobsMatchTheFullPath) {
   std::vector<SamplingParams> settings(4);
   settings[0].temperature = 1.5, settings[0].top_p = 0.9, settings[0].seed = 31;
   settings[1].temperature = 2.5, settings[1].min_p = 0.05, settings[1].top_p = 0.97, settings[1].seed = 32;
-  settings[2].temperature = 1.0, settings[2].seed = 33;  // no cut: its whole row
+  settings[1].repetition_penalty = 1.3, settings[1].presence_penalty = 0.5;  // penalized nucleus
+  settings[2].temperature = 1.0, settings[2].seed = 33;  // no cut: its whole row, penalized
+  settings[2].frequency_penalty = 0.4;
   settings[3].temperature = 0.0;                         // greedy
-  const std::vector<int64_t> top_logprobs = {3, -1, 0, 5};
+  const std::vector<int64_t> top_logprobs = {3, -1, -1, 5};  // logprobs rows have no penalty
   int within = 0, past = 0;
   for (const int64_t limit : {int64_t{0}, V / 2 + 3}) {
     PagePool pool(paged_->num_pages(), paged_->page_size());
     PagedScheduler sched(pool, /*max_batch=*/4, kMaxSeqLen, /*token_budget=*/40);
     std::vector<std::unique_ptr<Sampler>> full, top;
     std::vector<SamplingParams> params;
+    std::vector<std::vector<int32_t>> prompts, made(4);
     for (int i = 0; i < 4; ++i) {
       params.push_back(settings[static_cast<size_t>(i)]);
       params.back().vocab_limit = limit;
       full.push_back(std::make_unique<Sampler>(params.back()));
       top.push_back(std::make_unique<Sampler>(params.back()));
-      ASSERT_FALSE(sched.add(i, std::vector<int32_t>(base.begin() + 5 * i, base.begin() + 40 + 7 * i), 10));
+      prompts.emplace_back(base.begin() + 5 * i, base.begin() + 40 + 7 * i);
+      ASSERT_FALSE(sched.add(i, prompts.back(), 10));
     }
-    std::vector<int> made(4, 0);
     while (auto step = sched.next_step()) {
       std::vector<Engine::RowSum> sums;
       std::vector<int> nucleus(step->ids.size(), -1), lp(step->ids.size(), -1);
@@ -435,8 +438,13 @@ TEST_F(PagedTest, ShardNucleusAndLogprobsMatchTheFullPath) {
         if (id == 2) return true;
         return id < 2 && !Sampler::nucleus_within(params[id], c.logits, c.sums.at(nucleus[row]));
       };
+      std::vector<Backend::Penalty> pen;
+      for (size_t k = 0; k < step->ids.size(); ++k) {
+        const int64_t id = step->ids[k];
+        add_sampler_penalties(params[id], prompts[id], made[id], static_cast<int32_t>(k), pen);
+      }
       const std::vector<float> logits = paged_->step_paged(step->batch);
-      const std::vector<Engine::TopCandidates> cands = paged_->step_paged_top(step->batch, limit, 64, {}, sums, want_full);
+      const std::vector<Engine::TopCandidates> cands = paged_->step_paged_top(step->batch, limit, 64, pen, sums, want_full);
       sched.done_step(*step);
       ASSERT_EQ(cands.size(), step->ids.size());
       for (size_t k = 0; k < step->ids.size(); ++k) {
@@ -444,11 +452,14 @@ TEST_F(PagedTest, ShardNucleusAndLogprobsMatchTheFullPath) {
         const std::span<const float> row = std::span<const float>(logits).subspan(k * V, V);
         const Engine::TopCandidates& c = cands[k];
         ASSERT_EQ(c.bad_id, -1);
-        const int32_t want = full[id]->sample(row);
+        std::vector<int32_t> context = prompts[id];
+        context.insert(context.end(), made[id].begin(), made[id].end());
+        const int32_t want = full[id]->sample(row, context, made[id]);
         int32_t token = -1;
         if (!c.full.empty()) {
           EXPECT_TRUE(id == 2 || id < 2) << "only rows that asked get their whole row";
-          EXPECT_TRUE(std::equal(c.full.begin(), c.full.end(), row.begin()));
+          ASSERT_EQ(c.full.size(), static_cast<size_t>(V));
+          if (id != 1 && id != 2) EXPECT_TRUE(std::equal(c.full.begin(), c.full.end(), row.begin()));
           token = top[id]->sample_penalized(c.full);
           past += id < 2;
         } else {
@@ -456,25 +467,26 @@ TEST_F(PagedTest, ShardNucleusAndLogprobsMatchTheFullPath) {
           token = top[id]->sample_top(c.ids, c.logits, nucleus[k] >= 0 ? c.sums.at(nucleus[k]) : -1.0);
           within += id < 2;
         }
-        EXPECT_EQ(token, want) << "request " << id << " token " << made[id] << " limit " << limit << " at tp "
+        EXPECT_EQ(token, want) << "request " << id << " token " << made[id].size() << " limit " << limit << " at tp "
                                << world_->size();
         if (top_logprobs[id] >= 0) {
           const TokenLogprobs a = Sampler::logprobs(row, want, top_logprobs[id], limit);
           const TokenLogprobs b = c.full.empty()
                                       ? Sampler::logprobs_top(c.ids, c.logits, token, top_logprobs[id], c.sums.at(lp[k]))
                                       : Sampler::logprobs(c.full, token, top_logprobs[id], limit);
-          EXPECT_EQ(a.logprob, b.logprob) << "request " << id << " token " << made[id];
-          EXPECT_EQ(a.top, b.top) << "request " << id << " token " << made[id];
+          EXPECT_EQ(a.logprob, b.logprob) << "request " << id << " token " << made[id].size();
+          EXPECT_EQ(a.top, b.top) << "request " << id << " token " << made[id].size();
         }
         world_->broadcast(&token, sizeof token, 0);
-        if (++made[id] == 10) {
+        made[id].push_back(token);
+        if (made[id].size() == 10) {
           sched.finish(id);
         } else {
           sched.append(id, token);
         }
       }
     }
-    EXPECT_EQ(made, std::vector<int>(4, 10));
+    for (const auto& m : made) EXPECT_EQ(m.size(), 10u);
   }
   EXPECT_GT(within, 0) << "at tp " << world_->size();
   EXPECT_GT(past, 0) << "at tp " << world_->size();
@@ -505,6 +517,25 @@ TEST_F(PagedTest, PenalizedRequestKeepsItsPenaltyAcrossPaths) {
   EXPECT_EQ(mixed[0].ids, alone) << "at tp " << world_->size();
   EXPECT_EQ(mixed[1].ids.size(), 2u);
   EXPECT_EQ(mixed[2].ids.size(), 12u);
+}
+
+// Settings the Sampler refuses (here a negative temperature with a nucleus and no top-k,
+// which the shard path would otherwise turn into a normalizer's divisor) fail their own
+// request, never the step: the others run on, at every tp size.
+TEST_F(PagedTest, InvalidSamplingFailsOnlyItsRequest) {
+  const ShardPlan plan = ShardPlan::make(files_->config, world_->rank(), world_->size());
+  auto two = make_engine(*files_, plan, *backend_, *world_, kMaxSeqLen, /*max_batch=*/2, kKvPageSize, 24);
+  const std::vector<int32_t> base = story(60);
+  BatchRequest good, bad;
+  good.prompt.assign(base.begin(), base.begin() + 30);
+  good.max_new_tokens = 5;
+  bad = good;
+  bad.sampling.temperature = -1.0, bad.sampling.top_p = 0.9;
+  const std::vector<GenerationResult> out = generate_batch(*two, {good, bad});
+  EXPECT_EQ(out[0].finish_reason, "length");
+  EXPECT_EQ(out[0].ids.size(), 5u);
+  EXPECT_EQ(out[1].finish_reason, "error");
+  if (world_->rank() == 0) EXPECT_NE(out[1].error.find("temperature"), std::string::npos) << out[1].error;
 }
 
 // The architectures' fixtures (llama3 rope, Qwen3 QK-norm, Phi-3 and Mistral sliding

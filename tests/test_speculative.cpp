@@ -1,0 +1,216 @@
+// Speculative decoding (issue 27): the prompt-lookup proposer, the scheduler's guess
+// rows and rewind, and the claim that matters: greedy output with speculation is the
+// output without it, token for token and logprob for logprob, at tp 1, 2 and 4 (run
+// under mpirun), for the real stories260k model and every architecture fixture, alone
+// and in a batch, through the shard path and the full-logits path.
+#include <mpi.h>
+
+#include <algorithm>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "common/error.h"
+#include "loader/tokenizer/tokenizer.h"
+#include "parallel/mpi_communicator.h"
+#include "runtime/batch_generate.h"
+#include "runtime/model_loader.h"
+#include "runtime/page_pool.h"
+#include "runtime/paged_scheduler.h"
+#include "runtime/speculative.h"
+#include "tests/test_data.h"
+
+namespace linnet {
+namespace {
+
+using Ids = std::vector<int32_t>;
+
+TEST(PromptLookup, TakesWhatFollowedTheLatestEarlierOccurrence) {
+  // "1 2 3" occurs at 0 and 4; the latest earlier one (4) is followed by 9 8.
+  const Ids t = {1, 2, 3, 7, 1, 2, 3, 9, 8, 5, 1, 2, 3};
+  EXPECT_EQ(propose_ngram(t, 1, 3, 2), (Ids{9, 8}));
+  EXPECT_EQ(propose_ngram(t, 1, 3, 5), (Ids{9, 8, 5, 1, 2}));
+  EXPECT_EQ(propose_ngram(t, 1, 3, 0), Ids{});
+  // The longest n first: "5 1 2 3" never recurs, but with n_max 3 "1 2 3" does.
+  EXPECT_EQ(propose_ngram(t, 4, 4, 3), Ids{});
+  // Down to n_min: the last token 4 alone recurs.
+  const Ids u = {4, 6, 7, 8, 5, 4};
+  EXPECT_EQ(propose_ngram(u, 1, 3, 2), (Ids{6, 7}));
+  EXPECT_EQ(propose_ngram(u, 2, 3, 2), Ids{});
+  // Near the end: fewer guesses; an occurrence must be followed by a token.
+  EXPECT_EQ(propose_ngram(Ids{3, 3, 3}, 1, 2, 4), (Ids{3}));
+  EXPECT_EQ(propose_ngram(Ids{3}, 1, 2, 4), Ids{});
+  EXPECT_EQ(propose_ngram(Ids{}, 1, 2, 4), Ids{});
+  EXPECT_THROW(propose_ngram(t, 0, 3, 2), Error);
+  EXPECT_THROW(propose_ngram(t, 3, 2, 2), Error);
+  EXPECT_THROW(propose_ngram(t, 1, 2, -1), Error);
+}
+
+// Guess rows follow the pending token at consecutive positions, each with a logits row;
+// they stop at the request's reserved length and at the step budget; rewind keeps the
+// accepted positions only.
+TEST(PagedScheduler, GuessRowsFollowThePendingTokenAndRewind) {
+  PagePool pool(8, 4);
+  PagedScheduler sched(pool, 2, 64, /*token_budget=*/6);
+  ASSERT_FALSE(sched.add(7, Ids{1, 2, 3}, /*max_new_tokens=*/4));  // reserved length 7
+  auto prefill = sched.next_step();
+  ASSERT_TRUE(prefill);
+  sched.done_step(*prefill);
+  sched.append(7, 10, Ids{11, 12, 13, 14, 15});  // room for 3 guesses: positions 4, 5, 6
+  auto step = sched.next_step();
+  ASSERT_TRUE(step);
+  EXPECT_EQ(step->batch.tokens, (Ids{10, 11, 12, 13}));
+  EXPECT_EQ(step->batch.positions, (Ids{3, 4, 5, 6}));
+  EXPECT_EQ(step->batch.last, (Ids{0, 1, 2, 3}));
+  EXPECT_EQ(step->ids, (std::vector<int64_t>{7, 7, 7, 7}));
+  sched.done_step(*step);
+  // 11 was kept, 12 was not: positions 3 (10) and 4 (11) hold valid K/V; the model's
+  // token after 11 runs next at position 5.
+  sched.rewind(7, 5);
+  EXPECT_THROW(sched.rewind(7, 2), Error) << "below the prompt";
+  EXPECT_THROW(sched.rewind(7, 6), Error) << "past what is cached";
+  sched.append(7, 20);
+  step = sched.next_step();
+  ASSERT_TRUE(step);
+  EXPECT_EQ(step->batch.tokens, (Ids{20}));
+  EXPECT_EQ(step->batch.positions, (Ids{5}));
+  sched.done_step(*step);
+  // Position 6 is the request's last: no room for a guess after it.
+  sched.append(7, 21, Ids{1, 2, 3});
+  step = sched.next_step();
+  ASSERT_TRUE(step);
+  EXPECT_EQ(step->batch.tokens, (Ids{21}));
+  sched.finish(7);
+  // The step budget caps the guesses (the pending token itself always runs).
+  PagedScheduler tight(pool, 2, 64, /*token_budget=*/3);
+  ASSERT_FALSE(tight.add(9, Ids{1, 2}, 20));
+  auto p = tight.next_step();
+  ASSERT_TRUE(p);
+  tight.done_step(*p);
+  tight.append(9, 5, Ids{6, 7, 8, 9});
+  step = tight.next_step();
+  ASSERT_TRUE(step);
+  EXPECT_EQ(step->batch.tokens, (Ids{5, 6, 7}));
+  EXPECT_EQ(step->batch.positions, (Ids{2, 3, 4}));
+}
+
+class SpeculativeTest : public testing::Test {
+ protected:
+  static constexpr int64_t kMaxSeqLen = 256;
+  static void SetUpTestSuite() { world_ = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD); }
+  static void TearDownTestSuite() { world_.reset(); }
+  static std::unique_ptr<MpiCommunicator> world_;
+
+  // Runs `reqs` with and without speculation on one engine and expects the same
+  // results; returns the speculation's counters.
+  static SpeculativeStats expect_same(Engine& engine, const std::vector<BatchRequest>& reqs, const std::string& what,
+                                      int64_t k = 4, int64_t budget = 4096) {
+    BatchOptions plain;
+    plain.step_token_budget = budget;
+    const std::vector<GenerationResult> want = generate_batch(engine, reqs, plain);
+    BatchOptions spec = plain;
+    spec.speculative.method = "ngram";
+    spec.speculative.num_speculative_tokens = k;
+    spec.speculative.prompt_lookup_min = 1;
+    spec.speculative.prompt_lookup_max = 3;
+    SpeculativeStats stats;
+    spec.speculative_stats = &stats;
+    const std::vector<GenerationResult> got = generate_batch(engine, reqs, spec);
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      EXPECT_EQ(got[i].ids, want[i].ids) << what << " request " << i << " at tp " << world_->size();
+      EXPECT_EQ(got[i].finish_reason, want[i].finish_reason) << what << " request " << i;
+      EXPECT_EQ(got[i].error, want[i].error) << what << " request " << i;
+      EXPECT_EQ(got[i].logprobs.size(), want[i].logprobs.size()) << what << " request " << i;
+      for (size_t t = 0; t < std::min(got[i].logprobs.size(), want[i].logprobs.size()); ++t) {
+        EXPECT_EQ(got[i].logprobs[t].logprob, want[i].logprobs[t].logprob) << what << " request " << i << " token " << t;
+        EXPECT_EQ(got[i].logprobs[t].top, want[i].logprobs[t].top) << what << " request " << i << " token " << t;
+      }
+    }
+    EXPECT_LE(stats.accepted, stats.proposed);
+    return stats;
+  }
+};
+std::unique_ptr<MpiCommunicator> SpeculativeTest::world_;
+
+// The real stories260k model retells its own story: prompt lookup guesses well. A batch
+// of greedy requests (EOS, short and long max_new_tokens, logprobs through the shard
+// path, a repetition penalty, logprobs with a penalty through the full-logits path) and
+// a sampled one that does not speculate; then each greedy request alone.
+TEST_F(SpeculativeTest, GreedyStoriesAreTheSameWithPromptLookup) {
+  const ModelFiles files = open_model(test::stories_dir());
+  auto backend = make_cpu_backend(1);
+  const ShardPlan plan = ShardPlan::make(files.config, world_->rank(), world_->size());
+  auto engine = make_engine(files, plan, *backend, *world_, kMaxSeqLen, /*max_batch=*/4, /*page_size=*/16, 96);
+  const Tokenizer tok = Tokenizer::from_dir(test::stories_dir());
+  const Ids story = tok.encode(
+      "Once upon a time, there was a little girl named Lily. She loved to play outside in the park. One day, she "
+      "saw a big red ball. Once upon a time, there was a little girl named Lily. She loved to");
+  std::vector<BatchRequest> reqs(6);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    reqs[i].prompt.assign(story.begin(), story.end() - static_cast<long>(3 * i));
+    reqs[i].max_new_tokens = i == 1 ? 3 : 120;
+    reqs[i].eos_ids = {2};
+  }
+  reqs[2].top_logprobs = 2;                         // shard path logprobs
+  reqs[3].sampling.repetition_penalty = 1.3;        // penalties over the guess rows
+  reqs[4].top_logprobs = 1;                         // logprobs with a penalty: the full path
+  reqs[4].sampling.presence_penalty = 0.4;
+  reqs[5].sampling.temperature = 0.8, reqs[5].sampling.seed = 9;  // sampled: no guesses
+  const SpeculativeStats batch = expect_same(*engine, reqs, "batch");
+  EXPECT_GT(batch.accepted, 20) << "proposed " << batch.proposed;
+  EXPECT_GT(batch.proposed, batch.accepted) << "some guesses are rejected";
+  for (size_t i = 0; i < 5; ++i) expect_same(*engine, {reqs[i]}, "alone " + std::to_string(i));
+  // A step budget smaller than the guesses: they are cut, the output is the same.
+  expect_same(*engine, reqs, "budget 3", 4, 3);
+  expect_same(*engine, reqs, "one guess", 1);
+}
+
+// Every architecture fixture (llama3 rope, Qwen3 QK-norm, Phi-3 and Mistral sliding
+// window 16), prompts that repeat a random segment so that guesses are made, greedy,
+// through chunked prefill (a 40-token budget) and batches of 3.
+class SpeculativeFixtureTest : public testing::TestWithParam<std::string> {};
+
+TEST_P(SpeculativeFixtureTest, GreedyOutputIsTheSame) {
+  const ModelFiles files = open_model(test::test_data_dir() / "fixtures" / GetParam() / "f32");
+  MpiCommunicator world(MPI_COMM_WORLD);
+  if (files.config.num_attention_heads % world.size() != 0) GTEST_SKIP() << "heads do not split over this tp";
+  auto backend = make_cpu_backend(1);
+  const ShardPlan plan = ShardPlan::make(files.config, world.rank(), world.size());
+  auto engine = make_engine(files, plan, *backend, world, 192, /*max_batch=*/3, /*page_size=*/16, 40);
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int32_t> id(3, static_cast<int32_t>(files.config.vocab_size - 1));
+  std::vector<BatchRequest> reqs(5);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    Ids seg(12 + 3 * i);
+    for (auto& t : seg) t = id(rng);
+    for (int r = 0; r < 3; ++r) reqs[i].prompt.insert(reqs[i].prompt.end(), seg.begin(), seg.end());
+    reqs[i].max_new_tokens = 24;
+    reqs[i].top_logprobs = i == 0 ? 3 : -1;
+  }
+  BatchOptions plain;
+  plain.step_token_budget = 40;
+  const auto want = generate_batch(*engine, reqs, plain);
+  BatchOptions spec = plain;
+  spec.speculative.method = "ngram";
+  spec.speculative.num_speculative_tokens = 3;
+  spec.speculative.prompt_lookup_min = 1;
+  SpeculativeStats stats;
+  spec.speculative_stats = &stats;
+  const auto got = generate_batch(*engine, reqs, spec);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(got[i].ids, want[i].ids) << GetParam() << " request " << i << " at tp " << world.size();
+    ASSERT_EQ(got[i].logprobs.size(), want[i].logprobs.size());
+    for (size_t t = 0; t < want[i].logprobs.size(); ++t) {
+      EXPECT_EQ(got[i].logprobs[t].logprob, want[i].logprobs[t].logprob) << GetParam() << " token " << t;
+    }
+  }
+  EXPECT_GT(stats.proposed, 0) << GetParam();
+}
+
+INSTANTIATE_TEST_SUITE_P(Architectures, SpeculativeFixtureTest, testing::Values("llama31", "qwen3", "phi3", "mistral"));
+
+}  // namespace
+}  // namespace linnet
