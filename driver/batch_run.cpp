@@ -22,8 +22,8 @@ using nlohmann::ordered_json;
 // were), the stats line, and the exit code. An interrupted run writes the finished lines
 // to --output and keeps the journal for --resume.
 int write_batch_results(Engine& engine, const BatchRun& b, const std::map<size_t, ordered_json>& fresh,
-                        const PagePoolStats& kv, std::chrono::steady_clock::time_point t0,
-                        std::unique_ptr<JsonlOutput>& output) {
+                        const PagePoolStats& kv, const SpeculativeStats& spec,
+                        std::chrono::steady_clock::time_point t0, std::unique_ptr<JsonlOutput>& output) {
   const WorldConfig& w = b.groups.world_config;
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const bool interrupted =
@@ -81,6 +81,15 @@ int write_batch_results(Engine& engine, const BatchRun& b, const std::map<size_t
                static_cast<long long>(kv.peak_used_pages), static_cast<long long>(engine.num_pages()),
                static_cast<long long>(engine.page_size()), static_cast<long long>(kv.prefix_hit_tokens),
                format_bytes(peak_resident_bytes()).c_str());
+  if (b.speculative.enabled()) {
+    std::fprintf(stderr,
+                 "[linnet-tp] speculation (%s, k %lld)%s: %lld guesses, %lld accepted (%.1f%%), %.2f tokens per "
+                 "verified step over %lld steps\n",
+                 b.speculative.method.c_str(), static_cast<long long>(b.speculative.num_speculative_tokens),
+                 w.dp_size > 1 ? " (dp group 0)" : "", static_cast<long long>(spec.proposed),
+                 static_cast<long long>(spec.accepted), 100.0 * spec.acceptance_rate(), spec.mean_accepted_length(),
+                 static_cast<long long>(spec.steps));
+  }
   if (interrupted) {
     const size_t done = fresh.size() + b.kept.size();
     if (b.journal) b.journal->sync();
@@ -158,6 +167,9 @@ int run_batch(Engine& engine, const BatchRun& b, const std::vector<int64_t>& eos
   PagePoolStats kv;
   options.kv_stats = &kv;
   options.prefix_caching = b.prefix_caching;
+  options.speculative = b.speculative;
+  SpeculativeStats spec;
+  options.speculative_stats = &spec;
   const auto t0 = std::chrono::steady_clock::now();
   generate_batch(engine, reqs, options);
   progress.finish();
@@ -165,7 +177,7 @@ int run_batch(Engine& engine, const BatchRun& b, const std::vector<int64_t>& eos
   relay.finish();
 
   int code = kOkExit;
-  if (world_root) code = write_batch_results(engine, b, fresh, kv, t0, output);
+  if (world_root) code = write_batch_results(engine, b, fresh, kv, spec, t0, output);
   b.groups.world->broadcast(&code, sizeof code, 0);  // every rank exits with rank 0's code
   return code;
 }

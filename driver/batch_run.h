@@ -18,6 +18,7 @@
 #include "parallel/mpi_communicator.h"
 #include "requests/request.h"
 #include "runtime/engine.h"
+#include "runtime/speculative.h"
 
 namespace linnet {
 
@@ -32,6 +33,7 @@ struct BatchRun {
   bool progress = false;                       // draw the progress bar even when stderr is no terminal
   size_t kept_from_journal = 0;                // rank 0: how many of `kept` came from the journal only
   Journal* journal = nullptr;                  // rank 0 with --output: where finished lines go at once
+  SpeculativeConfig speculative{};             // --speculative-config (BatchOptions::speculative)
 };
 
 /// Runs this dp group's share of `b.todo` (round-robin over the dp groups; request k of

@@ -151,6 +151,7 @@ class GroupSession {
   SessionOptions session_options(const ServeLoopConfig& c, bool group_root) {
     SessionOptions so;
     so.prefix_caching = c.prefix_caching;
+    so.speculative = c.speculative;
     if (!group_root) return so;
     // Each new token passes the stop check before it is appended (SessionOptions), so
     // the text is pushed there and on_token sends what it added.
@@ -376,6 +377,7 @@ class Router {
     BatchSession& s = group_.session();
     int64_t running = s.running(), waiting = s.waiting(), in_use = s.pages_in_use(), total = s.num_pages(),
             hits = s.pool_stats().prefix_hit_tokens;
+    SpeculativeStats spec = s.speculative_stats();
     for (int g = 1; g < w_.dp_size; ++g) {
       const Report& r = states_[static_cast<size_t>(g)];
       running += r.running;
@@ -383,8 +385,12 @@ class Router {
       in_use += r.pages_in_use;
       total += r.pages_total;
       hits += r.prefix_hit_tokens;
+      spec.steps += r.spec_steps;
+      spec.proposed += r.spec_proposed;
+      spec.accepted += r.spec_accepted;
     }
     c_.metrics->engine_state(running, waiting, in_use, total, hits);
+    if (c_.speculative.enabled()) c_.metrics->speculation(spec.steps, spec.proposed, spec.accepted);
   }
 
   // After the shutdown step: refuse what is still queued, take the other groups' last
@@ -461,6 +467,9 @@ void run_group_leader(Engine& engine, const ServeLoopConfig& c, RunRelay& relay,
     outbox.pages_in_use = s.pages_in_use();
     outbox.pages_total = s.num_pages();
     outbox.prefix_hit_tokens = s.pool_stats().prefix_hit_tokens;
+    outbox.spec_steps = s.speculative_stats().steps;
+    outbox.spec_proposed = s.speculative_stats().proposed;
+    outbox.spec_accepted = s.speculative_stats().accepted;
     outbox.bye = !go_on;
     if (!outbox.events.empty() || !outbox.steps.empty() || outbox.bye || got) {
       mail.send(0, kEventTag, encode(outbox));

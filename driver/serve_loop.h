@@ -14,6 +14,7 @@
 #include "requests/request_queue.h"
 #include "requests/serve_metrics.h"
 #include "runtime/engine.h"
+#include "runtime/speculative.h"
 
 namespace linnet {
 
@@ -27,6 +28,7 @@ struct ServeLoopConfig {
   std::function<void()> on_drain;        // world rank 0: a stop signal arrived (stop accepting)
   double shutdown_grace_s = 10.0;        // then unfinished requests are cancelled
   bool prefix_caching = true;
+  SpeculativeConfig speculative;         // --speculative-config, server-wide
 };
 
 /// Runs the serve loop on every rank (driver/serve_loop.cpp) until a SIGINT/SIGTERM (on

@@ -168,7 +168,10 @@ std::string encode(const Report& rep) {
     w.str(e.error);
   }
   w.vec(rep.steps);
-  for (int64_t v : {rep.running, rep.waiting, rep.pages_in_use, rep.pages_total, rep.prefix_hit_tokens}) w.pod(v);
+  for (int64_t v : {rep.running, rep.waiting, rep.pages_in_use, rep.pages_total, rep.prefix_hit_tokens,
+                    rep.spec_steps, rep.spec_proposed, rep.spec_accepted}) {
+    w.pod(v);
+  }
   w.pod<uint8_t>(rep.bye);
   return std::move(w.bytes);
 }
@@ -206,7 +209,8 @@ Report decode_report(const std::string& bytes) {
     rep.events.push_back(std::move(we));
   }
   rep.steps = r.vec<int64_t>();
-  for (int64_t* v : {&rep.running, &rep.waiting, &rep.pages_in_use, &rep.pages_total, &rep.prefix_hit_tokens}) {
+  for (int64_t* v : {&rep.running, &rep.waiting, &rep.pages_in_use, &rep.pages_total, &rep.prefix_hit_tokens,
+                     &rep.spec_steps, &rep.spec_proposed, &rep.spec_accepted}) {
     *v = r.pod<int64_t>();
   }
   rep.bye = r.pod<uint8_t>() != 0;

@@ -41,6 +41,7 @@ struct Report {
   std::vector<WireEvent> events;
   std::vector<int64_t> steps;  // sequences of each step since the last report
   int64_t running = 0, waiting = 0, pages_in_use = 0, pages_total = 0, prefix_hit_tokens = 0;
+  int64_t spec_steps = 0, spec_proposed = 0, spec_accepted = 0;  // the group's SpeculativeStats
   bool bye = false;            // the group has shut down
 };
 

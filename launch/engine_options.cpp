@@ -1,6 +1,9 @@
 #include "launch/engine_options.h"
 
+#include <algorithm>
+
 #include <cxxopts.hpp>
+#include <nlohmann/json.hpp>
 
 #include "common/error.h"
 #include "launch/cli_parse.h"
@@ -37,7 +40,11 @@ void add_engine_options(cxxopts::Options& opts, const EngineFlags& which) {
        "--max-seq-len); prompts sharing a prefix share its pages", cxxopts::value<int64_t>())
       ("kv-cache-memory-fraction", "Size the KV pool as this fraction (0, 1] of the memory left after the "
        "weights, instead of --kv-cache-tokens", cxxopts::value<double>())
-      ("no-prefix-caching", "Compute every prompt in full instead of sharing the KV pages of a cached prefix");
+      ("no-prefix-caching", "Compute every prompt in full instead of sharing the KV pages of a cached prefix")
+      ("speculative-config", "Speculative decoding, a JSON object as vLLM's: {\"method\": \"ngram\", "
+       "\"num_speculative_tokens\": K, \"prompt_lookup_max\": 4, \"prompt_lookup_min\": 2, "
+       "\"disable_by_batch_size\": N}: greedy requests run up to K prompt-lookup guesses a step (same output)",
+       cxxopts::value<std::string>());
   }
   if (which.cuda_graphs) opts.add_options()("cuda-graphs", which.cuda_graphs_help);
   opts.add_options()
@@ -69,6 +76,7 @@ void read_engine_options(const cxxopts::ParseResult& r, const EngineFlags& which
       invalid_value("--max-batch", "an integer in [1, " + std::to_string(kMaxBatchLimit) + "]", std::to_string(o.max_batch));
     }
     o.prefix_caching = !r.count("no-prefix-caching");
+    if (r.count("speculative-config")) o.speculative = parse_speculative_config(r["speculative-config"].as<std::string>());
     if (r.count("kv-cache-tokens") && r.count("kv-cache-memory-fraction")) {
       invalid_value("--kv-cache-tokens", "not together with --kv-cache-memory-fraction", "both");
     }
@@ -102,6 +110,57 @@ std::optional<cxxopts::ParseResult> parse_engine_command(cxxopts::Options& opts,
   std::optional<cxxopts::ParseResult> parsed = parse_options(opts, argc, argv, subcommand, help_text);
   if (parsed) read_engine_options(*parsed, which, o);
   return parsed;
+}
+
+SpeculativeConfig parse_speculative_config(const std::string& text) {
+  const char* flag = "--speculative-config";
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) invalid_value(flag, "a JSON object", "'" + text + "'");
+  const auto integer = [&](const char* key, int64_t lo, int64_t hi) -> std::optional<int64_t> {
+    if (!j.contains(key) || j[key].is_null()) return std::nullopt;
+    const nlohmann::json& v = j[key];
+    if (!v.is_number_integer() || v.get<int64_t>() < lo || v.get<int64_t>() > hi) {
+      throw Error("invalid value", std::string(flag) + " key \"" + key + "\"",
+                  "an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]", v.dump());
+    }
+    return v.get<int64_t>();
+  };
+  for (const auto& [key, value] : j.items()) {
+    static const char* const known[] = {"method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max",
+                                        "model", "disable_by_batch_size"};
+    if (std::find(std::begin(known), std::end(known), key) == std::end(known)) {
+      throw Error("unknown key", flag, "method, num_speculative_tokens, prompt_lookup_min, prompt_lookup_max, model, "
+                  "disable_by_batch_size", "\"" + key + "\"");
+    }
+    (void)value;
+  }
+  SpeculativeConfig c;
+  if (!j.contains("method") || !j["method"].is_string()) {
+    throw Error("is required", std::string(flag) + " key \"method\"", "\"ngram\"",
+                j.contains("method") ? j["method"].dump() : "absent");
+  }
+  c.method = j["method"].get<std::string>();
+  if (c.method == "draft_model") {
+    throw Error("not supported yet", std::string(flag) + " key \"method\"", "\"ngram\" (prompt lookup)",
+                "\"draft_model\"");
+  }
+  if (c.method != "ngram") throw Error("invalid value", std::string(flag) + " key \"method\"", "\"ngram\"", j["method"].dump());
+  if (j.contains("model")) {
+    throw Error("invalid key", std::string(flag) + " key \"model\"", "only with method \"draft_model\"", j["model"].dump());
+  }
+  const auto k = integer("num_speculative_tokens", 1, kMaxSpeculativeTokens);
+  if (!k) throw Error("is required", std::string(flag) + " key \"num_speculative_tokens\"");
+  c.num_speculative_tokens = *k;
+  const auto lo = integer("prompt_lookup_min", 1, kMaxPromptLookup);
+  const auto hi = integer("prompt_lookup_max", 1, kMaxPromptLookup);
+  c.prompt_lookup_max = hi ? *hi : std::max<int64_t>(c.prompt_lookup_max, lo.value_or(0));
+  c.prompt_lookup_min = lo ? *lo : std::min(c.prompt_lookup_min, c.prompt_lookup_max);
+  if (c.prompt_lookup_min > c.prompt_lookup_max) {
+    throw Error("invalid value", std::string(flag) + " key \"prompt_lookup_min\"",
+                "<= prompt_lookup_max (" + std::to_string(c.prompt_lookup_max) + ")", std::to_string(c.prompt_lookup_min));
+  }
+  c.disable_by_batch_size = integer("disable_by_batch_size", 1, int64_t{1} << 30).value_or(0);
+  return c;
 }
 
 }  // namespace linnet

@@ -10,6 +10,8 @@
 
 #include <cxxopts.hpp>
 
+#include "runtime/speculative.h"
+
 namespace linnet {
 
 /// The engine flags' values. Defaults are the documented ones (docs/cli.md).
@@ -31,7 +33,24 @@ struct EngineOptions {
   std::optional<int64_t> kv_cache_tokens;          // --kv-cache-tokens: positions of the pool
   std::optional<double> kv_cache_memory_fraction;  // --kv-cache-memory-fraction: of the memory left after weights
   bool prefix_caching = true;         // off with --no-prefix-caching
+  SpeculativeConfig speculative;      // --speculative-config (parse_speculative_config)
 };
+
+/// Most guesses --speculative-config's num_speculative_tokens accepts (vLLM's docs use
+/// 2 to 5; more only lengthens rejected passes), and the longest n-gram matched.
+inline constexpr int64_t kMaxSpeculativeTokens = 16;
+inline constexpr int64_t kMaxPromptLookup = 64;
+
+/// --speculative-config: a JSON object with vLLM's keys: "method" ("ngram"; "draft_model"
+/// is refused: not built yet), "num_speculative_tokens" (required, in [1,
+/// kMaxSpeculativeTokens]), "prompt_lookup_min" / "prompt_lookup_max" (in [1,
+/// kMaxPromptLookup], min <= max; defaults 2 and 4, a missing one follows the other
+/// within them), "disable_by_batch_size" (>= 1: no guesses while more requests run; absent:
+/// never off).
+/// @throws Error naming --speculative-config and the key: not JSON, not an object, an
+///   unknown key, a value of the wrong type or out of range, a missing method or
+///   num_speculative_tokens.
+SpeculativeConfig parse_speculative_config(const std::string& text);
 
 /// The int8 / int4 group size `o` asks for (its --weight-group-size, else the dtype's
 /// default: 64 for int8, 32 for int4); 0 when --weight-dtype is not int8 or int4. What

@@ -59,7 +59,7 @@ using nlohmann::ordered_json;
 // --prompt: one completion, streamed on rank 0 as it is generated (dp group 0 only).
 // Returns whether it failed (finish_reason "error").
 bool run_single(Engine& engine, const Tokenizer& tok, const Request& r, const std::vector<int64_t>& eos,
-                uint64_t seed, bool is_root, JsonlOutput* output) {
+                uint64_t seed, bool is_root, JsonlOutput* output, const SpeculativeConfig& speculative) {
   SamplingParams sampling = r.settings.sampling;
   sampling.seed = seed;
   std::vector<int64_t> stop_ids = eos;
@@ -72,12 +72,32 @@ bool run_single(Engine& engine, const Tokenizer& tok, const Request& r, const st
     std::fflush(stdout);
   };
   StopScan scan;
-  GenerationResult g = generate_until(
-      engine, r.ids, sampling, r.settings.max_new_tokens, stop_ids,
-      [&](int32_t id) {
-        if (stream) show(stream->push(id));
-      },
-      [&](int32_t id) { return scan.push(tok, r, id); });
+  GenerationResult g;
+  SpeculativeStats spec;
+  if (speculative.enabled()) {
+    // Speculation verifies guesses in paged passes: the request runs as a batch of one
+    // (BatchSession), its tokens streamed from the stop check (tp rank 0, each emitted
+    // token once, in order).
+    BatchOptions options;
+    options.speculative = speculative;
+    options.speculative_stats = &spec;
+    options.stop_check = [&](size_t, int32_t id) {
+      if (stream) show(stream->push(id));
+      return scan.push(tok, r, id);
+    };
+    g = generate_batch(engine, {batch_request(r, eos, seed)}, options).at(0);
+    if (!g.token_ms.empty()) {
+      g.prefill_ms = g.token_ms.front();
+      g.decode_ms = g.token_ms.back() - g.token_ms.front();
+    }
+  } else {
+    g = generate_until(
+        engine, r.ids, sampling, r.settings.max_new_tokens, stop_ids,
+        [&](int32_t id) {
+          if (stream) show(stream->push(id));
+        },
+        [&](int32_t id) { return scan.push(tok, r, id); });
+  }
   if (!is_root) return g.finish_reason == "error";
   show(stream->finish());
   std::fputc('\n', stdout);
@@ -93,6 +113,14 @@ bool run_single(Engine& engine, const Tokenizer& tok, const Request& r, const st
                 "finish: %s\n",
                 r.ids.size(), g.ids.size(), g.prefill_ms, decode_tps, line["finish_reason"].get<std::string>().c_str());
   std::fputs(stats, stderr);
+  if (speculative.enabled()) {
+    std::fprintf(stderr,
+                 "[linnet-tp] speculation (%s, k %lld): %lld guesses, %lld accepted (%.1f%%), %.2f tokens per verified "
+                 "step over %lld steps\n",
+                 speculative.method.c_str(), static_cast<long long>(speculative.num_speculative_tokens),
+                 static_cast<long long>(spec.proposed), static_cast<long long>(spec.accepted),
+                 100.0 * spec.acceptance_rate(), spec.mean_accepted_length(), static_cast<long long>(spec.steps));
+  }
   if (output) output->add_line(dump_line(line));
   return g.finish_reason == "error";
 }
@@ -326,10 +354,10 @@ void apply_sampling_flags(const GenerateOptions& o, RequestSettings& d) {
 // --prompt on every rank: dp group 0 generates (rank 0 streams it); the other groups wait
 // for its whole completion. Returns the exit code, the same on every rank.
 int run_prompt(Engine& engine, const Tokenizer& tok, const Request& r, const std::vector<int64_t>& eos, uint64_t seed,
-               MpiGroups& groups, JsonlOutput* output) {
+               MpiGroups& groups, JsonlOutput* output, const SpeculativeConfig& speculative) {
   const WorldConfig& w = groups.world_config;
   float failed = 0.0f;
-  if (w.dp_rank == 0 && run_single(engine, tok, r, eos, seed, w.world_rank == 0, output)) failed = 1.0f;
+  if (w.dp_rank == 0 && run_single(engine, tok, r, eos, seed, w.world_rank == 0, output, speculative)) failed = 1.0f;
   // The other dp groups wait here for group 0's whole completion: no stall, so no
   // timeout for them (group 0's own collectives are watched).
   const double timeout = comm_timeout();
@@ -583,9 +611,11 @@ int run_generate(const GenerateOptions& o, Job& job) {
       BatchRun run{groups, *m.tokenizer, reqs.requests, in.resume.kept, reqs.todo, o.engine.prefix_caching, o.progress};
       run.kept_from_journal = in.from_journal.size();
       run.journal = journal.get();
+      run.speculative = o.engine.speculative;
       code = run_batch(*e.engine, run, m.eos, seed, output);
     } else {
-      code = run_prompt(*e.engine, *m.tokenizer, reqs.requests.at(0), m.eos, seed, groups, output.get());
+      code = run_prompt(*e.engine, *m.tokenizer, reqs.requests.at(0), m.eos, seed, groups, output.get(),
+                        o.engine.speculative);
     }
     if (w.world_rank == 0 && (std::fflush(stdout) != 0 || std::ferror(stdout))) {
       throw Error(std::string("cannot write the completion: ") + std::strerror(errno), "stdout");

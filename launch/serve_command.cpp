@@ -241,6 +241,7 @@ int run_serve(const ServeOptions& o, Job& job) {
     };
     lc.shutdown_grace_s = o.shutdown_grace_s;
     lc.prefix_caching = o.engine.prefix_caching;
+    lc.speculative = o.engine.speculative;
     run_serve_loop(*e.engine, lc);
     // Every request has ended in the engine; let their responses finish writing.
     if (server) server->stop(std::chrono::milliseconds(static_cast<int64_t>(1000.0 * std::min(o.shutdown_grace_s, 5.0) + 1000)));

@@ -134,6 +134,14 @@ void ServeMetrics::engine_state(int64_t running, int64_t waiting, int64_t pages_
   prefix_hit_tokens_ = prefix_hit_tokens;
 }
 
+void ServeMetrics::speculation(int64_t steps, int64_t proposed, int64_t accepted) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  speculating_ = true;
+  spec_steps_ = steps;
+  spec_proposed_ = proposed;
+  spec_accepted_ = accepted;
+}
+
 void ServeMetrics::render_histogram(std::string& out, const char* name, const char* help, const Histogram& h) {
   out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " histogram\n";
   int64_t cumulative = 0;
@@ -173,6 +181,21 @@ std::string ServeMetrics::render() const {
          "# TYPE linnet_http_refused_total counter\n";
   for (const auto& [r, n] : http_refused_) {
     out += "linnet_http_refused_total{reason=\"" + r + "\"} " + std::to_string(n) + "\n";
+  }
+  if (speculating_) {
+    metric("linnet_spec_decode_num_drafts_total", "counter",
+           "Sequence-steps that ran speculative guesses (--speculative-config)", spec_steps_);
+    metric("linnet_spec_decode_num_draft_tokens_total", "counter", "Speculative guesses run through the model",
+           spec_proposed_);
+    metric("linnet_spec_decode_num_accepted_tokens_total", "counter", "Speculative guesses kept", spec_accepted_);
+    out += "# HELP linnet_spec_decode_acceptance_rate Guesses kept / guesses run, since the start\n"
+           "# TYPE linnet_spec_decode_acceptance_rate gauge\nlinnet_spec_decode_acceptance_rate " +
+           num(spec_proposed_ > 0 ? static_cast<double>(spec_accepted_) / static_cast<double>(spec_proposed_) : 0.0) +
+           "\n# HELP linnet_spec_decode_mean_accepted_length Tokens a step with guesses emits per sequence on "
+           "average (kept guesses + 1)\n# TYPE linnet_spec_decode_mean_accepted_length gauge\n"
+           "linnet_spec_decode_mean_accepted_length " +
+           num(spec_steps_ > 0 ? static_cast<double>(spec_accepted_) / static_cast<double>(spec_steps_) + 1.0 : 0.0) +
+           "\n";
   }
   render_histogram(out, "linnet_step_sequences", "Sequences per engine step (decode rows and prompt chunks)", batch_);
   render_histogram(out, "linnet_time_to_first_token_seconds", "From a request's arrival to its first token", ttft_);

@@ -62,6 +62,10 @@ class ServeMetrics {
   /// Engine state after a step.
   void engine_state(int64_t running, int64_t waiting, int64_t pages_in_use, int64_t pages_total,
                     int64_t prefix_hit_tokens);
+  /// Speculative decoding's totals so far (--speculative-config; SpeculativeStats):
+  /// sequence-steps that carried guesses, guesses run, guesses kept. Until first called,
+  /// /metrics has no speculation lines.
+  void speculation(int64_t steps, int64_t proposed, int64_t accepted);
   /// The Prometheus exposition text.
   std::string render() const;
 
@@ -77,6 +81,8 @@ class ServeMetrics {
   mutable std::mutex mutex_;
   std::map<std::string, int64_t> outcomes_, http_refused_;
   int64_t http_open_ = 0;
+  bool speculating_ = false;
+  int64_t spec_steps_ = 0, spec_proposed_ = 0, spec_accepted_ = 0;
   int64_t prompt_tokens_ = 0, generated_tokens_ = 0;
   int64_t running_ = 0, waiting_ = 0, pages_in_use_ = 0, pages_total_ = 0, prefix_hit_tokens_ = 0;
   int64_t steps_ = 0, max_step_sequences_ = 0;

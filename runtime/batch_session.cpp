@@ -107,9 +107,11 @@ bool BatchSession::cancel(int64_t id) {
   return true;
 }
 
-// On tp rank 0, each row's token from draw_row(k, entry, prior) (which throws Error to
-// fail the request; `prior`: the tokens drawn from the request's rows before k in this
-// step) and the caller's stop check; then advance() broadcasts and applies them on every
+// On tp rank 0, each row's token from draw_row(k, entry, prior, verify) (which throws
+// Error to fail the request; `prior`: the tokens drawn from the request's rows before k
+// in this step; `verify`: the guess fed to the request's next row, -1 if none: a
+// sampled row keeps it by the speculative sampling rule, Sampler::sample) and the
+// caller's stop check; then advance() broadcasts and applies them on every
 // rank. The Sampler is made here, inside the try, so settings it refuses fail the
 // request on rank 0 while every rank still reaches the broadcast. A guess row is drawn
 // only when the row before it drew exactly that guess and does not end the request:
@@ -133,7 +135,9 @@ void BatchSession::draw_rows(const std::vector<int64_t>& ids, const DrawRow& dra
       }
       try {
         if (!e.sampler) e.sampler = std::make_unique<Sampler>(e.request.sampling);
-        const int32_t token = draw_row(k, e, std::span<const int32_t>(prior));
+        // The guess this row's token verifies: the input of the request's next row.
+        const int32_t verify = k + 1 < ids.size() && guess_[k + 1] >= 0 ? guess_[k + 1] : -1;
+        const int32_t token = draw_row(k, e, std::span<const int32_t>(prior), verify);
         drawn[2 * k] = token;
         prior.push_back(token);
         if (options_.stop_check && options_.stop_check(ids[k], token)) drawn[2 * k + 1] = kStopCheck;
@@ -155,7 +159,7 @@ bool BatchSession::ends(const Entry& e, int32_t token, int64_t n) const {
 
 std::vector<int32_t> BatchSession::guesses(const Entry& e) const {
   const SpeculativeConfig& c = options_.speculative;
-  if (!c.enabled() || e.request.sampling.temperature != 0.0) return {};
+  if (!c.enabled()) return {};
   if (c.disable_by_batch_size > 0 && scheduler_.running() > c.disable_by_batch_size) return {};
   std::vector<int32_t> tokens(e.request.prompt);
   tokens.insert(tokens.end(), e.result.ids.begin(), e.result.ids.end());
@@ -165,7 +169,7 @@ std::vector<int32_t> BatchSession::guesses(const Entry& e) const {
 // The full path: each row from its gathered logits (with its logprobs).
 void BatchSession::sample(const std::vector<int64_t>& ids, const std::vector<float>& logits) {
   const int64_t V = engine_.config().vocab_size;
-  draw_rows(ids, [&](size_t k, Entry& e, std::span<const int32_t> prior) {
+  draw_rows(ids, [&](size_t k, Entry& e, std::span<const int32_t> prior, int32_t verify) {
     const BatchRequest& req = e.request;
     GenerationResult& res = e.result;
     const std::span<const float> row = std::span<const float>(logits).subspan(k * V, V);
@@ -181,7 +185,7 @@ void BatchSession::sample(const std::vector<int64_t>& ids, const std::vector<flo
       context.assign(req.prompt.begin(), req.prompt.end());
       context.insert(context.end(), generated.begin(), generated.end());
     }
-    const int32_t token = e.sampler->sample(row, context, generated);
+    const int32_t token = e.sampler->sample(row, context, generated, verify);
     if (req.top_logprobs >= 0) {
       res.logprobs.push_back(Sampler::logprobs(row, token, req.top_logprobs, req.sampling.vocab_limit));
     }
@@ -196,7 +200,8 @@ void BatchSession::sample(const std::vector<int64_t>& ids, const std::vector<flo
 // their candidates and whole rows are the raw logits.
 void BatchSession::sample_top(const std::vector<int64_t>& ids, const std::vector<Engine::TopCandidates>& cands,
                               const ShardStep& plan) {
-  draw_rows(ids, [&](size_t k, Entry& e, std::span<const int32_t> /*prior: in the penalties already*/) {
+  draw_rows(ids, [&](size_t k, Entry& e, std::span<const int32_t> /*prior: in the penalties already*/,
+                     int32_t verify) {
     const Engine::TopCandidates& c = cands[k];
     if (c.bad_id >= 0 || c.ids.empty()) {
       throw Error("non-finite logits (NaN or inf): no token can be drawn", "logits row", "finite values",
@@ -204,14 +209,14 @@ void BatchSession::sample_top(const std::vector<int64_t>& ids, const std::vector
     }
     const int64_t top_n = e.request.top_logprobs;
     if (!c.full.empty()) {
-      const int32_t token = e.sampler->sample_penalized(c.full);
+      const int32_t token = e.sampler->sample_penalized(c.full, verify);
       if (top_n >= 0) {
         e.result.logprobs.push_back(Sampler::logprobs(c.full, token, top_n, e.request.sampling.vocab_limit));
       }
       return token;
     }
     const int nucleus = plan.nucleus_sum[k];
-    const int32_t token = e.sampler->sample_top(c.ids, c.logits, nucleus >= 0 ? c.sums.at(nucleus) : -1.0);
+    const int32_t token = e.sampler->sample_top(c.ids, c.logits, nucleus >= 0 ? c.sums.at(nucleus) : -1.0, verify);
     if (top_n >= 0) {
       e.result.logprobs.push_back(Sampler::logprobs_top(c.ids, c.logits, token, top_n, c.sums.at(plan.logprob_sum[k])));
     }

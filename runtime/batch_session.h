@@ -58,11 +58,14 @@ struct SessionOptions {
   int64_t step_token_budget = 4096;  // most tokens in one pass (decode tokens and prompt
                                      // chunks; a longer prompt is prefilled over several steps)
   bool prefix_caching = true;        // share the KV pages of common prompt prefixes
-  /// Speculative decoding (runtime/speculative.h): with method "ngram", each greedy
-  /// request's pending token goes through the model with up to num_speculative_tokens
-  /// prompt-lookup guesses; the longest prefix the model agrees with is kept, plus the
-  /// model's own next token. Greedy output is unchanged (row-invariant kernels); sampled
-  /// requests do not speculate yet.
+  /// Speculative decoding (runtime/speculative.h): with method "ngram", each request's
+  /// pending token goes through the model with up to num_speculative_tokens
+  /// prompt-lookup guesses; the guesses the model's own draw keeps (greedy: equal to its
+  /// argmax; sampled: the speculative sampling rule, Sampler::sample's `guess`) are
+  /// kept, up to the first it does not, plus the model's token after them. Greedy output
+  /// is unchanged (row-invariant kernels); a sampled request's tokens have the same
+  /// distribution, and its seed gives the same tokens run after run (not those of a run
+  /// without speculation: the random stream is used differently).
   SpeculativeConfig speculative;
 };
 

@@ -211,6 +211,56 @@ TEST_F(Cli, ShardSamplingWritesWhatTheFullLogitsPathWrites) {
   }
 }
 
+// Issue 27: --speculative-config with prompt lookup writes what plain decoding writes
+// (greedy, logprobs included), at tp 1 and 2, for --input (batched) and --prompt, and
+// says how many guesses it made and kept.
+TEST_F(Cli, SpeculativeDecodingWritesWhatPlainDecodingWrites) {
+  const fs::path in = tmp_ / "prompts.jsonl";
+  {
+    std::ofstream f(in);
+    f << R"({"prompt": "Once upon a time, there was a little girl named Lily. She loved to play. Once upon a time"})" "\n"
+      << R"({"prompt": "Lily and Ben", "top_logprobs": 2})" "\n"
+      << R"({"prompt": "The cat sat. The cat sat. The cat", "max_new_tokens": 7})" "\n";
+  }
+  const std::string spec = R"( --speculative-config '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1}')";
+  for (const int tp : {1, 2}) {
+    std::string outputs[2];
+    for (int k = 0; k < 2; ++k) {
+      const fs::path out = tmp_ / ("out" + std::to_string(tp) + std::to_string(k) + ".jsonl");
+      const Result r = run(tp, "--model " + quote(test::stories_dir().string()) + " --input " + quote(in.string()) +
+                                   " --output " + quote(out.string()) + " --max-new-tokens 60 --temperature 0" +
+                                   (k == 1 ? spec : ""));
+      ASSERT_EQ(r.code, 0) << r.err;
+      outputs[k] = slurp(out);
+      const std::regex stats(R"(speculation \(ngram, k 4\): (\d+) guesses, (\d+) accepted)");
+      std::smatch m;
+      if (k == 1) {
+        ASSERT_TRUE(std::regex_search(r.err, m, stats)) << r.err;
+        EXPECT_GT(std::stoll(m[2].str()), 0) << r.err;
+      } else {
+        EXPECT_EQ(r.err.find("speculation"), std::string::npos) << r.err;
+      }
+    }
+    EXPECT_EQ(outputs[0], outputs[1]) << "tp " << tp;
+    std::string printed[2];
+    for (int k = 0; k < 2; ++k) {
+      const Result r = run(tp, "--model " + quote(test::stories_dir().string()) +
+                                   " --prompt 'Once upon a time, there was a little girl. Once upon a time' "
+                                   "--max-new-tokens 40 --temperature 0" + (k == 1 ? spec : ""));
+      ASSERT_EQ(r.code, 0) << r.err;
+      printed[k] = r.out;
+      if (k == 1) {
+        EXPECT_NE(r.err.find("speculation (ngram, k 4)"), std::string::npos) << r.err;
+      }
+    }
+    EXPECT_EQ(printed[0], printed[1]) << "tp " << tp;
+  }
+  const Result bad = run(1, "--model " + quote(test::stories_dir().string()) +
+                                " --prompt hi --speculative-config '{\"method\": \"ngram\", \"num_speculative_tokens\": 4, \"n\": 1}'");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.err.find("--speculative-config: unknown key"), std::string::npos) << bad.err;
+}
+
 TEST_F(Cli, TruncatedSafetensorsFile) {
   const fs::path m = copy_model();
   fs::resize_file(m / "model-00002-of-00002.safetensors", 300000);

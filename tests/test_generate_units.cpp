@@ -14,6 +14,7 @@
 
 #include "common/error.h"
 #include "launch/cli_options.h"
+#include "launch/engine_options.h"
 #include "requests/request.h"
 #include "requests/jsonl_input.h"
 #include "driver/jsonl_output.h"
@@ -187,6 +188,50 @@ TEST(CommandLine, SizeFlagsOutOfRangeNameTheFlag) {
   }
   EXPECT_EQ(command_line_error({"--max-new-tokens", "9223372036854775807", "--kv-cache-tokens", "281474976710656"}),
             "");
+}
+
+// Issue 27: --speculative-config takes vLLM's keys; anything else names the key.
+TEST(CommandLine, SpeculativeConfigKeysAndErrors) {
+  const SpeculativeConfig c = parse_speculative_config(R"({"method": "ngram", "num_speculative_tokens": 5})");
+  EXPECT_EQ(c.method, "ngram");
+  EXPECT_EQ(c.num_speculative_tokens, 5);
+  EXPECT_EQ(c.prompt_lookup_min, 2);
+  EXPECT_EQ(c.prompt_lookup_max, 4);
+  EXPECT_EQ(c.disable_by_batch_size, 0);
+  const SpeculativeConfig d = parse_speculative_config(
+      R"({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 1, "disable_by_batch_size": 8})");
+  EXPECT_EQ(d.prompt_lookup_min, 1);  // follows a smaller max
+  EXPECT_EQ(d.prompt_lookup_max, 1);
+  EXPECT_EQ(d.disable_by_batch_size, 8);
+  EXPECT_EQ(parse_speculative_config(R"({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 6})")
+                .prompt_lookup_max,
+            6);  // follows a larger min
+  for (const auto& [text, message] : std::vector<std::pair<std::string, std::string>>{
+           {"ngram", "--speculative-config: invalid value (expected a JSON object"},
+           {R"({"method": "ngram", "num_speculative_tokens": 3, "lookahead": 2})",
+            "--speculative-config: unknown key (expected method, num_speculative_tokens"},
+           {R"({"num_speculative_tokens": 3})", "--speculative-config key \"method\": is required"},
+           {R"({"method": "eagle", "num_speculative_tokens": 3})", "--speculative-config key \"method\": invalid value"},
+           {R"({"method": "draft_model", "model": "x", "num_speculative_tokens": 3})",
+            "--speculative-config key \"method\": not supported yet"},
+           {R"({"method": "ngram"})", "--speculative-config key \"num_speculative_tokens\": is required"},
+           {R"({"method": "ngram", "num_speculative_tokens": 0})",
+            "--speculative-config key \"num_speculative_tokens\": invalid value (expected an integer in [1, 16], got 0)"},
+           {R"({"method": "ngram", "num_speculative_tokens": 2.5})",
+            "--speculative-config key \"num_speculative_tokens\": invalid value"},
+           {R"({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 5, "prompt_lookup_max": 3})",
+            "--speculative-config key \"prompt_lookup_min\": invalid value (expected <= prompt_lookup_max (3), got 5)"},
+           {R"({"method": "ngram", "num_speculative_tokens": 2, "model": "d"})",
+            "--speculative-config key \"model\": invalid key"}}) {
+    try {
+      parse_speculative_config(text);
+      ADD_FAILURE() << text << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(std::string(e.what()).rfind(message, 0), 0u) << text << ": " << e.what();
+    }
+  }
+  EXPECT_EQ(command_line_error({"--speculative-config", R"({"method": "ngram", "num_speculative_tokens": 4})"}), "");
+  EXPECT_NE(command_line_error({"--speculative-config", "{}"}), "");
 }
 
 // Issue 14: KV sizes saturate instead of wrapping, so the memory preflight refuses a huge

@@ -459,7 +459,9 @@ TEST_F(PagedTest, ShardNucleusAndLogprobsMatchTheFullPath) {
         if (!c.full.empty()) {
           EXPECT_TRUE(id == 2 || id < 2) << "only rows that asked get their whole row";
           ASSERT_EQ(c.full.size(), static_cast<size_t>(V));
-          if (id != 1 && id != 2) EXPECT_TRUE(std::equal(c.full.begin(), c.full.end(), row.begin()));
+          if (id != 1 && id != 2) {
+            EXPECT_TRUE(std::equal(c.full.begin(), c.full.end(), row.begin()));
+          }
           token = top[id]->sample_penalized(c.full);
           past += id < 2;
         } else {
@@ -535,7 +537,9 @@ TEST_F(PagedTest, InvalidSamplingFailsOnlyItsRequest) {
   EXPECT_EQ(out[0].finish_reason, "length");
   EXPECT_EQ(out[0].ids.size(), 5u);
   EXPECT_EQ(out[1].finish_reason, "error");
-  if (world_->rank() == 0) EXPECT_NE(out[1].error.find("temperature"), std::string::npos) << out[1].error;
+  if (world_->rank() == 0) {
+    EXPECT_NE(out[1].error.find("temperature"), std::string::npos) << out[1].error;
+  }
 }
 
 // The architectures' fixtures (llama3 rope, Qwen3 QK-norm, Phi-3 and Mistral sliding

@@ -509,6 +509,47 @@ TEST_F(Serve, CompletionsEqualGenerate) {
   }
 }
 
+// Issue 27: a server with --speculative-config (prompt lookup) answers greedy requests
+// with the text of plain generate, streamed or not, with stop strings, at tp 1 and 2, and
+// /metrics counts the guesses it ran and kept.
+TEST_F(Serve, SpeculativeDecodingKeepsGreedyTextAndCountsGuesses) {
+  std::vector<json> lines;
+  for (const auto& p : kPrompts) {
+    const std::string twice = p + ", and then " + p;  // something to look up
+    lines.push_back({{"prompt", twice}, {"max_new_tokens", 50}, {"temperature", 0}});
+    lines.push_back({{"prompt", twice}, {"max_new_tokens", 50}, {"temperature", 0}, {"stop", json::array({"was", "."})}});
+  }
+  for (int np : {1, 2}) {
+    const std::vector<json> expected = generate(np, lines);
+    ASSERT_EQ(expected.size(), lines.size());
+    Server s = start(np, R"(--speculative-config '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1}')");
+    track(s);
+    EXPECT_TRUE(std::isnan(metric(s, "linnet_spec_decode_num_draft_tokens_total")) ||
+                metric(s, "linnet_spec_decode_num_draft_tokens_total") == 0.0);
+    for (size_t i = 0; i < lines.size(); ++i) {
+      json body = lines[i];
+      body["max_tokens"] = body["max_new_tokens"];
+      body.erase("max_new_tokens");
+      int status = 0;
+      const json r = post(s, "/v1/completions", body, &status);
+      ASSERT_EQ(status, 200) << r.dump();
+      EXPECT_EQ(r["choices"][0]["text"], expected[i]["completion"]) << "np " << np << " " << body.dump();
+      EXPECT_EQ(r["choices"][0]["finish_reason"], expected[i]["finish_reason"]) << body.dump();
+      std::vector<json> chunks;
+      bool done = false;
+      EXPECT_EQ(stream(s, "/v1/completions", body, &chunks, &done), expected[i]["completion"]) << "np " << np;
+      EXPECT_TRUE(done);
+    }
+    const double proposed = metric(s, "linnet_spec_decode_num_draft_tokens_total");
+    const double accepted = metric(s, "linnet_spec_decode_num_accepted_tokens_total");
+    EXPECT_GT(accepted, 0) << "np " << np;
+    EXPECT_GE(proposed, accepted);
+    EXPECT_GT(metric(s, "linnet_spec_decode_acceptance_rate"), 0.0);
+    EXPECT_GT(metric(s, "linnet_spec_decode_mean_accepted_length"), 1.0);
+    EXPECT_EQ(stop(s), 0) << test::slurp(s.err);
+  }
+}
+
 // n > 1: the other choices reuse the first one's full prompt pages (prefix cache), and
 // greedy choices are alike.
 TEST_F(Serve, NChoicesSharePromptPages) {

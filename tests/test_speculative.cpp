@@ -120,6 +120,7 @@ class SpeculativeTest : public testing::Test {
     spec.speculative_stats = &stats;
     const std::vector<GenerationResult> got = generate_batch(engine, reqs, spec);
     for (size_t i = 0; i < reqs.size(); ++i) {
+      if (reqs[i].sampling.temperature != 0.0) continue;  // sampled: another use of the random stream
       EXPECT_EQ(got[i].ids, want[i].ids) << what << " request " << i << " at tp " << world_->size();
       EXPECT_EQ(got[i].finish_reason, want[i].finish_reason) << what << " request " << i;
       EXPECT_EQ(got[i].error, want[i].error) << what << " request " << i;
@@ -158,7 +159,7 @@ TEST_F(SpeculativeTest, GreedyStoriesAreTheSameWithPromptLookup) {
   reqs[3].sampling.repetition_penalty = 1.3;        // penalties over the guess rows
   reqs[4].top_logprobs = 1;                         // logprobs with a penalty: the full path
   reqs[4].sampling.presence_penalty = 0.4;
-  reqs[5].sampling.temperature = 0.8, reqs[5].sampling.seed = 9;  // sampled: no guesses
+  reqs[5].sampling.temperature = 0.8, reqs[5].sampling.seed = 9;  // sampled (its own test below)
   const SpeculativeStats batch = expect_same(*engine, reqs, "batch");
   EXPECT_GT(batch.accepted, 20) << "proposed " << batch.proposed;
   EXPECT_GT(batch.proposed, batch.accepted) << "some guesses are rejected";
@@ -166,6 +167,42 @@ TEST_F(SpeculativeTest, GreedyStoriesAreTheSameWithPromptLookup) {
   // A step budget smaller than the guesses: they are cut, the output is the same.
   expect_same(*engine, reqs, "budget 3", 4, 3);
   expect_same(*engine, reqs, "one guess", 1);
+}
+
+// A sampled request with speculation: its seed gives the same tokens run after run, alone
+// or in a batch (its guesses depend only on its own tokens), and with top_k 1 (one
+// token of probability 1) the output of plain decoding.
+TEST_F(SpeculativeTest, SampledRequestsAreReproducibleAndBatchInvariant) {
+  const ModelFiles files = open_model(test::stories_dir());
+  auto backend = make_cpu_backend(1);
+  const ShardPlan plan = ShardPlan::make(files.config, world_->rank(), world_->size());
+  auto engine = make_engine(files, plan, *backend, *world_, kMaxSeqLen, /*max_batch=*/3, /*page_size=*/16, 64);
+  const Tokenizer tok = Tokenizer::from_dir(test::stories_dir());
+  const Ids story = tok.encode("Once upon a time, there was a girl. She had a dog. Once upon a time, there was");
+  std::vector<BatchRequest> reqs(3);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    reqs[i].prompt = story;
+    reqs[i].max_new_tokens = 60;
+    reqs[i].sampling.temperature = 0.7;
+    reqs[i].sampling.seed = 100 + i;
+  }
+  reqs[1].sampling.top_p = 0.9, reqs[1].sampling.top_k = 0;  // a nucleus over the shards
+  reqs[2].sampling.top_k = 1;                               // deterministic
+  BatchOptions spec;
+  spec.speculative.method = "ngram";
+  spec.speculative.num_speculative_tokens = 4;
+  spec.speculative.prompt_lookup_min = 1;
+  SpeculativeStats stats;
+  spec.speculative_stats = &stats;
+  const auto a = generate_batch(*engine, reqs, spec);
+  EXPECT_GT(stats.accepted, 0);
+  const auto b = generate_batch(*engine, reqs, spec);
+  const auto plain = generate_batch(*engine, reqs, BatchOptions{});
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(a[i].ids, b[i].ids) << "request " << i << " at tp " << world_->size();
+    EXPECT_EQ(generate_batch(*engine, {reqs[i]}, spec)[0].ids, a[i].ids) << "request " << i << " alone";
+  }
+  EXPECT_EQ(a[2].ids, plain[2].ids);
 }
 
 // Every architecture fixture (llama3 rope, Qwen3 QK-norm, Phi-3 and Mistral sliding
