@@ -157,9 +157,13 @@ bool BatchSession::ends(const Entry& e, int32_t token, int64_t n) const {
               .empty();
 }
 
-std::vector<int32_t> BatchSession::guesses(const Entry& e) const {
+std::vector<int32_t> BatchSession::guesses(Entry& e) const {
   const SpeculativeConfig& c = options_.speculative;
   if (!c.enabled()) return {};
+  if (e.spec_skip > 0) {
+    --e.spec_skip;
+    return {};
+  }
   if (c.disable_by_batch_size > 0 && scheduler_.running() > c.disable_by_batch_size) return {};
   std::vector<int32_t> tokens(e.request.prompt);
   tokens.insert(tokens.end(), e.result.ids.begin(), e.result.ids.end());
@@ -361,8 +365,21 @@ void BatchSession::advance(const std::vector<int64_t>& ids, std::vector<int32_t>
       if (reason.empty() && !more) {
         // The request's last token this step: the K/V of the positions before it are
         // valid (a guess row's rejected successors are not), it runs next, with guesses.
-        if (guess_[k] >= 0 || (k + 1 < ids.size() && ids[k + 1] == id)) scheduler_.rewind(id, cached);
-        scheduler_.append(id, token, guesses(e));
+        if (guess_[k] >= 0 || (k + 1 < ids.size() && ids[k + 1] == id)) {
+          scheduler_.rewind(id, cached);
+          // Back off after a step whose guesses were all rejected (this row is the
+          // request's first: none was kept).
+          if (guess_[k] < 0) {
+            e.spec_backoff = std::min(kMaxSpecBackoff, std::max<int64_t>(1, 2 * e.spec_backoff));
+            e.spec_skip = e.spec_backoff;
+          } else {
+            e.spec_backoff = 0;
+          }
+        }
+        const auto p0 = std::chrono::steady_clock::now();
+        std::vector<int32_t> next = guesses(e);
+        spec_stats_.propose_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - p0).count();
+        scheduler_.append(id, token, next);
       }
       if (options_.on_token) options_.on_token(id, res);
     }
@@ -378,9 +395,21 @@ bool BatchSession::step() {
   if (!step) return false;
   last_step_sequences_ = static_cast<int64_t>(step->seq_ids.size());
   guess_.assign(step->ids.size(), -1);
+  bool guessed = false;
   for (size_t k = 1; k < step->ids.size(); ++k) {
-    if (step->ids[k] == step->ids[k - 1]) guess_[k] = step->batch.tokens[static_cast<size_t>(step->batch.last[k])];
+    if (step->ids[k] == step->ids[k - 1]) {
+      guess_[k] = step->batch.tokens[static_cast<size_t>(step->batch.last[k])];
+      guessed = true;
+    }
   }
+  // A step that carried guesses: its pass and draws count as verification time.
+  struct VerifyClock {
+    double* total;
+    std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+    ~VerifyClock() {
+      if (total) *total += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    }
+  } verify_clock{guessed ? &spec_stats_.verify_ms : nullptr};
   if (const ShardStep plan = shard_step(step->ids); plan.k > 0) {  // the shards' k best candidates
     const auto want_full = [&](int64_t row, const Engine::TopCandidates& c) {
       const size_t r = static_cast<size_t>(row);

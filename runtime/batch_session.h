@@ -125,7 +125,14 @@ class BatchSession {
     BatchRequest request;
     GenerationResult result;
     std::unique_ptr<Sampler> sampler;  // tp rank 0, from the first logits row
+    // Speculation's back-off: after a step whose guesses were all rejected the request
+    // makes no guesses for `spec_skip` steps, 1, 2, 4, ... up to kMaxSpecBackoff after
+    // consecutive misses (spec_backoff), reset by any kept guess. Its own outcomes only:
+    // the same at every tp and batch size.
+    int64_t spec_skip = 0;
+    int64_t spec_backoff = 0;
   };
+  static constexpr int64_t kMaxSpecBackoff = 16;
   void finish(int64_t id, const std::string& reason);
   void queue(int64_t id);              // hands a request to the scheduler (or finishes it)
   void release_deferred(int64_t id);   // queues the requests waiting for `id`'s prompt
@@ -158,7 +165,7 @@ class BatchSession {
   // Broadcasts tp rank 0's drawn {token, outcome} pairs and advances each request.
   void advance(const std::vector<int64_t>& ids, std::vector<int32_t>& drawn);
   // The guesses to run after request `e`'s newest token (prompt lookup), or none.
-  std::vector<int32_t> guesses(const Entry& e) const;
+  std::vector<int32_t> guesses(Entry& e) const;
   // Whether `token`, the request's `n`-th new token, ends it (EOS, max_new_tokens, the
   // KV cache's length): tp rank 0 draws no guess row after it.
   bool ends(const Entry& e, int32_t token, int64_t n) const;

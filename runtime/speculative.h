@@ -42,6 +42,8 @@ struct SpeculativeStats {
   int64_t steps = 0;     ///< verification rows groups: sequence-steps that carried guesses
   int64_t proposed = 0;  ///< guessed tokens run through the target
   int64_t accepted = 0;  ///< of those, kept
+  double propose_ms = 0.0;  ///< wall time of the proposer (every rank runs it)
+  double verify_ms = 0.0;   ///< wall time of the passes and draws of steps that carried guesses
   /// accepted / proposed (0 when none).
   double acceptance_rate() const { return proposed > 0 ? static_cast<double>(accepted) / proposed : 0.0; }
   /// Tokens a verification step emits on average: accepted / steps + 1 (the target's own).

@@ -141,6 +141,29 @@ TEST_F(Reliability, GenerateResumeAfterKill9OfARankIsByteIdentical) {
   EXPECT_FALSE(fs::exists(journal));
 }
 
+// Issue 27: a sampled run with speculative decoding, killed (-9) and resumed with the
+// same --speculative-config, writes what an uninterrupted one writes; a resume without
+// it is refused (its sampled tokens would differ).
+TEST_F(Reliability, SpeculativeResumeAfterKill9IsByteIdentical) {
+  const fs::path in = tmp_ / "prompts.jsonl", full = tmp_ / "full.jsonl", out = tmp_ / "out.jsonl";
+  const fs::path journal = tmp_ / "out.jsonl.journal";
+  write_prompts(in, 16);
+  const std::string spec = " --speculative-config '{\"method\": \"ngram\", \"num_speculative_tokens\": 3}'";
+  const std::string args = "--model " + stories() + " --input " + quote(in.string()) +
+                           " --max-new-tokens 80 --temperature 0.8 --max-batch 4 --seed 5";
+  const Result a = run(2, args + spec + " --output " + quote(full.string()));
+  ASSERT_EQ(a.code, 0) << a.err;
+  const Result k = run(2, args + spec + " --output " + quote(out.string()), signal_when_lines(1, "9", journal, 5));
+  EXPECT_NE(k.code, 0);
+  ASSERT_GE(lines_of(journal).size(), 5u) << k.err;
+  const Result other = run(2, args + " --output " + quote(out.string()) + " --resume");
+  EXPECT_NE(other.code, 0);
+  EXPECT_NE(other.err.find("speculative_config"), std::string::npos) << other.err;
+  const Result r = run(2, args + spec + " --output " + quote(out.string()) + " --resume");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(slurp(out), slurp(full));
+}
+
 TEST_F(Reliability, LossResumeAfterKill9OfRank0IsByteIdentical) {
   const fs::path in = tmp_ / "docs.jsonl", full = tmp_ / "full.jsonl", out = tmp_ / "out.jsonl";
   const fs::path journal = tmp_ / "out.jsonl.journal";
