@@ -15,6 +15,7 @@
 // messages go through a Mailbox (parallel/mailbox.h); each role is its own function:
 // Router (world rank 0), run_group_leader (the other groups' first ranks), run_follower.
 #include <algorithm>
+#include <deque>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -145,7 +146,9 @@ class GroupSession {
   // while they could start a stop string, cut at the first one (CompletionStream).
   struct Track {
     std::unique_ptr<CompletionStream> text;
-    std::string pending;  // what the stop check's token added, sent with it by on_token
+    // What each stop-checked token added, oldest first, sent with it by on_token (a step
+    // with speculation checks several tokens of a request before the first on_token).
+    std::deque<std::string> pending;
   };
 
   SessionOptions session_options(const ServeLoopConfig& c, bool group_root) {
@@ -157,8 +160,9 @@ class GroupSession {
     // the text is pushed there and on_token sends what it added.
     so.stop_check = [this](int64_t id, int32_t token) {
       Track& t = tracks_.at(id);
+      t.pending.emplace_back();
       try {
-        t.pending += t.text->push(token);
+        t.pending.back() = t.text->push(token);
       } catch (const Error&) {
         // an id the tokenizer cannot decode shows no text
       }
@@ -170,8 +174,10 @@ class GroupSession {
       e.kind = ServeEvent::Kind::kToken;
       e.token = g.ids.back();
       if (!g.logprobs.empty() && g.logprobs.size() == g.ids.size()) e.logprobs = g.logprobs.back();
-      e.text = std::move(t.pending);
-      t.pending.clear();
+      if (!t.pending.empty()) {
+        e.text = std::move(t.pending.front());
+        t.pending.pop_front();
+      }
       emit_(id, std::move(e));
     };
     so.on_done = [this](int64_t id, GenerationResult& g) {

@@ -43,7 +43,7 @@ void add_engine_options(cxxopts::Options& opts, const EngineFlags& which) {
       ("no-prefix-caching", "Compute every prompt in full instead of sharing the KV pages of a cached prefix")
       ("speculative-config", "Speculative decoding, a JSON object as vLLM's: {\"method\": \"ngram\", "
        "\"num_speculative_tokens\": K, \"prompt_lookup_max\": 4, \"prompt_lookup_min\": 2, "
-       "\"disable_by_batch_size\": N}: greedy requests run up to K prompt-lookup guesses a step (same output)",
+       "\"disable_by_batch_size\": N}: each request runs up to K prompt-lookup guesses a step (same output)",
        cxxopts::value<std::string>());
   }
   if (which.cuda_graphs) opts.add_options()("cuda-graphs", which.cuda_graphs_help);

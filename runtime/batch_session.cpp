@@ -107,10 +107,9 @@ bool BatchSession::cancel(int64_t id) {
   return true;
 }
 
-// On tp rank 0, each row's token from draw_row(k, entry, prior, verify) (which throws
-// Error to fail the request; `prior`: the tokens drawn from the request's rows before k
-// in this step; `verify`: the guess fed to the request's next row, -1 if none: a
-// sampled row keeps it by the speculative sampling rule, Sampler::sample) and the
+// On tp rank 0, each row's token from draw_row(k, entry, prior) (which throws Error to
+// fail the request, and leaves the row's logprobs in row_logprobs_[k] when asked;
+// `prior`: the tokens drawn from the request's rows before k in this step) and the
 // caller's stop check; then advance() broadcasts and applies them on every
 // rank. The Sampler is made here, inside the try, so settings it refuses fail the
 // request on rank 0 while every rank still reaches the broadcast. A guess row is drawn
@@ -119,6 +118,7 @@ bool BatchSession::cancel(int64_t id) {
 template <class DrawRow>
 void BatchSession::draw_rows(const std::vector<int64_t>& ids, const DrawRow& draw_row) {
   std::vector<int32_t> drawn(2 * ids.size(), 0);
+  row_logprobs_.assign(ids.size(), std::nullopt);
   if (engine_.tp_comm().rank() == 0) {
     std::vector<int32_t> prior;
     for (size_t k = 0; k < ids.size(); ++k) {
@@ -135,9 +135,7 @@ void BatchSession::draw_rows(const std::vector<int64_t>& ids, const DrawRow& dra
       }
       try {
         if (!e.sampler) e.sampler = std::make_unique<Sampler>(e.request.sampling);
-        // The guess this row's token verifies: the input of the request's next row.
-        const int32_t verify = k + 1 < ids.size() && guess_[k + 1] >= 0 ? guess_[k + 1] : -1;
-        const int32_t token = draw_row(k, e, std::span<const int32_t>(prior), verify);
+        const int32_t token = draw_row(k, e, std::span<const int32_t>(prior));
         drawn[2 * k] = token;
         prior.push_back(token);
         if (options_.stop_check && options_.stop_check(ids[k], token)) drawn[2 * k + 1] = kStopCheck;
@@ -173,7 +171,7 @@ std::vector<int32_t> BatchSession::guesses(Entry& e) const {
 // The full path: each row from its gathered logits (with its logprobs).
 void BatchSession::sample(const std::vector<int64_t>& ids, const std::vector<float>& logits) {
   const int64_t V = engine_.config().vocab_size;
-  draw_rows(ids, [&](size_t k, Entry& e, std::span<const int32_t> prior, int32_t verify) {
+  draw_rows(ids, [&](size_t k, Entry& e, std::span<const int32_t> prior) {
     const BatchRequest& req = e.request;
     GenerationResult& res = e.result;
     const std::span<const float> row = std::span<const float>(logits).subspan(k * V, V);
@@ -189,10 +187,8 @@ void BatchSession::sample(const std::vector<int64_t>& ids, const std::vector<flo
       context.assign(req.prompt.begin(), req.prompt.end());
       context.insert(context.end(), generated.begin(), generated.end());
     }
-    const int32_t token = e.sampler->sample(row, context, generated, verify);
-    if (req.top_logprobs >= 0) {
-      res.logprobs.push_back(Sampler::logprobs(row, token, req.top_logprobs, req.sampling.vocab_limit));
-    }
+    const int32_t token = e.sampler->sample(row, context, generated);
+    if (req.top_logprobs >= 0) row_logprobs_[k] = Sampler::logprobs(row, token, req.top_logprobs, req.sampling.vocab_limit);
     return token;
   });
 }
@@ -204,8 +200,7 @@ void BatchSession::sample(const std::vector<int64_t>& ids, const std::vector<flo
 // their candidates and whole rows are the raw logits.
 void BatchSession::sample_top(const std::vector<int64_t>& ids, const std::vector<Engine::TopCandidates>& cands,
                               const ShardStep& plan) {
-  draw_rows(ids, [&](size_t k, Entry& e, std::span<const int32_t> /*prior: in the penalties already*/,
-                     int32_t verify) {
+  draw_rows(ids, [&](size_t k, Entry& e, std::span<const int32_t> /*prior: in the penalties already*/) {
     const Engine::TopCandidates& c = cands[k];
     if (c.bad_id >= 0 || c.ids.empty()) {
       throw Error("non-finite logits (NaN or inf): no token can be drawn", "logits row", "finite values",
@@ -213,17 +208,13 @@ void BatchSession::sample_top(const std::vector<int64_t>& ids, const std::vector
     }
     const int64_t top_n = e.request.top_logprobs;
     if (!c.full.empty()) {
-      const int32_t token = e.sampler->sample_penalized(c.full, verify);
-      if (top_n >= 0) {
-        e.result.logprobs.push_back(Sampler::logprobs(c.full, token, top_n, e.request.sampling.vocab_limit));
-      }
+      const int32_t token = e.sampler->sample_penalized(c.full);
+      if (top_n >= 0) row_logprobs_[k] = Sampler::logprobs(c.full, token, top_n, e.request.sampling.vocab_limit);
       return token;
     }
     const int nucleus = plan.nucleus_sum[k];
-    const int32_t token = e.sampler->sample_top(c.ids, c.logits, nucleus >= 0 ? c.sums.at(nucleus) : -1.0, verify);
-    if (top_n >= 0) {
-      e.result.logprobs.push_back(Sampler::logprobs_top(c.ids, c.logits, token, top_n, c.sums.at(plan.logprob_sum[k])));
-    }
+    const int32_t token = e.sampler->sample_top(c.ids, c.logits, nucleus >= 0 ? c.sums.at(nucleus) : -1.0);
+    if (top_n >= 0) row_logprobs_[k] = Sampler::logprobs_top(c.ids, c.logits, token, top_n, c.sums.at(plan.logprob_sum[k]));
     return token;
   });
 }
@@ -336,7 +327,11 @@ void BatchSession::advance(const std::vector<int64_t>& ids, std::vector<int32_t>
       continue;
     }
     ++spec_stats_.proposed;
-    if (drawn[2 * k + 1] != kRejected) ++spec_stats_.accepted;
+    // Kept: the row before drew exactly this guess (even when that token then ended the
+    // request, so this row itself was not drawn).
+    if (drawn[2 * (k - 1) + 1] != kFailed && drawn[2 * (k - 1) + 1] != kRejected && drawn[2 * (k - 1)] == guess_[k]) {
+      ++spec_stats_.accepted;
+    }
   }
   const double t = now_ms();
   for (size_t k = 0; k < ids.size(); ++k) {
@@ -353,6 +348,9 @@ void BatchSession::advance(const std::vector<int64_t>& ids, std::vector<int32_t>
       reason = "error";
     } else {
       const int32_t token = drawn[2 * k];
+      // tp rank 0: the row's logprobs, appended with its token (a guess row drawn but
+      // not emitted never adds one).
+      if (row_logprobs_.size() == ids.size() && row_logprobs_[k]) res.logprobs.push_back(std::move(*row_logprobs_[k]));
       res.ids.push_back(token);
       res.token_ms.push_back(t);
       // The token would go into the cache at position prompt + new tokens - 1.

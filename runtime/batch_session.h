@@ -60,12 +60,13 @@ struct SessionOptions {
   bool prefix_caching = true;        // share the KV pages of common prompt prefixes
   /// Speculative decoding (runtime/speculative.h): with method "ngram", each request's
   /// pending token goes through the model with up to num_speculative_tokens
-  /// prompt-lookup guesses; the guesses the model's own draw keeps (greedy: equal to its
-  /// argmax; sampled: the speculative sampling rule, Sampler::sample's `guess`) are
-  /// kept, up to the first it does not, plus the model's token after them. Greedy output
-  /// is unchanged (row-invariant kernels); a sampled request's tokens have the same
-  /// distribution, and its seed gives the same tokens run after run (not those of a run
-  /// without speculation: the random stream is used differently).
+  /// prompt-lookup guesses; each row draws its token as without speculation (the same
+  /// sampler, the same random stream), and a guess is kept when the row before it drew
+  /// exactly that token, up to the first that is not, plus the token drawn after them.
+  /// For a one-hot proposal this keeps a guess with probability p(guess) and otherwise
+  /// draws from p without it: the speculative sampling rule (Leviathan et al. 2023).
+  /// Output, greedy or sampled, is the output without speculation, token for token
+  /// (row-invariant kernels on the CPU).
   SpeculativeConfig speculative;
 };
 
@@ -183,6 +184,9 @@ class BatchSession {
   // The current step's guess per logits row: the guessed token the row's position was
   // fed (a request's rows after its first), -1 for a request's first row.
   std::vector<int32_t> guess_;
+  // tp rank 0, the current step's: each drawn row's logprobs (when its request asks),
+  // appended to the result when advance() emits the row's token.
+  std::vector<std::optional<TokenLogprobs>> row_logprobs_;
   SpeculativeStats spec_stats_;
 };
 

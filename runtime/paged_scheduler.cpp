@@ -139,9 +139,10 @@ void PagedScheduler::append(int64_t id, int32_t token, std::span<const int32_t> 
   LINNET_CHECK(it != running_.end(), "append to a request that is not running");
   Request& r = it->second;
   r.next_token = token;
-  // The token goes to position cached, guess i to cached + 1 + i: all below the
-  // request's reserved length.
-  const int64_t room = std::max<int64_t>(0, r.length - r.cached - 1);
+  // The token goes to position cached, guess i to cached + 1 + i, all below the last
+  // reserved position: a guess there would be kept or not by the row before it, and its
+  // own row's token could never be emitted (the request ends at that length).
+  const int64_t room = std::max<int64_t>(0, r.length - r.cached - 2);
   r.draft.assign(draft.begin(), draft.begin() + std::min<int64_t>(room, static_cast<int64_t>(draft.size())));
 }
 

@@ -104,7 +104,7 @@ int32_t Sampler::argmax(std::span<const float> logits) {
 }
 
 int32_t Sampler::sample(std::span<const float> all_logits, std::span<const int32_t> context,
-                        std::span<const int32_t> generated, int32_t guess) {
+                        std::span<const int32_t> generated) {
   std::span<const float> logits = window(all_logits, params_.vocab_limit);
   for (size_t i = 0; i < logits.size(); ++i) {
     if (!std::isfinite(logits[i])) {
@@ -145,16 +145,16 @@ int32_t Sampler::sample(std::span<const float> all_logits, std::span<const int32
     }
     logits = penalized_;
   }
-  return choose(logits, guess);
+  return choose(logits);
 }
 
-int32_t Sampler::sample_penalized(std::span<const float> all_logits, int32_t guess) {
-  return choose(window(all_logits, params_.vocab_limit), guess);
+int32_t Sampler::sample_penalized(std::span<const float> all_logits) {
+  return choose(window(all_logits, params_.vocab_limit));
 }
 
 // Greedy, or the candidates of a penalized row ordered by logit (descending), ties by
 // id, cut to top_k, and the draw.
-int32_t Sampler::choose(std::span<const float> logits, int32_t guess) {
+int32_t Sampler::choose(std::span<const float> logits) {
   if (params_.temperature == 0.0) return argmax(logits);
   const size_t n = logits.size();
   std::vector<int32_t> idx(n);
@@ -174,19 +174,18 @@ int32_t Sampler::choose(std::span<const float> logits, int32_t guess) {
   std::vector<float> values(keep);
   for (size_t i = 0; i < keep; ++i) values[i] = logits[static_cast<size_t>(idx[i])];
   idx.resize(keep);
-  return draw(idx, values, -1.0, guess);
+  return draw(idx, values, -1.0);
 }
 
-int32_t Sampler::sample_top(std::span<const int32_t> ids, std::span<const float> values, double row_sum,
-                            int32_t guess) {
+int32_t Sampler::sample_top(std::span<const int32_t> ids, std::span<const float> values, double row_sum) {
   if (ids.empty() || ids.size() != values.size()) {
     throw Error("candidates and their logits differ in length or are empty", "Sampler::sample_top",
                 std::to_string(ids.size()) + " ids", std::to_string(values.size()) + " logits");
   }
   if (params_.temperature == 0.0) return ids[0];
-  if (row_sum >= 0.0) return draw(ids, values, row_sum, guess);
+  if (row_sum >= 0.0) return draw(ids, values, row_sum);
   const size_t keep = params_.top_k > 0 ? std::min(ids.size(), static_cast<size_t>(params_.top_k)) : ids.size();
-  return draw(ids.first(keep), values.first(keep), -1.0, guess);
+  return draw(ids.first(keep), values.first(keep), -1.0);
 }
 
 bool Sampler::nucleus_within(const SamplingParams& params, std::span<const float> values, double row_sum) {
@@ -198,7 +197,7 @@ bool Sampler::nucleus_within(const SamplingParams& params, std::span<const float
 // min-p and the draw: the one tail of sample() and sample_top(). The softmax's
 // normalizer is the candidates' ExpSum, or `row_sum` (>= 0) when the candidates are the
 // best of a longer row.
-int32_t Sampler::draw(std::span<const int32_t> idx, std::span<const float> values, double row_sum, int32_t guess) {
+int32_t Sampler::draw(std::span<const int32_t> idx, std::span<const float> values, double row_sum) {
   const std::vector<double> p = softmax_terms(values, params_.temperature);
   const bool complete = row_sum < 0.0;
   const size_t keep = nucleus_cut(params_, p, complete ? exp_sum_of(p) : row_sum, complete);
@@ -215,21 +214,6 @@ int32_t Sampler::draw(std::span<const int32_t> idx, std::span<const float> value
   std::sort(kept.begin(), kept.end());
   double sum = 0.0;
   for (const auto& c : kept) sum += c.second;
-  if (guess >= 0) {
-    // Speculative sampling with a one-hot proposal (Leviathan et al. 2023, Chen et al.
-    // 2023; q(guess) = 1): keep the guess with probability p(guess), else draw from the
-    // residual max(0, p - q), which is p without the guess, renormalized. The token's
-    // distribution is p either way.
-    const auto at = std::lower_bound(kept.begin(), kept.end(), std::pair<int32_t, double>{guess, -1.0});
-    const double pg = at != kept.end() && at->first == guess ? at->second : 0.0;
-    const double a = static_cast<double>(rng_() >> 11) * 0x1.0p-53 * sum;
-    if (a < pg) return guess;
-    if (pg > 0.0) {
-      if (kept.size() == 1) return guess;  // p(guess) = 1 up to rounding: nothing else is left
-      sum -= pg;
-      kept.erase(at);
-    }
-  }
   const double u = static_cast<double>(rng_() >> 11) * 0x1.0p-53 * sum;
   double acc = 0.0;
   for (const auto& [id, q] : kept) {

@@ -53,18 +53,13 @@ class Sampler {
   /// penalties count, after the repetition penalty and before temperature (vLLM's
   /// order); ids outside the row are ignored.
   /// @throws Error when a logit of the row (below vocab_limit) is NaN or infinite.
-  ///
-  /// `guess` >= 0: the token a speculative proposer guessed for this position (a one-hot
-  /// proposal): it is kept with probability p(guess), else the token is drawn from p
-  /// without it (the speculative sampling rule: the token's distribution is still p;
-  /// one or two draws of the random stream). Greedy ignores it.
   int32_t sample(std::span<const float> logits, std::span<const int32_t> context = {},
-                 std::span<const int32_t> generated = {}, int32_t guess = -1);
+                 std::span<const int32_t> generated = {});
 
   /// sample() of a row whose penalties are already applied (Backend::apply_penalties
   /// where the logits are) and whose raw logits were already checked for NaN / inf:
   /// the same token and step of the random stream as sample() over the raw row.
-  int32_t sample_penalized(std::span<const float> penalized_logits, int32_t guess = -1);
+  int32_t sample_penalized(std::span<const float> penalized_logits);
 
   /// The draw of sample() from a row's best candidates alone: `ids` and their logits
   /// `values` (penalties applied), sorted by logit descending, ties by id, none
@@ -77,8 +72,7 @@ class Sampler {
   /// with the top-p / min-p cut inside the candidates (nucleus_within says so).
   /// @throws Error when ids and values differ in length or are empty, or when the cut
   ///   reaches past the candidates.
-  int32_t sample_top(std::span<const int32_t> ids, std::span<const float> values, double row_sum = -1.0,
-                     int32_t guess = -1);
+  int32_t sample_top(std::span<const int32_t> ids, std::span<const float> values, double row_sum = -1.0);
 
   /// Whether the top-p and min-p cuts of `params` over a row whose best logits are
   /// `values` (sorted descending; the row's exact best, as sample_top's) and whose
@@ -104,8 +98,8 @@ class Sampler {
                                     int64_t top_n, double row_sum);
 
  private:
-  int32_t choose(std::span<const float> logits, int32_t guess);
-  int32_t draw(std::span<const int32_t> idx, std::span<const float> values, double row_sum, int32_t guess);
+  int32_t choose(std::span<const float> logits);
+  int32_t draw(std::span<const int32_t> idx, std::span<const float> values, double row_sum);
 
   SamplingParams params_;
   std::mt19937_64 rng_;

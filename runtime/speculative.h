@@ -5,8 +5,8 @@
 // of guesses the target itself would have drawn, plus the target's token after it
 // (BatchSession). On the CPU a row's logits do not depend on the other rows of its pass
 // (the GEMM and attention kernels are row-invariant, tests/test_gemm.cpp and
-// test_kernels.cpp), so greedy output with speculation is the output without it, bit
-// for bit.
+// test_kernels.cpp), and each row draws as without speculation, so the output with
+// speculation, greedy or sampled, is the output without it, bit for bit.
 //
 // The proposer here is prompt lookup (vLLM's "ngram", Saxena's prompt lookup decoding):
 // the tokens that followed the latest earlier occurrence of the sequence's last n

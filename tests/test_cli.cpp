@@ -212,15 +212,16 @@ TEST_F(Cli, ShardSamplingWritesWhatTheFullLogitsPathWrites) {
 }
 
 // Issue 27: --speculative-config with prompt lookup writes what plain decoding writes
-// (greedy, logprobs included), at tp 1 and 2, for --input (batched) and --prompt, and
-// says how many guesses it made and kept.
+// (greedy and sampled, logprobs included), at tp 1 and 2, for --input (batched) and
+// --prompt, and says how many guesses it made and kept.
 TEST_F(Cli, SpeculativeDecodingWritesWhatPlainDecodingWrites) {
   const fs::path in = tmp_ / "prompts.jsonl";
   {
     std::ofstream f(in);
     f << R"({"prompt": "Once upon a time, there was a little girl named Lily. She loved to play. Once upon a time"})" "\n"
       << R"({"prompt": "Lily and Ben", "top_logprobs": 2})" "\n"
-      << R"({"prompt": "The cat sat. The cat sat. The cat", "max_new_tokens": 7})" "\n";
+      << R"({"prompt": "The cat sat. The cat sat. The cat", "max_new_tokens": 7})" "\n"
+      << R"({"prompt": "Tom and Tom and Tom", "temperature": 0.9, "seed": 4, "top_logprobs": 1})" "\n";
   }
   const std::string spec = R"( --speculative-config '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1}')";
   for (const int tp : {1, 2}) {

@@ -311,42 +311,5 @@ TEST(SampleTop, NucleusOverTheWholeRowDrawsAsSample) {
   EXPECT_THROW(Sampler::logprobs_top(std::vector<int32_t>{4, 2}, std::vector<float>{1.0f, 0.5f}, 7, 1, 2.0), Error);
 }
 
-// The speculative sampling rule with a one-hot proposal (Sampler::sample's guess): the
-// token's distribution is the target's p after its cuts, whatever the guess: a likely
-// one, the least likely kept one, one that top-p cuts. 40000 draws each, Pearson's
-// chi-square against p below 24.3 (the 0.9999 quantile of 3 degrees of freedom); the
-// same test without a guess as the reference.
-TEST(SpeculativeSampling, TokensFollowTheTargetDistributionWhateverTheGuess) {
-  const std::vector<double> probs = {0.4, 0.25, 0.15, 0.1, 0.06, 0.04};
-  const std::vector<float> logits = log_of(probs);
-  SamplingParams p;
-  p.temperature = 1.0;
-  p.top_p = 0.85;  // keeps ids 0..3: 0.4 + 0.25 + 0.15 + 0.1 = 0.9 >= 0.85
-  const std::vector<double> want = {0.4 / 0.9, 0.25 / 0.9, 0.15 / 0.9, 0.1 / 0.9};
-  for (const int32_t guess : {-1, 0, 3, 5}) {
-    p.seed = 77 + static_cast<uint64_t>(guess + 1);
-    Sampler s(p);
-    const int n = 40000;
-    std::vector<int> count(6, 0);
-    for (int i = 0; i < n; ++i) count[static_cast<size_t>(s.sample(logits, {}, {}, guess))]++;
-    EXPECT_EQ(count[4] + count[5], 0) << "guess " << guess << ": a cut token was drawn";
-    double chi2 = 0.0;
-    for (size_t id = 0; id < want.size(); ++id) {
-      const double e = n * want[id];
-      chi2 += (count[id] - e) * (count[id] - e) / e;
-    }
-    EXPECT_LT(chi2, 24.3) << "guess " << guess;
-  }
-  // The rule is the one described: a guess of probability 1 is always kept; greedy
-  // ignores the guess.
-  SamplingParams one;
-  one.temperature = 1.0, one.top_k = 1;
-  Sampler s1(one);
-  EXPECT_EQ(s1.sample(logits, {}, {}, 0), 0);
-  EXPECT_EQ(s1.sample(logits, {}, {}, 2), 0);
-  Sampler greedy{SamplingParams{}};
-  EXPECT_EQ(greedy.sample(logits, {}, {}, 3), 0);
-}
-
 }  // namespace
 }  // namespace linnet

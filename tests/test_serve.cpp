@@ -509,15 +509,17 @@ TEST_F(Serve, CompletionsEqualGenerate) {
   }
 }
 
-// Issue 27: a server with --speculative-config (prompt lookup) answers greedy requests
-// with the text of plain generate, streamed or not, with stop strings, at tp 1 and 2, and
-// /metrics counts the guesses it ran and kept.
+// Issue 27: a server with --speculative-config (prompt lookup) answers greedy and seeded
+// sampled requests with the text of plain generate, streamed or not, with stop strings,
+// each token with its own logprob, at tp 1 and 2, and /metrics counts the guesses it ran
+// and kept.
 TEST_F(Serve, SpeculativeDecodingKeepsGreedyTextAndCountsGuesses) {
   std::vector<json> lines;
   for (const auto& p : kPrompts) {
     const std::string twice = p + ", and then " + p;  // something to look up
     lines.push_back({{"prompt", twice}, {"max_new_tokens", 50}, {"temperature", 0}});
     lines.push_back({{"prompt", twice}, {"max_new_tokens", 50}, {"temperature", 0}, {"stop", json::array({"was", "."})}});
+    lines.push_back({{"prompt", twice}, {"max_new_tokens", 50}, {"temperature", 0.8}, {"seed", 3}, {"logprobs", true}, {"top_logprobs", 1}});
   }
   for (int np : {1, 2}) {
     const std::vector<json> expected = generate(np, lines);
@@ -530,11 +532,22 @@ TEST_F(Serve, SpeculativeDecodingKeepsGreedyTextAndCountsGuesses) {
       json body = lines[i];
       body["max_tokens"] = body["max_new_tokens"];
       body.erase("max_new_tokens");
+      if (body.contains("top_logprobs")) {  // the completions API's integer form
+        body["logprobs"] = body["top_logprobs"];
+        body.erase("top_logprobs");
+      }
       int status = 0;
       const json r = post(s, "/v1/completions", body, &status);
       ASSERT_EQ(status, 200) << r.dump();
       EXPECT_EQ(r["choices"][0]["text"], expected[i]["completion"]) << "np " << np << " " << body.dump();
       EXPECT_EQ(r["choices"][0]["finish_reason"], expected[i]["finish_reason"]) << body.dump();
+      if (body.contains("logprobs")) {  // each token's logprob, in order (the same rows' numbers)
+        const json& lps = r["choices"][0]["logprobs"]["token_logprobs"];
+        ASSERT_EQ(lps.size(), expected[i]["logprobs"].size()) << r.dump();
+        for (size_t t = 0; t < lps.size(); ++t) {
+          EXPECT_NEAR(lps[t].get<double>(), expected[i]["logprobs"][t]["logprob"].get<double>(), 1e-6) << "token " << t;
+        }
+      }
       std::vector<json> chunks;
       bool done = false;
       EXPECT_EQ(stream(s, "/v1/completions", body, &chunks, &done), expected[i]["completion"]) << "np " << np;
