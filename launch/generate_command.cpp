@@ -96,7 +96,7 @@ bool run_single(Engine& engine, const Tokenizer& tok, const Request& r, const st
         [&](int32_t id) {
           if (stream) show(stream->push(id));
         },
-        [&](int32_t id) { return scan.push(tok, r, id); });
+        [&](int32_t id) { return scan.push(tok, r, id); }, r.settings.top_logprobs);
   }
   if (!is_root) return g.finish_reason == "error";
   show(stream->finish());

@@ -22,11 +22,13 @@ constexpr int32_t kDrawFailed = -1;
 // kDrawFailed on every rank and the reason in `error` (the full message on tp rank 0).
 // `stopped` carries tp rank 0's stop check of the token to every rank.
 int32_t draw(Engine& engine, Sampler& sampler, const std::vector<float>& logits, std::span<const int32_t> context,
-             const TokenStopCheck& stop_check, std::string& error, bool& stopped) {
+             const TokenStopCheck& stop_check, std::string& error, bool& stopped, int64_t top_logprobs,
+             int64_t vocab_limit, std::vector<TokenLogprobs>& logprobs) {
   int32_t msg[2] = {0, 0};  // token, stopped
   if (engine.tp_comm().rank() == 0) {
     try {
       msg[0] = sampler.sample(logits, context);
+      if (top_logprobs >= 0) logprobs.push_back(Sampler::logprobs(logits, msg[0], top_logprobs, vocab_limit));
       msg[1] = stop_check && stop_check(msg[0]) ? 1 : 0;
     } catch (const Error& e) {
       msg[0] = kDrawFailed;
@@ -51,7 +53,7 @@ std::string finish_reason_after(int32_t token, std::span<const int64_t> eos_ids,
 GenerationResult generate_until(Engine& engine, std::span<const int32_t> prompt,
                                 const SamplingParams& params, int64_t max_new_tokens,
                                 std::span<const int64_t> eos_ids, const TokenCallback& on_token,
-                                const TokenStopCheck& stop_check) {
+                                const TokenStopCheck& stop_check, int64_t top_logprobs) {
   GenerationResult result;
   result.finish_reason = "length";  // when nothing is generated
   Sampler sampler(params);
@@ -68,7 +70,8 @@ GenerationResult generate_until(Engine& engine, std::span<const int32_t> prompt,
   // The repetition penalty's context: the prompt, then every new token.
   std::vector<int32_t> context(prompt.begin(), prompt.end());
   bool stopped = false;
-  int32_t token = draw(engine, sampler, logits, context, stop_check, result.error, stopped);
+  int32_t token = draw(engine, sampler, logits, context, stop_check, result.error, stopped, top_logprobs,
+                       params.vocab_limit, result.logprobs);
   result.prefill_ms = ms_since(t0);
   auto t1 = Clock::now();
   while (true) {
@@ -89,7 +92,8 @@ GenerationResult generate_until(Engine& engine, std::span<const int32_t> prompt,
       break;
     }
     logits = engine.decode(token, pos++);
-    token = draw(engine, sampler, logits, context, stop_check, result.error, stopped);
+    token = draw(engine, sampler, logits, context, stop_check, result.error, stopped, top_logprobs, params.vocab_limit,
+                 result.logprobs);
   }
   result.decode_ms = ms_since(t1);
   return result;

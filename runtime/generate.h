@@ -56,11 +56,12 @@ GenerationResult sample(Engine& engine, std::span<const int32_t> prompt, int64_t
 /// tokens, or prompt + new tokens reaching the KV cache length (finish "length"; a
 /// prompt that fills the cache gets no new token). A logits row with a NaN or inf
 /// ends it with finish "error" and the reason in `error`. `stop_check` (tp rank 0)
-/// may end it with "stop" after any token.
+/// may end it with "stop" after any token. `top_logprobs` >= 0: each new token's
+/// logprob and that many alternatives (GenerationResult::logprobs, tp rank 0).
 /// @throws Error when the prompt does not fit in the KV cache (from Engine::prefill).
 GenerationResult generate_until(Engine& engine, std::span<const int32_t> prompt,
                                 const SamplingParams& params, int64_t max_new_tokens,
                                 std::span<const int64_t> eos_ids, const TokenCallback& on_token = {},
-                                const TokenStopCheck& stop_check = {});
+                                const TokenStopCheck& stop_check = {}, int64_t top_logprobs = -1);
 
 }  // namespace linnet

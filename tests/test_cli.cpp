@@ -243,18 +243,23 @@ TEST_F(Cli, SpeculativeDecodingWritesWhatPlainDecodingWrites) {
       }
     }
     EXPECT_EQ(outputs[0], outputs[1]) << "tp " << tp;
-    std::string printed[2];
+    std::string printed[2], lines[2];
     for (int k = 0; k < 2; ++k) {
+      const fs::path line = tmp_ / ("prompt" + std::to_string(k) + ".jsonl");
       const Result r = run(tp, "--model " + quote(test::stories_dir().string()) +
                                    " --prompt 'Once upon a time, there was a little girl. Once upon a time' "
-                                   "--max-new-tokens 40 --temperature 0" + (k == 1 ? spec : ""));
+                                   "--max-new-tokens 40 --temperature 0 --top-logprobs 2 --output " +
+                                   quote(line.string()) + (k == 1 ? spec : ""));
       ASSERT_EQ(r.code, 0) << r.err;
       printed[k] = r.out;
+      lines[k] = slurp(line);
       if (k == 1) {
         EXPECT_NE(r.err.find("speculation (ngram, k 4)"), std::string::npos) << r.err;
       }
     }
     EXPECT_EQ(printed[0], printed[1]) << "tp " << tp;
+    EXPECT_EQ(lines[0], lines[1]) << "tp " << tp;  // logprobs included
+    EXPECT_NE(lines[0].find("\"top_logprobs\""), std::string::npos) << lines[0];
   }
   const Result bad = run(1, "--model " + quote(test::stories_dir().string()) +
                                 " --prompt hi --speculative-config '{\"method\": \"ngram\", \"num_speculative_tokens\": 4, \"n\": 1}'");
