@@ -81,12 +81,15 @@ std::optional<PagedScheduler::Step> PagedScheduler::next_step() {
     return static_cast<int32_t>(b.page_tables.size() - 1);
   };
   // Decode tokens first: every running request with its prompt in the cache.
+  int64_t pending = 0;  // decode tokens not yet packed: the budget keeps room for them before any guess
+  for (const auto& [id, r] : running_) pending += r.next_token ? 1 : 0;
   for (const auto& [id, r] : running_) {
     if (!r.next_token) continue;
     const int32_t s = add_sequence(r);
-    // The pending token, then the guesses the budget leaves room for (the decode
-    // tokens themselves always run).
-    const int64_t guesses = std::clamp<int64_t>(budget - 1, 0, static_cast<int64_t>(r.draft.size()));
+    // The pending token, then the guesses the budget leaves room for once every
+    // request's pending token is counted (the decode tokens themselves always run).
+    const int64_t guesses = std::clamp<int64_t>(budget - pending, 0, static_cast<int64_t>(r.draft.size()));
+    --pending;
     for (int64_t i = 0; i <= guesses; ++i) {
       b.tokens.push_back(i == 0 ? *r.next_token : r.draft[static_cast<size_t>(i - 1)]);
       b.seq.push_back(s);

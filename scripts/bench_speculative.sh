@@ -8,8 +8,13 @@
 # Never a pass/fail: numbers for docs/benchmarks.md. The two runs' outputs are compared
 # (greedy: they must be equal) and a difference is reported.
 # Usage: scripts/bench_speculative.sh --model DIR [--np N] [--threads N] [--max-tokens T]
-#        [--reps R] [--k K] [--min N] [--build DIR]
+#        [--reps R] [--k K] [--min N] [--build DIR] [--llamacpp BINDIR --gguf FILE]
 # Defaults: np 1, 256 new tokens, 2 repetitions, k 4, prompt_lookup_min 2 (max 4).
+# With --llamacpp (tools/get_llamacpp.sh OUTDIR llama-lookup; OUTDIR/bin) and --gguf (the
+# same weights, convert_hf_to_gguf.py --outtype f32): the same prompts, rendered by
+# `linnet-tp template`, through llama-lookup (its n-gram lookup decoding, greedy, 2
+# threads) with --spec-draft-n-max K and with 0 (plain); its decode-only tokens/s
+# (llama.cpp's own "decoded N tokens in S seconds"), summed over the prompts.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=build
@@ -19,6 +24,8 @@ T=256
 R=2
 K=4
 MIN=2
+LLAMACPP=""
+GGUF=""
 EXTRA=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -29,6 +36,8 @@ while [ $# -gt 0 ]; do
     --reps) R=$2; shift 2 ;;
     --k) K=$2; shift 2 ;;
     --min) MIN=$2; shift 2 ;;
+    --llamacpp) LLAMACPP=$2; shift 2 ;;
+    --gguf) GGUF=$2; shift 2 ;;
     --build) BUILD=$2; shift 2 ;;
     *) echo "bench_speculative.sh: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -102,3 +111,31 @@ for set in grounded open; do
     echo "$set: OUTPUTS DIFFER with and without speculation" >&2
   fi
 done
+
+if [ -n "$LLAMACPP" ]; then
+  [ -n "$GGUF" ] || { echo "bench_speculative.sh: --llamacpp needs --gguf FILE" >&2; exit 2; }
+  peer() {  # set, mode (plain|lookup)
+    local tokens=0 secs=0 line n s f
+    for f in "$TMP/$1".prompt.*; do
+      # plain: the same binary and flags with no drafts (--spec-draft-n-max 0)
+      "$LLAMACPP/llama-lookup" -m "$GGUF" -n "$T" -t 2 --temp 0 --spec-draft-n-max "$([ "$2" = plain ] && echo 0 || echo "$K")" \
+        -f "$f" >/dev/null 2>"$TMP/peer.err" || true
+      line=$(grep -o 'decoded *[0-9]* tokens in *[0-9.]* s' "$TMP/peer.err" | tail -1)
+      n=$(echo "$line" | awk '{print $2}'); s=$(echo "$line" | awk '{print $5}')
+      [ -n "$n" ] || { echo "llama-$2 printed no timing:"; tail -3 "$TMP/peer.err"; continue; }
+      tokens=$((tokens + n)); secs=$(python3 -c "print($secs + $s)")
+      [ "$2" = lookup ] && grep -E '^(n_drafted|n_accept|accept) ' "$TMP/peer.err" | tr '\n' ' ' >> "$TMP/$1.lookup.stats"
+    done
+    printf '%-9s llama-lookup %-6s: decoded %s tokens in %.2f s, %.1f tokens/s\n' "$1" "$2" "$tokens" "$secs" "$(python3 -c "print($tokens / $secs if $secs else 0)")"
+  }
+  for set in grounded open; do
+    "$BIN" template --model "$MODEL" --input "$TMP/$set.jsonl" |
+      python3 -c "import json,sys
+for i, l in enumerate(sys.stdin): open(sys.argv[1] + '.prompt.' + str(i), 'w').write(json.loads(l)['text'])" "$TMP/$set"
+    for rep in $(seq 1 "$R"); do
+      peer "$set" plain
+      peer "$set" lookup
+    done
+    [ -f "$TMP/$set.lookup.stats" ] && echo "$set llama-lookup per prompt: $(cat "$TMP/$set.lookup.stats")"
+  done
+fi

@@ -98,6 +98,23 @@ TEST(PagedScheduler, GuessRowsFollowThePendingTokenAndRewind) {
   ASSERT_TRUE(step);
   EXPECT_EQ(step->batch.tokens, (Ids{5, 6, 7}));
   EXPECT_EQ(step->batch.positions, (Ids{2, 3, 4}));
+  tight.done_step(*step);
+  tight.rewind(9, 3);
+  // Two requests, a budget of 4: every pending token is counted before any guess (the
+  // first gets 4 - 2 = 2 guesses, the second none, both pending tokens run).
+  PagePool big(16, 4);
+  PagedScheduler two(big, 2, 64, /*token_budget=*/4);
+  ASSERT_FALSE(two.add(10, Ids{1, 2}, 20));
+  ASSERT_FALSE(two.add(11, Ids{3, 4}, 20));
+  auto pre = two.next_step();
+  ASSERT_TRUE(pre);
+  two.done_step(*pre);
+  two.append(10, 7, Ids{8, 9, 10});
+  two.append(11, 17, Ids{18, 19, 20});
+  step = two.next_step();
+  ASSERT_TRUE(step);
+  EXPECT_EQ(step->batch.tokens, (Ids{7, 8, 9, 17}));
+  EXPECT_EQ(step->ids, (std::vector<int64_t>{10, 10, 10, 11}));
 }
 
 class SpeculativeTest : public testing::Test {
