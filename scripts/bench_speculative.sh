@@ -124,7 +124,7 @@ if [ -n "$LLAMACPP" ]; then
       n=$(echo "$line" | awk '{print $2}'); s=$(echo "$line" | awk '{print $5}')
       [ -n "$n" ] || { echo "llama-$2 printed no timing:"; tail -3 "$TMP/peer.err"; continue; }
       tokens=$((tokens + n)); secs=$(python3 -c "print($secs + $s)")
-      [ "$2" = lookup ] && grep -E '^(n_drafted|n_accept|accept) ' "$TMP/peer.err" | tr '\n' ' ' >> "$TMP/$1.lookup.stats"
+      [ "$2" = lookup ] && grep -oE '(n_drafted|n_accept) += [0-9]+' "$TMP/peer.err" | tr -s ' ' | tr '\n' ' ' >> "$TMP/$1.lookup.stats"
     done
     printf '%-9s llama-lookup %-6s: decoded %s tokens in %.2f s, %.1f tokens/s\n' "$1" "$2" "$tokens" "$secs" "$(python3 -c "print($tokens / $secs if $secs else 0)")"
   }
