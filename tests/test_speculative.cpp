@@ -260,8 +260,8 @@ TEST_F(SpeculativeTest, SampledOutputIsPlainDecodingsAndFollowsTheSoftmax) {
 }
 
 // Every architecture fixture (llama3 rope, Qwen3 QK-norm, Phi-3 and Mistral sliding
-// window 16), prompts that repeat a random segment so that guesses are made, greedy,
-// through chunked prefill (a 40-token budget) and batches of 3.
+// window 16), 32 prompts that repeat a random segment so that guesses are made, greedy,
+// in one batch of 32 through chunked prefill (a 40-token budget).
 class SpeculativeFixtureTest : public testing::TestWithParam<std::string> {};
 
 TEST_P(SpeculativeFixtureTest, GreedyOutputIsTheSame) {
@@ -270,12 +270,12 @@ TEST_P(SpeculativeFixtureTest, GreedyOutputIsTheSame) {
   if (files.config.num_attention_heads % world.size() != 0) GTEST_SKIP() << "heads do not split over this tp";
   auto backend = make_cpu_backend(1);
   const ShardPlan plan = ShardPlan::make(files.config, world.rank(), world.size());
-  auto engine = make_engine(files, plan, *backend, world, 192, /*max_batch=*/3, /*page_size=*/16, 40);
+  auto engine = make_engine(files, plan, *backend, world, 192, /*max_batch=*/32, /*page_size=*/16, 200);
   std::mt19937 rng(11);
   std::uniform_int_distribution<int32_t> id(3, static_cast<int32_t>(files.config.vocab_size - 1));
-  std::vector<BatchRequest> reqs(5);
+  std::vector<BatchRequest> reqs(32);
   for (size_t i = 0; i < reqs.size(); ++i) {
-    Ids seg(12 + 3 * i);
+    Ids seg(8 + 2 * (i % 8));
     for (auto& t : seg) t = id(rng);
     for (int r = 0; r < 3; ++r) reqs[i].prompt.insert(reqs[i].prompt.end(), seg.begin(), seg.end());
     reqs[i].max_new_tokens = 24;
