@@ -82,13 +82,8 @@ int write_batch_results(Engine& engine, const BatchRun& b, const std::map<size_t
                static_cast<long long>(engine.page_size()), static_cast<long long>(kv.prefix_hit_tokens),
                format_bytes(peak_resident_bytes()).c_str());
   if (b.speculative.enabled()) {
-    std::fprintf(stderr,
-                 "[linnet-tp] speculation (%s, k %lld)%s: %lld guesses, %lld accepted (%.1f%%), %.2f tokens per "
-                 "verified step over %lld steps; propose %.1f ms, verify %.1f ms\n",
-                 b.speculative.method.c_str(), static_cast<long long>(b.speculative.num_speculative_tokens),
-                 w.dp_size > 1 ? " (dp group 0)" : "", static_cast<long long>(spec.proposed),
-                 static_cast<long long>(spec.accepted), 100.0 * spec.acceptance_rate(), spec.mean_accepted_length(),
-                 static_cast<long long>(spec.steps), spec.propose_ms, spec.verify_ms);
+    std::fprintf(stderr, "[linnet-tp] %s\n",
+                 speculation_summary(b.speculative, spec, w.dp_size > 1 ? " (dp group 0)" : "").c_str());
   }
   if (interrupted) {
     const size_t done = fresh.size() + b.kept.size();

@@ -113,14 +113,7 @@ bool run_single(Engine& engine, const Tokenizer& tok, const Request& r, const st
                 "finish: %s\n",
                 r.ids.size(), g.ids.size(), g.prefill_ms, decode_tps, line["finish_reason"].get<std::string>().c_str());
   std::fputs(stats, stderr);
-  if (speculative.enabled()) {
-    std::fprintf(stderr,
-                 "[linnet-tp] speculation (%s, k %lld): %lld guesses, %lld accepted (%.1f%%), %.2f tokens per verified "
-                 "step over %lld steps; propose %.1f ms, verify %.1f ms\n",
-                 speculative.method.c_str(), static_cast<long long>(speculative.num_speculative_tokens),
-                 static_cast<long long>(spec.proposed), static_cast<long long>(spec.accepted),
-                 100.0 * spec.acceptance_rate(), spec.mean_accepted_length(), static_cast<long long>(spec.steps), spec.propose_ms, spec.verify_ms);
-  }
+  if (speculative.enabled()) std::fprintf(stderr, "[linnet-tp] %s\n", speculation_summary(speculative, spec).c_str());
   if (output) output->add_line(dump_line(line));
   return g.finish_reason == "error";
 }
@@ -151,7 +144,8 @@ ordered_json generate_settings(const GenerateOptions& o, const RequestSettings& 
   s["stop_token_ids"] = d.stop_token_ids;
   s["top_logprobs"] = d.top_logprobs;
   if (const SpeculativeConfig& c = o.engine.speculative; c.enabled()) {
-    // A sampled request draws other tokens with speculation (the same distribution).
+    // On the CPU the output is the same with speculation; on CUDA a guess row may round
+    // differently from a single decode row, so a --resume keeps the run's configuration.
     s["speculative_config"] = {{"method", c.method},
                                {"num_speculative_tokens", c.num_speculative_tokens},
                                {"prompt_lookup_min", c.prompt_lookup_min},

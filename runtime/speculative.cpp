@@ -1,6 +1,7 @@
 #include "runtime/speculative.h"
 
 #include <algorithm>
+#include <cstdio>
 
 #include "common/error.h"
 
@@ -24,6 +25,19 @@ std::vector<int32_t> propose_ngram(std::span<const int32_t> tokens, int64_t n_mi
     }
   }
   return {};
+}
+
+std::string speculation_summary(const SpeculativeConfig& config, const SpeculativeStats& stats,
+                                const std::string& scope) {
+  char buf[320];
+  std::snprintf(buf, sizeof buf,
+                "speculation (%s, k %lld)%s: %lld guesses, %lld accepted (%.1f%%), %.2f tokens per verified step over "
+                "%lld steps; propose %.1f ms, verify %.1f ms",
+                config.method.c_str(), static_cast<long long>(config.num_speculative_tokens), scope.c_str(),
+                static_cast<long long>(stats.proposed), static_cast<long long>(stats.accepted),
+                100.0 * stats.acceptance_rate(), stats.mean_accepted_length(), static_cast<long long>(stats.steps),
+                stats.propose_ms, stats.verify_ms);
+  return buf;
 }
 
 }  // namespace linnet

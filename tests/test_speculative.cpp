@@ -117,41 +117,48 @@ TEST(PagedScheduler, GuessRowsFollowThePendingTokenAndRewind) {
   EXPECT_EQ(step->ids, (std::vector<int64_t>{10, 10, 10, 11}));
 }
 
+// Prompt lookup with k guesses (prompt_lookup_min 1), a step budget, and its counters
+// to `stats`.
+BatchOptions ngram_options(int64_t k, int64_t budget, int64_t lookup_max, SpeculativeStats* stats) {
+  BatchOptions o;
+  o.step_token_budget = budget;
+  o.speculative.method = "ngram";
+  o.speculative.num_speculative_tokens = k;
+  o.speculative.prompt_lookup_min = 1;
+  o.speculative.prompt_lookup_max = lookup_max;
+  o.speculative_stats = stats;
+  return o;
+}
+
+// Runs `reqs` with and without speculation on one engine and expects the same results
+// (ids, finish reasons, errors, logprobs); returns the speculation's counters.
+SpeculativeStats expect_same(Engine& engine, const std::vector<BatchRequest>& reqs, const std::string& what, int tp,
+                             int64_t k = 4, int64_t budget = 4096, int64_t lookup_max = 3) {
+  BatchOptions plain;
+  plain.step_token_budget = budget;
+  const std::vector<GenerationResult> want = generate_batch(engine, reqs, plain);
+  SpeculativeStats stats;
+  const std::vector<GenerationResult> got = generate_batch(engine, reqs, ngram_options(k, budget, lookup_max, &stats));
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(got[i].ids, want[i].ids) << what << " request " << i << " at tp " << tp;
+    EXPECT_EQ(got[i].finish_reason, want[i].finish_reason) << what << " request " << i;
+    EXPECT_EQ(got[i].error, want[i].error) << what << " request " << i;
+    EXPECT_EQ(got[i].logprobs.size(), want[i].logprobs.size()) << what << " request " << i;
+    for (size_t t = 0; t < std::min(got[i].logprobs.size(), want[i].logprobs.size()); ++t) {
+      EXPECT_EQ(got[i].logprobs[t].logprob, want[i].logprobs[t].logprob) << what << " request " << i << " token " << t;
+      EXPECT_EQ(got[i].logprobs[t].top, want[i].logprobs[t].top) << what << " request " << i << " token " << t;
+    }
+  }
+  EXPECT_LE(stats.accepted, stats.proposed);
+  return stats;
+}
+
 class SpeculativeTest : public testing::Test {
  protected:
   static constexpr int64_t kMaxSeqLen = 256;
   static void SetUpTestSuite() { world_ = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD); }
   static void TearDownTestSuite() { world_.reset(); }
   static std::unique_ptr<MpiCommunicator> world_;
-
-  // Runs `reqs` with and without speculation on one engine and expects the same
-  // results; returns the speculation's counters.
-  static SpeculativeStats expect_same(Engine& engine, const std::vector<BatchRequest>& reqs, const std::string& what,
-                                      int64_t k = 4, int64_t budget = 4096) {
-    BatchOptions plain;
-    plain.step_token_budget = budget;
-    const std::vector<GenerationResult> want = generate_batch(engine, reqs, plain);
-    BatchOptions spec = plain;
-    spec.speculative.method = "ngram";
-    spec.speculative.num_speculative_tokens = k;
-    spec.speculative.prompt_lookup_min = 1;
-    spec.speculative.prompt_lookup_max = 3;
-    SpeculativeStats stats;
-    spec.speculative_stats = &stats;
-    const std::vector<GenerationResult> got = generate_batch(engine, reqs, spec);
-    for (size_t i = 0; i < reqs.size(); ++i) {
-      EXPECT_EQ(got[i].ids, want[i].ids) << what << " request " << i << " at tp " << world_->size();
-      EXPECT_EQ(got[i].finish_reason, want[i].finish_reason) << what << " request " << i;
-      EXPECT_EQ(got[i].error, want[i].error) << what << " request " << i;
-      EXPECT_EQ(got[i].logprobs.size(), want[i].logprobs.size()) << what << " request " << i;
-      for (size_t t = 0; t < std::min(got[i].logprobs.size(), want[i].logprobs.size()); ++t) {
-        EXPECT_EQ(got[i].logprobs[t].logprob, want[i].logprobs[t].logprob) << what << " request " << i << " token " << t;
-        EXPECT_EQ(got[i].logprobs[t].top, want[i].logprobs[t].top) << what << " request " << i << " token " << t;
-      }
-    }
-    EXPECT_LE(stats.accepted, stats.proposed);
-    return stats;
-  }
 };
 std::unique_ptr<MpiCommunicator> SpeculativeTest::world_;
 
@@ -179,13 +186,14 @@ TEST_F(SpeculativeTest, GreedyStoriesAreTheSameWithPromptLookup) {
   reqs[4].top_logprobs = 1;                         // logprobs with a penalty: the full path
   reqs[4].sampling.presence_penalty = 0.4;
   reqs[5].sampling.temperature = 0.8, reqs[5].sampling.seed = 9;  // sampled
-  const SpeculativeStats batch = expect_same(*engine, reqs, "batch");
+  const int tp = world_->size();
+  const SpeculativeStats batch = expect_same(*engine, reqs, "batch", tp);
   EXPECT_GT(batch.accepted, 20) << "proposed " << batch.proposed;
   EXPECT_GT(batch.proposed, batch.accepted) << "some guesses are rejected";
-  for (size_t i = 0; i < 5; ++i) expect_same(*engine, {reqs[i]}, "alone " + std::to_string(i));
+  for (size_t i = 0; i < 5; ++i) expect_same(*engine, {reqs[i]}, "alone " + std::to_string(i), tp);
   // A step budget smaller than the guesses: they are cut, the output is the same.
-  expect_same(*engine, reqs, "budget 3", 4, 3);
-  expect_same(*engine, reqs, "one guess", 1);
+  expect_same(*engine, reqs, "budget 3", tp, 4, 3);
+  expect_same(*engine, reqs, "one guess", tp, 1);
 }
 
 // Sampled requests with speculation draw each row as without it (the same sampler and
@@ -214,14 +222,8 @@ TEST_F(SpeculativeTest, SampledOutputIsPlainDecodingsAndFollowsTheSoftmax) {
   reqs[1].sampling.top_p = 0.9, reqs[2].sampling.top_k = 5, reqs[3].sampling.repetition_penalty = 1.2;
   const auto plain = generate_batch(*engine, reqs, BatchOptions{});
   for (const int64_t k : {int64_t{4}, int64_t{1}}) {
-    BatchOptions spec;
-    spec.speculative.method = "ngram";
-    spec.speculative.num_speculative_tokens = k;
-    spec.speculative.prompt_lookup_min = 1;
-    spec.step_token_budget = k == 1 ? 20 : 4096;  // a budget that cuts guesses changes nothing
-    SpeculativeStats stats;
-    spec.speculative_stats = &stats;
-    const auto got = generate_batch(*engine, reqs, spec);
+    SpeculativeStats stats;  // k 1 with a budget that cuts guesses: that changes nothing either
+    const auto got = generate_batch(*engine, reqs, ngram_options(k, k == 1 ? 20 : 4096, 4, &stats));
     for (size_t i = 0; i < reqs.size(); ++i) {
       ASSERT_EQ(got[i].ids, plain[i].ids) << "seed " << i << " k " << k << " at tp " << world_->size();
     }
@@ -281,23 +283,7 @@ TEST_P(SpeculativeFixtureTest, GreedyOutputIsTheSame) {
     reqs[i].max_new_tokens = 24;
     reqs[i].top_logprobs = i == 0 ? 3 : -1;
   }
-  BatchOptions plain;
-  plain.step_token_budget = 40;
-  const auto want = generate_batch(*engine, reqs, plain);
-  BatchOptions spec = plain;
-  spec.speculative.method = "ngram";
-  spec.speculative.num_speculative_tokens = 3;
-  spec.speculative.prompt_lookup_min = 1;
-  SpeculativeStats stats;
-  spec.speculative_stats = &stats;
-  const auto got = generate_batch(*engine, reqs, spec);
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    EXPECT_EQ(got[i].ids, want[i].ids) << GetParam() << " request " << i << " at tp " << world.size();
-    ASSERT_EQ(got[i].logprobs.size(), want[i].logprobs.size());
-    for (size_t t = 0; t < want[i].logprobs.size(); ++t) {
-      EXPECT_EQ(got[i].logprobs[t].logprob, want[i].logprobs[t].logprob) << GetParam() << " token " << t;
-    }
-  }
+  const SpeculativeStats stats = expect_same(*engine, reqs, GetParam(), world.size(), 3, 40, 4);
   EXPECT_GT(stats.proposed, 0) << GetParam();
 }
 
