@@ -43,7 +43,9 @@ void add_engine_options(cxxopts::Options& opts, const EngineFlags& which) {
       ("no-prefix-caching", "Compute every prompt in full instead of sharing the KV pages of a cached prefix")
       ("speculative-config", "Speculative decoding, a JSON object as vLLM's: {\"method\": \"ngram\", "
        "\"num_speculative_tokens\": K, \"prompt_lookup_max\": 4, \"prompt_lookup_min\": 2, "
-       "\"disable_by_batch_size\": N}: each request runs up to K prompt-lookup guesses a step (same output)",
+       "\"disable_by_batch_size\": N}, or {\"method\": \"draft_model\", \"model\": DIR, "
+       "\"num_speculative_tokens\": K}: each request runs up to K guesses a step, from prompt lookup or a "
+       "smaller model with the same tokenizer (same output)",
        cxxopts::value<std::string>());
   }
   if (which.cuda_graphs) opts.add_options()("cuda-graphs", which.cuda_graphs_help);
@@ -140,12 +142,21 @@ SpeculativeConfig parse_speculative_config(const std::string& text) {
                 j.contains("method") ? j["method"].dump() : "absent");
   }
   c.method = j["method"].get<std::string>();
-  if (c.method == "draft_model") {
-    throw Error("not supported yet", std::string(flag) + " key \"method\"", "\"ngram\" (prompt lookup)",
-                "\"draft_model\"");
+  if (c.method != "ngram" && c.method != "draft_model") {
+    throw Error("invalid value", std::string(flag) + " key \"method\"", "\"ngram\" or \"draft_model\"", j["method"].dump());
   }
-  if (c.method != "ngram") throw Error("invalid value", std::string(flag) + " key \"method\"", "\"ngram\"", j["method"].dump());
-  if (j.contains("model")) {
+  if (c.method == "draft_model") {
+    if (!j.contains("model") || !j["model"].is_string() || j["model"].get<std::string>().empty()) {
+      throw Error("is required with method \"draft_model\"", std::string(flag) + " key \"model\"",
+                  "the draft checkpoint's folder", j.contains("model") ? j["model"].dump() : "absent");
+    }
+    c.model = j["model"].get<std::string>();
+    for (const char* key : {"prompt_lookup_min", "prompt_lookup_max"}) {
+      if (j.contains(key)) {
+        throw Error("invalid key", std::string(flag) + " key \"" + key + "\"", "only with method \"ngram\"", j[key].dump());
+      }
+    }
+  } else if (j.contains("model")) {
     throw Error("invalid key", std::string(flag) + " key \"model\"", "only with method \"draft_model\"", j["model"].dump());
   }
   const auto k = integer("num_speculative_tokens", 1, kMaxSpeculativeTokens);

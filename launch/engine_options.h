@@ -41,12 +41,12 @@ struct EngineOptions {
 inline constexpr int64_t kMaxSpeculativeTokens = 16;
 inline constexpr int64_t kMaxPromptLookup = 64;
 
-/// --speculative-config: a JSON object with vLLM's keys: "method" ("ngram"; "draft_model"
-/// is refused: not built yet), "num_speculative_tokens" (required, in [1,
-/// kMaxSpeculativeTokens]), "prompt_lookup_min" / "prompt_lookup_max" (in [1,
-/// kMaxPromptLookup], min <= max; defaults 2 and 4, a missing one follows the other
-/// within them), "disable_by_batch_size" (>= 1: no guesses while more requests run; absent:
-/// never off).
+/// --speculative-config: a JSON object with vLLM's keys: "method" ("ngram" or
+/// "draft_model"), "num_speculative_tokens" (required, in [1, kMaxSpeculativeTokens]),
+/// "prompt_lookup_min" / "prompt_lookup_max" (ngram only; in [1, kMaxPromptLookup], min
+/// <= max; defaults 2 and 4, a missing one follows the other within them), "model"
+/// (draft_model only, required there: the draft checkpoint, as --model names one),
+/// "disable_by_batch_size" (>= 1: no guesses while more requests run; absent: never off).
 /// @throws Error naming --speculative-config and the key: not JSON, not an object, an
 ///   unknown key, a value of the wrong type or out of range, a missing method or
 ///   num_speculative_tokens.

@@ -21,6 +21,7 @@ std::vector<GenerationResult> generate_batch(Engine& engine, const std::vector<B
   so.step_token_budget = options.step_token_budget;
   so.prefix_caching = options.prefix_caching;
   so.speculative = options.speculative;
+  so.draft = options.draft;
   if (options.stop_check) {
     so.stop_check = [&](int64_t id, int32_t token) { return options.stop_check(static_cast<size_t>(id), token); };
   }

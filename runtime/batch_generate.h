@@ -43,6 +43,7 @@ struct BatchOptions {
   bool prefix_caching = true;         // share the KV pages of common prompt prefixes
   PagePoolStats* kv_stats = nullptr;  // when set, receives the KV pool's counters at the end
   SpeculativeConfig speculative;      // speculative decoding (SessionOptions::speculative)
+  Engine* draft = nullptr;            // method "draft_model": the draft (SessionOptions::draft)
   SpeculativeStats* speculative_stats = nullptr;  // when set, receives its counters at the end
 };
 

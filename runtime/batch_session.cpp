@@ -23,7 +23,15 @@ BatchSession::BatchSession(Engine& engine, SessionOptions options)
       t0_(std::chrono::steady_clock::now()),
       pool_(engine.num_pages(), engine.page_size()),
       scheduler_(pool_, engine.max_batch(), engine.max_seq_len(), std::max<int64_t>(1, options_.step_token_budget),
-                 options_.prefix_caching) {}
+                 options_.prefix_caching) {
+  if (options_.speculative.method == "draft_model") {
+    LINNET_CHECK(options_.draft != nullptr, "speculative method draft_model without a draft engine");
+    LINNET_CHECK(options_.draft->tp_comm().size() == engine.tp_comm().size(),
+                 "the draft engine's tp group must be the target's");
+    draft_ = std::make_unique<DraftProposer>(*options_.draft, engine.config().vocab_size,
+                                             std::max<int64_t>(1, options_.step_token_budget));
+  }
+}
 
 double BatchSession::now_ms() const {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0_).count();
@@ -38,6 +46,7 @@ void BatchSession::finish(int64_t id, const std::string& reason) {
   const auto it = entries_.find(id);
   if (it == entries_.end()) return;
   scheduler_.finish(id);
+  if (draft_) draft_->finish(id);
   GenerationResult result = std::move(it->second.result);
   entries_.erase(it);
   result.finish_reason = reason;
@@ -155,17 +164,46 @@ bool BatchSession::ends(const Entry& e, int32_t token, int64_t n) const {
               .empty();
 }
 
-std::vector<int32_t> BatchSession::guesses(Entry& e) const {
+bool BatchSession::wants_guesses(Entry& e) const {
   const SpeculativeConfig& c = options_.speculative;
-  if (!c.enabled()) return {};
+  if (!c.enabled()) return false;
   if (e.spec_skip > 0) {
     --e.spec_skip;
-    return {};
+    return false;
   }
-  if (c.disable_by_batch_size > 0 && scheduler_.running() > c.disable_by_batch_size) return {};
-  std::vector<int32_t> tokens(e.request.prompt);
-  tokens.insert(tokens.end(), e.result.ids.begin(), e.result.ids.end());
-  return propose_ngram(tokens, c.prompt_lookup_min, c.prompt_lookup_max, c.num_speculative_tokens);
+  return c.disable_by_batch_size <= 0 || scheduler_.running() <= c.disable_by_batch_size;
+}
+
+void BatchSession::append_pending(const std::vector<std::pair<int64_t, int32_t>>& pending) {
+  const SpeculativeConfig& c = options_.speculative;
+  const auto p0 = std::chrono::steady_clock::now();
+  std::vector<std::vector<int32_t>> next(pending.size());
+  std::vector<std::vector<int32_t>> tokens(pending.size());  // prompt + generated, per request asking
+  std::vector<DraftProposer::Want> wants;
+  std::vector<size_t> asking;
+  for (size_t i = 0; i < pending.size(); ++i) {
+    Entry& e = entries_.at(pending[i].first);
+    if (!wants_guesses(e)) continue;
+    tokens[i] = e.request.prompt;
+    tokens[i].insert(tokens[i].end(), e.result.ids.begin(), e.result.ids.end());
+    if (draft_) {
+      const int64_t P = static_cast<int64_t>(e.request.prompt.size());
+      // The request's reserved length, as PagedScheduler::add sets it.
+      const int64_t length = P + std::min<int64_t>(e.request.max_new_tokens, engine_.max_seq_len() - P);
+      wants.push_back({pending[i].first, tokens[i], c.num_speculative_tokens, length});
+      asking.push_back(i);
+    } else {
+      next[i] = propose_ngram(tokens[i], c.prompt_lookup_min, c.prompt_lookup_max, c.num_speculative_tokens);
+    }
+  }
+  if (!wants.empty()) {
+    std::vector<std::vector<int32_t>> got = draft_->propose(wants);
+    for (size_t j = 0; j < asking.size(); ++j) next[asking[j]] = std::move(got[j]);
+  }
+  if (c.enabled()) {
+    spec_stats_.propose_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - p0).count();
+  }
+  for (size_t i = 0; i < pending.size(); ++i) scheduler_.append(pending[i].first, pending[i].second, next[i]);
 }
 
 // The full path: each row from its gathered logits (with its logprobs).
@@ -334,6 +372,10 @@ void BatchSession::advance(const std::vector<int64_t>& ids, std::vector<int32_t>
     }
   }
   const double t = now_ms();
+  // The requests that go on, with their newest token: after the loop they get their
+  // guesses (the draft model's for all of them in one batched call) and go to the
+  // scheduler.
+  std::vector<std::pair<int64_t, int32_t>> pending;
   for (size_t k = 0; k < ids.size(); ++k) {
     const int64_t id = ids[k];
     const auto it = entries_.find(id);
@@ -374,10 +416,7 @@ void BatchSession::advance(const std::vector<int64_t>& ids, std::vector<int32_t>
             e.spec_backoff = 0;
           }
         }
-        const auto p0 = std::chrono::steady_clock::now();
-        std::vector<int32_t> next = guesses(e);
-        spec_stats_.propose_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - p0).count();
-        scheduler_.append(id, token, next);
+        pending.emplace_back(id, token);
       }
       if (options_.on_token) options_.on_token(id, res);
     }
@@ -385,6 +424,9 @@ void BatchSession::advance(const std::vector<int64_t>& ids, std::vector<int32_t>
     if (res.ids.size() <= 1) release_deferred(id);
     if (!reason.empty()) finish(id, reason);
   }
+  // A callback may have cancelled a request meanwhile.
+  std::erase_if(pending, [&](const auto& p) { return !entries_.count(p.first); });
+  append_pending(pending);
 }
 
 bool BatchSession::step() {

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/draft_proposer.h"
 #include "runtime/engine.h"
 #include "runtime/generate.h"
 #include "runtime/page_pool.h"
@@ -66,8 +67,12 @@ struct SessionOptions {
   /// For a one-hot proposal this keeps a guess with probability p(guess) and otherwise
   /// draws from p without it: the speculative sampling rule (Leviathan et al. 2023).
   /// Output, greedy or sampled, is the output without speculation, token for token
-  /// (row-invariant kernels on the CPU).
+  /// (row-invariant kernels on the CPU). With method "draft_model" the guesses come from
+  /// `draft` (DraftProposer: greedy, one-hot, so the same holds).
   SpeculativeConfig speculative;
+  /// The draft model's Engine for method "draft_model": on this engine's tp
+  /// communicator, with the target's tokenizer (the caller checks it), its own KV pool.
+  Engine* draft = nullptr;
 };
 
 /// Appends row `row`'s penalties as Sampler::sample applies them, for
@@ -83,6 +88,8 @@ void add_sampler_penalties(const SamplingParams& s, std::span<const int32_t> pro
 class BatchSession {
  public:
   /// Token times (GenerationResult::token_ms) count from this construction.
+  /// @throws Error when options.speculative asks for "draft_model" without a draft
+  ///   engine, or the draft's tp group is not the engine's size.
   BatchSession(Engine& engine, SessionOptions options);
 
   /// Adds request `id` (not in use by an unfinished request). A request with an `error`
@@ -165,8 +172,12 @@ class BatchSession {
   std::vector<Backend::Penalty> penalties(const std::vector<int64_t>& ids) const;
   // Broadcasts tp rank 0's drawn {token, outcome} pairs and advances each request.
   void advance(const std::vector<int64_t>& ids, std::vector<int32_t>& drawn);
-  // The guesses to run after request `e`'s newest token (prompt lookup), or none.
-  std::vector<int32_t> guesses(Entry& e) const;
+  // Whether request `e` guesses after its newest token this step (speculation on, not
+  // backing off, the batch not above disable_by_batch_size); counts its back-off down.
+  bool wants_guesses(Entry& e) const;
+  // The guesses after each of `ids`' newest tokens (prompt lookup, or one batched call
+  // of the draft model), then each request's pending token and guesses to the scheduler.
+  void append_pending(const std::vector<std::pair<int64_t, int32_t>>& pending);
   // Whether `token`, the request's `n`-th new token, ends it (EOS, max_new_tokens, the
   // KV cache's length): tp rank 0 draws no guess row after it.
   bool ends(const Entry& e, int32_t token, int64_t n) const;
@@ -188,6 +199,7 @@ class BatchSession {
   // appended to the result when advance() emits the row's token.
   std::vector<std::optional<TokenLogprobs>> row_logprobs_;
   SpeculativeStats spec_stats_;
+  std::unique_ptr<DraftProposer> draft_;  // method "draft_model"
 };
 
 }  // namespace linnet

@@ -203,6 +203,11 @@ TEST(CommandLine, SpeculativeConfigKeysAndErrors) {
   EXPECT_EQ(d.prompt_lookup_min, 1);  // follows a smaller max
   EXPECT_EQ(d.prompt_lookup_max, 1);
   EXPECT_EQ(d.disable_by_batch_size, 8);
+  const SpeculativeConfig m =
+      parse_speculative_config(R"({"method": "draft_model", "model": "/m/draft", "num_speculative_tokens": 4})");
+  EXPECT_EQ(m.method, "draft_model");
+  EXPECT_EQ(m.model, "/m/draft");
+  EXPECT_EQ(m.num_speculative_tokens, 4);
   EXPECT_EQ(parse_speculative_config(R"({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 6})")
                 .prompt_lookup_max,
             6);  // follows a larger min
@@ -212,8 +217,12 @@ TEST(CommandLine, SpeculativeConfigKeysAndErrors) {
             "--speculative-config: unknown key (expected method, num_speculative_tokens"},
            {R"({"num_speculative_tokens": 3})", "--speculative-config key \"method\": is required"},
            {R"({"method": "eagle", "num_speculative_tokens": 3})", "--speculative-config key \"method\": invalid value"},
-           {R"({"method": "draft_model", "model": "x", "num_speculative_tokens": 3})",
-            "--speculative-config key \"method\": not supported yet"},
+           {R"({"method": "draft_model", "num_speculative_tokens": 3})",
+            "--speculative-config key \"model\": is required with method \"draft_model\""},
+           {R"({"method": "draft_model", "model": 7, "num_speculative_tokens": 3})",
+            "--speculative-config key \"model\": is required with method \"draft_model\""},
+           {R"({"method": "draft_model", "model": "d", "num_speculative_tokens": 3, "prompt_lookup_max": 3})",
+            "--speculative-config key \"prompt_lookup_max\": invalid key (expected only with method \"ngram\""},
            {R"({"method": "ngram"})", "--speculative-config key \"num_speculative_tokens\": is required"},
            {R"({"method": "ngram", "num_speculative_tokens": 0})",
             "--speculative-config key \"num_speculative_tokens\": invalid value (expected an integer in [1, 16], got 0)"},

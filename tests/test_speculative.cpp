@@ -18,10 +18,12 @@
 #include "loader/tokenizer/tokenizer.h"
 #include "parallel/mpi_communicator.h"
 #include "runtime/batch_generate.h"
+#include "runtime/draft_proposer.h"
 #include "runtime/model_loader.h"
 #include "runtime/page_pool.h"
 #include "runtime/paged_scheduler.h"
 #include "runtime/speculative.h"
+#include "runtime/weights.h"
 #include "tests/test_data.h"
 
 namespace linnet {
@@ -130,15 +132,27 @@ BatchOptions ngram_options(int64_t k, int64_t budget, int64_t lookup_max, Specul
   return o;
 }
 
-// Runs `reqs` with and without speculation on one engine and expects the same results
-// (ids, finish reasons, errors, logprobs); returns the speculation's counters.
-SpeculativeStats expect_same(Engine& engine, const std::vector<BatchRequest>& reqs, const std::string& what, int tp,
-                             int64_t k = 4, int64_t budget = 4096, int64_t lookup_max = 3) {
+// The draft model with k guesses (greedy guesses from `draft`), a step budget, and its
+// counters to `stats`.
+BatchOptions draft_options(Engine& draft, int64_t k, int64_t budget, SpeculativeStats* stats) {
+  BatchOptions o;
+  o.step_token_budget = budget;
+  o.speculative.method = "draft_model";
+  o.speculative.model = "(test)";
+  o.speculative.num_speculative_tokens = k;
+  o.draft = &draft;
+  o.speculative_stats = stats;
+  return o;
+}
+
+// Runs `reqs` with `spec` (speculative options and their stats) and without speculation
+// on one engine and expects the same results (ids, finish reasons, errors, logprobs).
+void expect_same_as_plain(Engine& engine, const std::vector<BatchRequest>& reqs, const BatchOptions& spec,
+                          const std::string& what, int tp) {
   BatchOptions plain;
-  plain.step_token_budget = budget;
+  plain.step_token_budget = spec.step_token_budget;
   const std::vector<GenerationResult> want = generate_batch(engine, reqs, plain);
-  SpeculativeStats stats;
-  const std::vector<GenerationResult> got = generate_batch(engine, reqs, ngram_options(k, budget, lookup_max, &stats));
+  const std::vector<GenerationResult> got = generate_batch(engine, reqs, spec);
   for (size_t i = 0; i < reqs.size(); ++i) {
     EXPECT_EQ(got[i].ids, want[i].ids) << what << " request " << i << " at tp " << tp;
     EXPECT_EQ(got[i].finish_reason, want[i].finish_reason) << what << " request " << i;
@@ -149,8 +163,41 @@ SpeculativeStats expect_same(Engine& engine, const std::vector<BatchRequest>& re
       EXPECT_EQ(got[i].logprobs[t].top, want[i].logprobs[t].top) << what << " request " << i << " token " << t;
     }
   }
-  EXPECT_LE(stats.accepted, stats.proposed);
+  if (spec.speculative_stats) {
+    EXPECT_LE(spec.speculative_stats->accepted, spec.speculative_stats->proposed) << what;
+  }
+}
+
+// expect_same_as_plain with prompt lookup; returns the speculation's counters.
+SpeculativeStats expect_same(Engine& engine, const std::vector<BatchRequest>& reqs, const std::string& what, int tp,
+                             int64_t k = 4, int64_t budget = 4096, int64_t lookup_max = 3) {
+  SpeculativeStats stats;
+  expect_same_as_plain(engine, reqs, ngram_options(k, budget, lookup_max, &stats), what, tp);
   return stats;
+}
+
+// expect_same_as_plain with a draft model; returns the speculation's counters.
+SpeculativeStats expect_same_drafted(Engine& engine, Engine& draft, const std::vector<BatchRequest>& reqs,
+                                     const std::string& what, int tp, int64_t k = 4, int64_t budget = 4096) {
+  SpeculativeStats stats;
+  expect_same_as_plain(engine, reqs, draft_options(draft, k, budget, &stats), what, tp);
+  return stats;
+}
+
+// A draft made of a checkpoint's first `layers` layers with its embedding, final norm and
+// lm_head (an early-exit model: the target's vocabulary, its guesses partly right), or
+// the whole checkpoint again (layers 0: the target as its own draft), on the target's
+// ranks and backend with a pool of `pages` pages of 16.
+std::unique_ptr<Engine> draft_engine(const ModelFiles& files, const ShardPlan& plan, Backend& backend,
+                                     Communicator& comm, int64_t layers, int64_t max_seq_len, int64_t max_batch,
+                                     int64_t pages) {
+  ModelConfig config = files.config;
+  ModelWeights w = load_weights(files.checkpoint, config, plan, backend.host_weight_dtype(files.checkpoint.dominant_dtype()));
+  if (layers > 0) {
+    w.layers.resize(static_cast<size_t>(layers));
+    config.num_hidden_layers = layers;
+  }
+  return std::make_unique<Engine>(config, plan, std::move(w), backend, comm, max_seq_len, max_batch, 16, pages);
 }
 
 class SpeculativeTest : public testing::Test {
@@ -196,6 +243,114 @@ TEST_F(SpeculativeTest, GreedyStoriesAreTheSameWithPromptLookup) {
   expect_same(*engine, reqs, "one guess", tp, 1);
 }
 
+// The draft proposer keeps each sequence's K/V across calls, rewinding to the tokens
+// still valid: its guesses must be those of a proposer that starts afresh on the same
+// tokens, whatever was kept, rejected or skipped in between. Three sequences, a budget
+// of 5 (prompts split over passes), random acceptance, calls skipped (longer catch-ups),
+// a sequence finished and another taking its place.
+TEST_F(SpeculativeTest, DraftProposerGuessesAsIfItStartedAfresh) {
+  const ModelFiles files = open_model(test::stories_dir());
+  auto backend = make_cpu_backend(1);
+  const ShardPlan plan = ShardPlan::make(files.config, world_->rank(), world_->size());
+  auto kept = draft_engine(files, plan, *backend, *world_, 4, kMaxSeqLen, 4, 64);
+  auto fresh = draft_engine(files, plan, *backend, *world_, 4, kMaxSeqLen, 4, 64);
+  DraftProposer proposer(*kept, files.config.vocab_size, 5);
+  const Tokenizer tok = Tokenizer::from_dir(test::stories_dir());
+  std::vector<Ids> seqs = {tok.encode("Once upon a time, there was a little girl"), tok.encode("One day, a big dog"),
+                           tok.encode("Tom and Sue went to the park. They")};
+  std::vector<int64_t> ids = {0, 1, 2};
+  std::mt19937 rng(5);  // the same stream on every rank
+  int64_t kept_guesses = 0, rewound = 0;
+  for (int round = 0; round < 24; ++round) {
+    std::vector<DraftProposer::Want> wants;
+    std::vector<size_t> which;
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      if (rng() % 4 == 0) continue;  // not guessing this step: the draft falls behind
+      wants.push_back({ids[i], seqs[i], 1 + static_cast<int64_t>(rng() % 4), 200});
+      which.push_back(i);
+    }
+    const auto got = proposer.propose(wants);
+    ASSERT_EQ(got.size(), wants.size());
+    for (size_t j = 0; j < wants.size(); ++j) {
+      DraftProposer alone(*fresh, files.config.vocab_size, 4096);
+      const auto want = alone.propose({wants[j]});
+      ASSERT_EQ(got[j], want.at(0)) << "round " << round << " sequence " << which[j];
+      ASSERT_EQ(static_cast<int64_t>(got[j].size()), wants[j].k);
+    }
+    // The target keeps a random prefix of each sequence's guesses, then adds a token of
+    // its own (a random one); sequences that did not guess get 1-3 tokens.
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      const auto j = std::find(which.begin(), which.end(), i);
+      if (j != which.end()) {
+        const Ids& g = got[static_cast<size_t>(j - which.begin())];
+        const size_t a = rng() % (g.size() + 1);
+        seqs[i].insert(seqs[i].end(), g.begin(), g.begin() + static_cast<long>(a));
+        kept_guesses += static_cast<int64_t>(a);
+        rewound += a < g.size() ? 1 : 0;
+      }
+      for (uint32_t n = j == which.end() ? 1 + rng() % 3 : 1; n > 0; --n) seqs[i].push_back(static_cast<int32_t>(3 + rng() % 400));
+    }
+    if (round == 12) {  // sequence 1 ends; a new one takes its place
+      proposer.finish(ids[1]);
+      ids[1] = 7;
+      seqs[1] = tok.encode("The sun was hot");
+    }
+  }
+  EXPECT_GT(kept_guesses, 10);
+  EXPECT_GT(rewound, 10);
+  EXPECT_EQ(proposer.sequences(), 3);
+  // Room: no guess at or past the request's last position (length - 1).
+  DraftProposer tight(*fresh, files.config.vocab_size, 4096);
+  const Ids t = seqs[0];
+  const int64_t n = static_cast<int64_t>(t.size());
+  EXPECT_EQ(tight.propose({{9, t, 4, n + 3}}).at(0).size(), 2u);
+  EXPECT_EQ(tight.propose({{10, t, 4, n + 1}}).at(0).size(), 0u);
+}
+
+// The draft model (issue 27): the same batch and each request alone, with an early-exit
+// draft (stories260k's first 4 of 5 layers: 30% of its guesses kept), with the
+// target as its own draft (every guess of an unpenalized greedy request kept, but those
+// past its end), and with a draft pool that holds one request at a time (the others go
+// without guesses until it is free).
+TEST_F(SpeculativeTest, GreedyStoriesAreTheSameWithADraftModel) {
+  const ModelFiles files = open_model(test::stories_dir());
+  auto backend = make_cpu_backend(1);
+  const ShardPlan plan = ShardPlan::make(files.config, world_->rank(), world_->size());
+  auto engine = make_engine(files, plan, *backend, *world_, kMaxSeqLen, /*max_batch=*/4, /*page_size=*/16, 96);
+  auto early = draft_engine(files, plan, *backend, *world_, 4, kMaxSeqLen, 4, 96);
+  auto self = draft_engine(files, plan, *backend, *world_, 0, kMaxSeqLen, 4, 96);
+  auto small = draft_engine(files, plan, *backend, *world_, 4, kMaxSeqLen, 4, 8);
+  const Tokenizer tok = Tokenizer::from_dir(test::stories_dir());
+  const Ids story = tok.encode("Once upon a time, there was a little girl named Lily. She loved to play outside");
+  std::vector<BatchRequest> reqs(6);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    reqs[i].prompt.assign(story.begin(), story.end() - static_cast<long>(2 * i));
+    reqs[i].max_new_tokens = i == 1 ? 3 : 100;
+    reqs[i].eos_ids = {2};
+  }
+  reqs[2].top_logprobs = 2;
+  reqs[3].sampling.repetition_penalty = 1.3;
+  reqs[4].top_logprobs = 1;
+  reqs[4].sampling.presence_penalty = 0.4;
+  reqs[5].sampling.temperature = 0.8, reqs[5].sampling.seed = 9;
+  const int tp = world_->size();
+  const SpeculativeStats batch = expect_same_drafted(*engine, *early, reqs, "early-exit draft", tp);
+  EXPECT_GT(batch.accepted, 20) << "proposed " << batch.proposed;
+  EXPECT_GT(batch.proposed, batch.accepted) << "some guesses are rejected";
+  for (size_t i = 0; i < reqs.size(); ++i) expect_same_drafted(*engine, *early, {reqs[i]}, "alone " + std::to_string(i), tp);
+  expect_same_drafted(*engine, *early, reqs, "budget 3", tp, 4, 3);
+  expect_same_drafted(*engine, *early, reqs, "one guess", tp, 1);
+  const SpeculativeStats crowded = expect_same_drafted(*engine, *small, reqs, "a one-request draft pool", tp);
+  EXPECT_GT(crowded.accepted, 0);
+  // The target as its own draft: unpenalized greedy requests lose at most the guesses
+  // made past their last token (k a request).
+  const std::vector<BatchRequest> greedy(reqs.begin(), reqs.begin() + 3);
+  const SpeculativeStats all = expect_same_drafted(*engine, *self, greedy, "its own draft", tp, 5);
+  EXPECT_GT(all.accepted, 40);
+  EXPECT_LE(all.proposed - all.accepted, static_cast<int64_t>(greedy.size()) * 5) << "accepted " << all.accepted;
+  expect_same_drafted(*engine, *self, reqs, "its own draft, every kind", tp, 3);
+}
+
 // Sampled requests with speculation draw each row as without it (the same sampler and
 // random stream) and keep a guess when the row before drew it: the output is plain
 // decoding's, seed for seed, whatever the batch, the budget or k; so the tokens'
@@ -228,6 +383,15 @@ TEST_F(SpeculativeTest, SampledOutputIsPlainDecodingsAndFollowsTheSoftmax) {
       ASSERT_EQ(got[i].ids, plain[i].ids) << "seed " << i << " k " << k << " at tp " << world_->size();
     }
     EXPECT_GT(stats.accepted, 10) << "k " << k;  // 34 and 29 at the time of writing
+  }
+  {  // the draft model: an early-exit draft's greedy guesses, kept by the same rule
+    auto draft = draft_engine(files, plan, *backend, *world_, 4, kMaxSeqLen, 16, 64);
+    SpeculativeStats stats;
+    const auto got = generate_batch(*engine, reqs, draft_options(*draft, 3, 4096, &stats));
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      ASSERT_EQ(got[i].ids, plain[i].ids) << "seed " << i << " with a draft model at tp " << world_->size();
+    }
+    EXPECT_GT(stats.accepted, 10) << "with a draft model";
   }
   const std::vector<float> logits = engine->next_token(story);  // a collective: every rank
   double mx = -1e30;
@@ -285,6 +449,15 @@ TEST_P(SpeculativeFixtureTest, GreedyOutputIsTheSame) {
   }
   const SpeculativeStats stats = expect_same(*engine, reqs, GetParam(), world.size(), 3, 40, 4);
   EXPECT_GT(stats.proposed, 0) << GetParam();
+  // The draft model: the fixture as its own draft (every guess kept but those past a
+  // request's last token), and its first layer alone (random weights: mostly rejected).
+  auto self = draft_engine(files, plan, *backend, world, 0, 192, 32, 200);
+  const SpeculativeStats own = expect_same_drafted(*engine, *self, reqs, GetParam() + " as its own draft", world.size(), 3, 40);
+  EXPECT_GT(own.accepted, 0) << GetParam();
+  EXPECT_LE(own.proposed - own.accepted, static_cast<int64_t>(reqs.size()) * 3) << GetParam();
+  auto one = draft_engine(files, plan, *backend, world, 1, 192, 32, 200);
+  const SpeculativeStats first = expect_same_drafted(*engine, *one, reqs, GetParam() + " one-layer draft", world.size(), 3, 40);
+  EXPECT_GT(first.proposed, 0) << GetParam();
 }
 
 INSTANTIATE_TEST_SUITE_P(Architectures, SpeculativeFixtureTest, testing::Values("llama31", "qwen3", "phi3", "mistral"));
