@@ -163,6 +163,7 @@ int run_batch(Engine& engine, const BatchRun& b, const std::vector<int64_t>& eos
   options.kv_stats = &kv;
   options.prefix_caching = b.prefix_caching;
   options.speculative = b.speculative;
+  options.draft = b.draft;
   SpeculativeStats spec;
   options.speculative_stats = &spec;
   const auto t0 = std::chrono::steady_clock::now();

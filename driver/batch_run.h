@@ -34,6 +34,7 @@ struct BatchRun {
   size_t kept_from_journal = 0;                // rank 0: how many of `kept` came from the journal only
   Journal* journal = nullptr;                  // rank 0 with --output: where finished lines go at once
   SpeculativeConfig speculative{};             // --speculative-config (BatchOptions::speculative)
+  Engine* draft = nullptr;                     // its draft model's engine (method draft_model)
 };
 
 /// Runs this dp group's share of `b.todo` (round-robin over the dp groups; request k of

@@ -155,6 +155,7 @@ class GroupSession {
     SessionOptions so;
     so.prefix_caching = c.prefix_caching;
     so.speculative = c.speculative;
+    so.draft = c.draft;
     if (!group_root) return so;
     // Each new token passes the stop check before it is appended (SessionOptions), so
     // the text is pushed there and on_token sends what it added.

@@ -29,6 +29,7 @@ struct ServeLoopConfig {
   double shutdown_grace_s = 10.0;        // then unfinished requests are cancelled
   bool prefix_caching = true;
   SpeculativeConfig speculative;         // --speculative-config, server-wide
+  Engine* draft = nullptr;               // its draft model's engine (method draft_model)
 };
 
 /// Runs the serve loop on every rank (driver/serve_loop.cpp) until a SIGINT/SIGTERM (on

@@ -200,6 +200,88 @@ GenerationModel open_generation_model(const EngineOptions& o, const WorldConfig&
   return m;
 }
 
+DraftModel open_draft_model(const EngineOptions& o, const GenerationModel& target, const OpenedEngine& target_engine,
+                            MpiGroups& groups, int64_t rows) {
+  const WorldConfig& w = groups.world_config;
+  const std::string key = "--speculative-config key \"model\"";
+  DraftModel d;
+  try {
+    d.model_dir = resolve_model_dir(o.speculative.model);
+    d.files = std::make_unique<ModelFiles>(open_model(d.model_dir));
+  } catch (const Error& e) {
+    throw Error(key + " (the draft model): " + e.what());
+  }
+  const ModelConfig& config = d.files->config;
+  // The same tokenizer: every id the same token (a draft's embedding may be padded to
+  // another vocab_size; its guesses stay below the ids the tokenizer knows).
+  const std::filesystem::path mine = d.model_dir / "tokenizer.json", theirs = target.model_dir / "tokenizer.json";
+  std::optional<Tokenizer> draft_tok;
+  try {
+    draft_tok.emplace(Tokenizer::from_dir(d.model_dir));
+  } catch (const Error& e) {
+    throw Error(key + " (the draft model): " + e.what());
+  }
+  const Tokenizer& tok = *draft_tok;
+  const Tokenizer& t = *target.tokenizer;
+  if (tok.vocab_size() != t.vocab_size()) {
+    throw Error("the draft model's tokenizer differs from the target's", mine.string(),
+                std::to_string(t.vocab_size()) + " ids, as " + theirs.string(), std::to_string(tok.vocab_size()) + " ids");
+  }
+  for (int32_t id = 0; id < static_cast<int32_t>(t.vocab_size()); ++id) {
+    if (tok.id_to_token(id) != t.id_to_token(id)) {
+      throw Error("the draft model's tokenizer differs from the target's", mine.string() + " id " + std::to_string(id),
+                  "'" + t.id_to_token(id) + "', as " + theirs.string(), "'" + tok.id_to_token(id) + "'");
+    }
+  }
+  if (tok.vocab_size() > config.vocab_size) {
+    throw Error("the tokenizer knows more ids than the draft model has embedding rows", (d.model_dir / "config.json").string(),
+                "vocab_size >= " + std::to_string(tok.vocab_size()), std::to_string(config.vocab_size));
+  }
+  const ModelConfig& tc = target.files->config;
+  if (config.quantization && (!tc.quantization || config.quantization->describe() != tc.quantization->describe())) {
+    throw Error("a pre-quantized draft model must be quantized as the target", (d.model_dir / "config.json").string(),
+                tc.quantization ? tc.quantization->describe() : "an unquantized checkpoint (the target's kind)",
+                config.quantization->describe());
+  }
+  try {
+    d.plan = ShardPlan::make(config, w.tp_rank, w.tp_size);
+  } catch (const Error& e) {
+    throw Error(key + " (the draft model runs at the target's --tp " + std::to_string(w.tp_size) + "): " + e.what());
+  }
+  // Held as the target: "auto" resolves to the target's dtype; the KV pool has the
+  // target's positions.
+  EngineOptions od = o;
+  od.kv_cache_tokens = target_engine.plan.kv_tokens;
+  od.kv_cache_memory_fraction.reset();
+  const EnginePlan p = plan_engine(od, config, d.plan, target_engine.plan.weight_dtype,
+                                   {EngineSizing::Kv::kPaged, target.max_seq_len, rows}, -1, w.local_size);
+  if (p.weight_dtype != target_engine.plan.weight_dtype || p.kv_cache_dtype != target_engine.plan.kv_cache_dtype) {
+    throw Error("the draft model would be held in another dtype than the target", key,
+                std::string(dtype_name(target_engine.plan.weight_dtype)) + " weights, " +
+                    dtype_name(target_engine.plan.kv_cache_dtype) + " KV cache",
+                std::string(dtype_name(p.weight_dtype)) + ", " + dtype_name(p.kv_cache_dtype));
+  }
+  // The memory left once the target is loaded: the host's MemAvailable now; on a GPU its
+  // free memory at start-up less what the target took.
+  const auto me = static_cast<size_t>(w.world_rank);
+  const bool cuda = target_engine.backend->name().find("cuda") != std::string::npos;
+  if (cuda && me < groups.devices.size() && groups.devices[me].cuda) {
+    check_memory(p.need, groups.devices[me].free_bytes - target_engine.plan.need.total(), 1,
+                 "free memory of the GPU after the target model");
+  } else {
+    check_memory(p.need, available_host_memory(), w.local_size, "available memory after the target model");
+  }
+  d.engine = make_engine(*d.files, d.plan, *target_engine.backend, target_engine.engine->tp_comm(), target.max_seq_len,
+                         rows, kKvPageSize, p.kv_tokens / kKvPageSize, o.cuda_graphs);
+  if (w.world_rank == 0) {
+    std::fprintf(stderr, "[linnet-tp] draft model %s: %lld layers, per rank weights %s, KV cache %s (%lld pages)\n",
+                 d.model_dir.string().c_str(), static_cast<long long>(config.num_hidden_layers),
+                 format_bytes(p.need.weight_bytes).c_str(), format_bytes(d.engine->kv_cache_bytes()).c_str(),
+                 static_cast<long long>(d.engine->num_pages()));
+  }
+  return d;
+}
+
 std::string held_weights_text(const ModelConfig& config, DType held, int64_t group_size, const char* after_groups) {
   const std::string name = dtype_name(held);
   // The int8-activation mode (set by open_engine before anything reports) says so.

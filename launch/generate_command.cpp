@@ -59,7 +59,7 @@ using nlohmann::ordered_json;
 // --prompt: one completion, streamed on rank 0 as it is generated (dp group 0 only).
 // Returns whether it failed (finish_reason "error").
 bool run_single(Engine& engine, const Tokenizer& tok, const Request& r, const std::vector<int64_t>& eos,
-                uint64_t seed, bool is_root, JsonlOutput* output, const SpeculativeConfig& speculative) {
+                uint64_t seed, bool is_root, JsonlOutput* output, const SpeculativeConfig& speculative, Engine* draft) {
   SamplingParams sampling = r.settings.sampling;
   sampling.seed = seed;
   std::vector<int64_t> stop_ids = eos;
@@ -80,6 +80,7 @@ bool run_single(Engine& engine, const Tokenizer& tok, const Request& r, const st
     // token once, in order).
     BatchOptions options;
     options.speculative = speculative;
+    options.draft = draft;
     options.speculative_stats = &spec;
     options.stop_check = [&](size_t, int32_t id) {
       if (stream) show(stream->push(id));
@@ -151,6 +152,7 @@ ordered_json generate_settings(const GenerateOptions& o, const RequestSettings& 
                                {"prompt_lookup_min", c.prompt_lookup_min},
                                {"prompt_lookup_max", c.prompt_lookup_max},
                                {"disable_by_batch_size", c.disable_by_batch_size}};
+    if (c.method == "draft_model") s["speculative_config"]["model"] = c.model;
   }
   return s;
 }
@@ -356,10 +358,10 @@ void apply_sampling_flags(const GenerateOptions& o, RequestSettings& d) {
 // --prompt on every rank: dp group 0 generates (rank 0 streams it); the other groups wait
 // for its whole completion. Returns the exit code, the same on every rank.
 int run_prompt(Engine& engine, const Tokenizer& tok, const Request& r, const std::vector<int64_t>& eos, uint64_t seed,
-               MpiGroups& groups, JsonlOutput* output, const SpeculativeConfig& speculative) {
+               MpiGroups& groups, JsonlOutput* output, const SpeculativeConfig& speculative, Engine* draft) {
   const WorldConfig& w = groups.world_config;
   float failed = 0.0f;
-  if (w.dp_rank == 0 && run_single(engine, tok, r, eos, seed, w.world_rank == 0, output, speculative)) failed = 1.0f;
+  if (w.dp_rank == 0 && run_single(engine, tok, r, eos, seed, w.world_rank == 0, output, speculative, draft)) failed = 1.0f;
   // The other dp groups wait here for group 0's whole completion: no stall, so no
   // timeout for them (group 0's own collectives are watched).
   const double timeout = comm_timeout();
@@ -550,6 +552,7 @@ int run_generate(const GenerateOptions& o, Job& job) {
   GenerationModel m;
   GenerateRequests reqs;
   OpenedEngine e;
+  DraftModel draft;  // --speculative-config's draft_model
   ordered_json settings;  // what the journal's header keeps for --resume to check
   const bool loaded = job.load_phase([&] {
     m = open_generation_model(o.engine, w, [&](RequestSettings& d) { apply_sampling_flags(o, d); });
@@ -572,6 +575,7 @@ int run_generate(const GenerateOptions& o, Job& job) {
     e = open_engine(o.engine, m.files->config, m.files.get(), m.plan, groups,
                     {EngineSizing::Kv::kPaged, m.max_seq_len, batch_rows});
     report_engine(o.engine, e, *m.files, m.plan, m.max_seq_len, batch_rows, w);
+    if (o.engine.speculative.method == "draft_model") draft = open_draft_model(o.engine, m, e, groups, batch_rows);
   });
   if (!loaded) return kLoadErrorExit;
 
@@ -614,10 +618,11 @@ int run_generate(const GenerateOptions& o, Job& job) {
       run.kept_from_journal = in.from_journal.size();
       run.journal = journal.get();
       run.speculative = o.engine.speculative;
+      run.draft = draft.engine.get();
       code = run_batch(*e.engine, run, m.eos, seed, output);
     } else {
       code = run_prompt(*e.engine, *m.tokenizer, reqs.requests.at(0), m.eos, seed, groups, output.get(),
-                        o.engine.speculative);
+                        o.engine.speculative, draft.engine.get());
     }
     if (w.world_rank == 0 && (std::fflush(stdout) != 0 || std::ferror(stdout))) {
       throw Error(std::string("cannot write the completion: ") + std::strerror(errno), "stdout");

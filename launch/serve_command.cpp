@@ -197,11 +197,13 @@ int run_serve(const ServeOptions& o, Job& job) {
 
   GenerationModel m;
   OpenedEngine e;
+  DraftModel draft;  // --speculative-config's draft_model
   const bool loaded = job.load_phase([&] {
     m = open_generation_model(o.engine, w, {});  // requests set their own sampling
     e = open_engine(o.engine, m.files->config, m.files.get(), m.plan, groups,
                     {EngineSizing::Kv::kPaged, m.max_seq_len, o.engine.max_batch});
     report_engine(o.engine, e, *m.files, m.plan, m.max_seq_len, o.engine.max_batch, w);
+    if (o.engine.speculative.method == "draft_model") draft = open_draft_model(o.engine, m, e, groups, o.engine.max_batch);
   });
   if (!loaded) {
     if (server) server->stop();
@@ -242,6 +244,7 @@ int run_serve(const ServeOptions& o, Job& job) {
     lc.shutdown_grace_s = o.shutdown_grace_s;
     lc.prefix_caching = o.engine.prefix_caching;
     lc.speculative = o.engine.speculative;
+    lc.draft = draft.engine.get();
     run_serve_loop(*e.engine, lc);
     // Every request has ended in the engine; let their responses finish writing.
     if (server) server->stop(std::chrono::milliseconds(static_cast<int64_t>(1000.0 * std::min(o.shutdown_grace_s, 5.0) + 1000)));

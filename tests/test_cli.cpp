@@ -267,6 +267,69 @@ TEST_F(Cli, SpeculativeDecodingWritesWhatPlainDecodingWrites) {
   EXPECT_NE(bad.err.find("--speculative-config: unknown key"), std::string::npos) << bad.err;
 }
 
+// Issue 27's draft model: an early-exit draft of stories260k (a copy whose config.json
+// keeps its first 4 of 5 layers; the fifth's tensors go unused) gives what plain
+// decoding gives, --input and --prompt, tp 1 and 2; a draft whose tokenizer maps an id
+// to another token, or a folder that is not there, fails every rank with the reason.
+TEST_F(Cli, DraftModelWritesWhatPlainDecodingWrites) {
+  const fs::path draft = copy_model();
+  auto config = test::read_json(draft / "config.json");
+  config["num_hidden_layers"] = 4;
+  std::ofstream(draft / "config.json") << config.dump();
+  const fs::path in = tmp_ / "prompts.jsonl";
+  {
+    std::ofstream f(in);
+    f << R"({"prompt": "Once upon a time, there was a little girl named Lily."})" "\n"
+      << R"({"prompt": "Lily and Ben", "top_logprobs": 2})" "\n"
+      << R"({"prompt": "Tom had a red ball", "temperature": 0.9, "seed": 4, "top_logprobs": 1})" "\n";
+  }
+  const std::string model = "--model " + quote(test::stories_dir().string());
+  const std::string spec = " --speculative-config '{\"method\": \"draft_model\", \"model\": \"" + draft.string() +
+                           "\", \"num_speculative_tokens\": 3}'";
+  for (const int tp : {1, 2}) {
+    std::string outputs[2], printed[2];
+    for (int k = 0; k < 2; ++k) {
+      const fs::path out = tmp_ / ("out" + std::to_string(tp) + std::to_string(k) + ".jsonl");
+      const Result r = run(tp, model + " --input " + quote(in.string()) + " --output " + quote(out.string()) +
+                                   " --max-new-tokens 50 --temperature 0" + (k == 1 ? spec : ""));
+      ASSERT_EQ(r.code, 0) << r.err;
+      outputs[k] = slurp(out);
+      const Result p = run(tp, model + " --prompt 'Once upon a time' --max-new-tokens 40 --temperature 0" +
+                                   (k == 1 ? spec : ""));
+      ASSERT_EQ(p.code, 0) << p.err;
+      printed[k] = p.out;
+      if (k == 1) {
+        const std::regex stats(R"(speculation \(draft_model, k 3\): (\d+) guesses, (\d+) accepted)");
+        std::smatch m;
+        ASSERT_TRUE(std::regex_search(r.err, m, stats)) << r.err;
+        EXPECT_GT(std::stoll(m[2].str()), 0) << r.err;
+        EXPECT_NE(r.err.find("draft model " + draft.string() + ": 4 layers"), std::string::npos) << r.err;
+      }
+    }
+    EXPECT_EQ(outputs[0], outputs[1]) << "tp " << tp;
+    EXPECT_EQ(printed[0], printed[1]) << "tp " << tp;
+  }
+  // Another tokenizer: two ids' tokens swapped.
+  const fs::path other = tmp_ / "other";
+  fs::copy(draft, other);
+  auto tokenizer = test::read_json(other / "tokenizer.json");
+  auto& vocab = tokenizer["model"]["vocab"];
+  std::string a, b;
+  for (const auto& [token, id] : vocab.items()) {
+    if (id == 300) a = token;
+    if (id == 301) b = token;
+  }
+  vocab[a] = 301, vocab[b] = 300;
+  std::ofstream(other / "tokenizer.json") << tokenizer.dump();
+  const std::string swapped = " --speculative-config '{\"method\": \"draft_model\", \"model\": \"" + other.string() +
+                              "\", \"num_speculative_tokens\": 3}'";
+  expect_clean_failure(model + " --prompt hi" + swapped, "the draft model's tokenizer differs from the target's");
+  expect_clean_failure(model + " --prompt hi" + swapped, "id 300");
+  expect_clean_failure(model + " --prompt hi --speculative-config '{\"method\": \"draft_model\", \"model\": \"" +
+                           (tmp_ / "absent").string() + "\", \"num_speculative_tokens\": 3}'",
+                       "--speculative-config key \"model\" (the draft model)");
+}
+
 TEST_F(Cli, TruncatedSafetensorsFile) {
   const fs::path m = copy_model();
   fs::resize_file(m / "model-00002-of-00002.safetensors", 300000);
