@@ -141,18 +141,21 @@ TEST_F(Reliability, GenerateResumeAfterKill9OfARankIsByteIdentical) {
   EXPECT_FALSE(fs::exists(journal));
 }
 
-// Issue 27: a sampled run with speculative decoding, killed (-9) and resumed with the
-// same --speculative-config, writes what an uninterrupted one writes; a resume without
-// it is refused (the run settings keep the configuration: on CUDA a guess row may round
-// differently, so the output there is not guaranteed to be the same).
+// Issue 27: a sampled run with speculative decoding (the model as its own draft), killed
+// (-9) and resumed with the same --speculative-config, writes what an uninterrupted run
+// with prompt lookup writes; a resume without it is refused (the run settings keep the
+// configuration: on CUDA a guess row may round differently, so the output there is not
+// guaranteed to be the same).
 TEST_F(Reliability, SpeculativeResumeAfterKill9IsByteIdentical) {
   const fs::path in = tmp_ / "prompts.jsonl", full = tmp_ / "full.jsonl", out = tmp_ / "out.jsonl";
   const fs::path journal = tmp_ / "out.jsonl.journal";
   write_prompts(in, 16);
-  const std::string spec = " --speculative-config '{\"method\": \"ngram\", \"num_speculative_tokens\": 3}'";
+  const std::string ngram = " --speculative-config '{\"method\": \"ngram\", \"num_speculative_tokens\": 3}'";
+  const std::string spec = " --speculative-config '{\"method\": \"draft_model\", \"model\": \"" +
+                           test::stories_dir().string() + "\", \"num_speculative_tokens\": 3}'";
   const std::string args = "--model " + stories() + " --input " + quote(in.string()) +
                            " --max-new-tokens 80 --temperature 0.8 --max-batch 4 --seed 5";
-  const Result a = run(2, args + spec + " --output " + quote(full.string()));
+  const Result a = run(2, args + ngram + " --output " + quote(full.string()));
   ASSERT_EQ(a.code, 0) << a.err;
   const Result k = run(2, args + spec + " --output " + quote(out.string()), signal_when_lines(1, "9", journal, 5));
   EXPECT_NE(k.code, 0);

@@ -509,10 +509,10 @@ TEST_F(Serve, CompletionsEqualGenerate) {
   }
 }
 
-// Issue 27: a server with --speculative-config (prompt lookup) answers greedy and seeded
-// sampled requests with the text of plain generate, streamed or not, with stop strings,
-// each token with its own logprob, at tp 1 and 2, and /metrics counts the guesses it ran
-// and kept.
+// Issue 27: a server with --speculative-config (prompt lookup at tp 1 and 2; the model as
+// its own draft at tp 2) answers greedy and seeded sampled requests with the text of
+// plain generate, streamed or not, with stop strings, each token with its own logprob,
+// and /metrics counts the guesses it ran and kept.
 TEST_F(Serve, SpeculativeDecodingKeepsGreedyTextAndCountsGuesses) {
   std::vector<json> lines;
   for (const auto& p : kPrompts) {
@@ -521,10 +521,16 @@ TEST_F(Serve, SpeculativeDecodingKeepsGreedyTextAndCountsGuesses) {
     lines.push_back({{"prompt", twice}, {"max_new_tokens", 50}, {"temperature", 0}, {"stop", json::array({"was", "."})}});
     lines.push_back({{"prompt", twice}, {"max_new_tokens", 50}, {"temperature", 0.8}, {"seed", 3}, {"logprobs", true}, {"top_logprobs", 1}});
   }
-  for (int np : {1, 2}) {
-    const std::vector<json> expected = generate(np, lines);
+  // Prompt lookup at np 1 and 2; the model as its own draft (issue 27's draft_model) at np 2.
+  const std::string ngram = R"('{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1}')";
+  const std::string draft =
+      R"('{"method": "draft_model", "model": ")" + test::stories_dir().string() + R"(", "num_speculative_tokens": 3}')";
+  std::map<int, std::vector<json>> plain;
+  for (const auto& [np, spec] : std::vector<std::pair<int, std::string>>{{1, ngram}, {2, ngram}, {2, draft}}) {
+    if (!plain.count(np)) plain[np] = generate(np, lines);
+    const std::vector<json>& expected = plain[np];
     ASSERT_EQ(expected.size(), lines.size());
-    Server s = start(np, R"(--speculative-config '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1}')");
+    Server s = start(np, "--speculative-config " + spec);
     track(s);
     EXPECT_TRUE(std::isnan(metric(s, "linnet_spec_decode_num_draft_tokens_total")) ||
                 metric(s, "linnet_spec_decode_num_draft_tokens_total") == 0.0);
