@@ -129,10 +129,10 @@ SpeculativeConfig parse_speculative_config(const std::string& text) {
   };
   for (const auto& [key, value] : j.items()) {
     static const char* const known[] = {"method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max",
-                                        "model", "disable_by_batch_size"};
+                                        "model", "quantization", "disable_by_batch_size"};
     if (std::find(std::begin(known), std::end(known), key) == std::end(known)) {
       throw Error("unknown key", flag, "method, num_speculative_tokens, prompt_lookup_min, prompt_lookup_max, model, "
-                  "disable_by_batch_size", "\"" + key + "\"");
+                  "quantization, disable_by_batch_size", "\"" + key + "\"");
     }
     (void)value;
   }
@@ -151,13 +151,26 @@ SpeculativeConfig parse_speculative_config(const std::string& text) {
                   "the draft checkpoint's folder", j.contains("model") ? j["model"].dump() : "absent");
     }
     c.model = j["model"].get<std::string>();
+    if (j.contains("quantization")) {
+      const nlohmann::json& q = j["quantization"];
+      static const char* const dtypes[] = {"f32", "bf16", "f16", "int8", "int4"};
+      if (!q.is_string() || std::find(std::begin(dtypes), std::end(dtypes), q.get<std::string>()) == std::end(dtypes)) {
+        throw Error("invalid value", std::string(flag) + " key \"quantization\"",
+                    "the draft's weight dtype: f32, bf16, f16, int8 or int4", q.dump());
+      }
+      c.quantization = q.get<std::string>();
+    }
     for (const char* key : {"prompt_lookup_min", "prompt_lookup_max"}) {
       if (j.contains(key)) {
         throw Error("invalid key", std::string(flag) + " key \"" + key + "\"", "only with method \"ngram\"", j[key].dump());
       }
     }
-  } else if (j.contains("model")) {
-    throw Error("invalid key", std::string(flag) + " key \"model\"", "only with method \"draft_model\"", j["model"].dump());
+  } else {
+    for (const char* key : {"model", "quantization"}) {
+      if (j.contains(key)) {
+        throw Error("invalid key", std::string(flag) + " key \"" + key + "\"", "only with method \"draft_model\"", j[key].dump());
+      }
+    }
   }
   const auto k = integer("num_speculative_tokens", 1, kMaxSpeculativeTokens);
   if (!k) throw Error("is required", std::string(flag) + " key \"num_speculative_tokens\"");

@@ -46,6 +46,8 @@ inline constexpr int64_t kMaxPromptLookup = 64;
 /// "prompt_lookup_min" / "prompt_lookup_max" (ngram only; in [1, kMaxPromptLookup], min
 /// <= max; defaults 2 and 4, a missing one follows the other within them), "model"
 /// (draft_model only, required there: the draft checkpoint, as --model names one),
+/// "quantization" (draft_model only: the draft's held weight dtype, f32 / bf16 / f16 /
+/// int8 / int4 as --weight-dtype; absent: the target's),
 /// "disable_by_batch_size" (>= 1: no guesses while more requests run; absent: never off).
 /// @throws Error naming --speculative-config and the key: not JSON, not an object, an
 ///   unknown key, a value of the wrong type or out of range, a missing method or

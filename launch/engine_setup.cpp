@@ -237,46 +237,60 @@ DraftModel open_draft_model(const EngineOptions& o, const GenerationModel& targe
     throw Error("the tokenizer knows more ids than the draft model has embedding rows", (d.model_dir / "config.json").string(),
                 "vocab_size >= " + std::to_string(tok.vocab_size()), std::to_string(config.vocab_size));
   }
-  const ModelConfig& tc = target.files->config;
-  if (config.quantization && (!tc.quantization || config.quantization->describe() != tc.quantization->describe())) {
-    throw Error("a pre-quantized draft model must be quantized as the target", (d.model_dir / "config.json").string(),
-                tc.quantization ? tc.quantization->describe() : "an unquantized checkpoint (the target's kind)",
-                config.quantization->describe());
-  }
   try {
     d.plan = ShardPlan::make(config, w.tp_rank, w.tp_size);
   } catch (const Error& e) {
     throw Error(key + " (the draft model runs at the target's --tp " + std::to_string(w.tp_size) + "): " + e.what());
   }
-  // Held as the target: "auto" resolves to the target's dtype; the KV pool has the
-  // target's positions.
+  // Held as the target ("auto" resolves to the target's dtype), or as its "quantization"
+  // says; the KV pool has the target's positions.
   EngineOptions od = o;
   od.kv_cache_tokens = target_engine.plan.kv_tokens;
   od.kv_cache_memory_fraction.reset();
-  const EnginePlan p = plan_engine(od, config, d.plan, target_engine.plan.weight_dtype,
-                                   {EngineSizing::Kv::kPaged, target.max_seq_len, rows}, -1, w.local_size);
-  if (p.weight_dtype != target_engine.plan.weight_dtype || p.kv_cache_dtype != target_engine.plan.kv_cache_dtype) {
-    throw Error("the draft model would be held in another dtype than the target", key,
-                std::string(dtype_name(target_engine.plan.weight_dtype)) + " weights, " +
-                    dtype_name(target_engine.plan.kv_cache_dtype) + " KV cache",
-                std::string(dtype_name(p.weight_dtype)) + ", " + dtype_name(p.kv_cache_dtype));
+  if (!o.speculative.quantization.empty()) od.weight_dtype = o.speculative.quantization;
+  if (od.weight_dtype != "int8" && od.weight_dtype != "int4") od.weight_group_size = 0;
+  const EngineSizing sizing{EngineSizing::Kv::kPaged, target.max_seq_len, rows};
+  EnginePlan p;
+  try {
+    p = plan_engine(od, config, d.plan, target_engine.plan.weight_dtype, sizing, -1, w.local_size);
+  } catch (const Error& e) {
+    throw Error("--speculative-config (the draft model " + d.model_dir.string() + "): " + e.what());
+  }
+  // The target's backend when the draft is held alike (the same dtypes and groups);
+  // else one of its own, on the CPU only: on CUDA the tp communicator runs on the
+  // target backend's stream.
+  const bool cuda = target_engine.backend->name().find("cuda") != std::string::npos;
+  Backend* backend = target_engine.backend.get();
+  const bool alike = p.weight_dtype == target_engine.plan.weight_dtype &&
+                     p.kv_cache_dtype == target_engine.plan.kv_cache_dtype &&
+                     (!is_quantized(p.weight_dtype) || p.weight_group_size == target_engine.plan.weight_group_size);
+  if (!alike && cuda) {
+    throw Error("on CUDA the draft model is held as the target", "--speculative-config key \"quantization\"",
+                std::string("absent (the target's ") + dtype_name(target_engine.plan.weight_dtype) + ")",
+                dtype_name(p.weight_dtype));
   }
   // The memory left once the target is loaded: the host's MemAvailable now; on a GPU its
   // free memory at start-up less what the target took.
   const auto me = static_cast<size_t>(w.world_rank);
-  const bool cuda = target_engine.backend->name().find("cuda") != std::string::npos;
   if (cuda && me < groups.devices.size() && groups.devices[me].cuda) {
     check_memory(p.need, groups.devices[me].free_bytes - target_engine.plan.need.total(), 1,
                  "free memory of the GPU after the target model");
   } else {
     check_memory(p.need, available_host_memory(), w.local_size, "available memory after the target model");
   }
-  d.engine = make_engine(*d.files, d.plan, *target_engine.backend, target_engine.engine->tp_comm(), target.max_seq_len,
-                         rows, kKvPageSize, p.kv_tokens / kKvPageSize, o.cuda_graphs);
+  if (!alike && !cuda) {
+    d.backend = make_backend("cpu", target_engine.threads, w.local_rank, w.local_size, p.weight_dtype, p.kv_cache_dtype,
+                             p.weight_group_size);
+    backend = d.backend.get();
+  }
+  d.engine = make_engine(*d.files, d.plan, *backend, target_engine.engine->tp_comm(), target.max_seq_len, rows,
+                         kKvPageSize, p.kv_tokens / kKvPageSize, o.cuda_graphs);
   if (w.world_rank == 0) {
-    std::fprintf(stderr, "[linnet-tp] draft model %s: %lld layers, per rank weights %s, KV cache %s (%lld pages)\n",
+    std::fprintf(stderr, "[linnet-tp] draft model %s: %lld layers, per rank weights %s (%s), KV cache %s (%lld pages)\n",
                  d.model_dir.string().c_str(), static_cast<long long>(config.num_hidden_layers),
-                 format_bytes(p.need.weight_bytes).c_str(), format_bytes(d.engine->kv_cache_bytes()).c_str(),
+                 format_bytes(p.need.weight_bytes).c_str(),
+                 held_weights_text(config, p.weight_dtype, p.weight_group_size, " quantized at load").c_str(),
+                 format_bytes(d.engine->kv_cache_bytes()).c_str(),
                  static_cast<long long>(d.engine->num_pages()));
   }
   return d;

@@ -108,21 +108,24 @@ GenerationModel open_generation_model(const EngineOptions& o, const WorldConfig&
 struct DraftModel {
   std::filesystem::path model_dir;
   std::unique_ptr<ModelFiles> files;
-  ShardPlan plan;                  // this rank's slices, at the target's tp
-  std::unique_ptr<Engine> engine;  // on the target's backend and tp communicator
+  ShardPlan plan;                    // this rank's slices, at the target's tp
+  std::unique_ptr<Backend> backend;  // its own (CPU) backend when held otherwise than the target
+  std::unique_ptr<Engine> engine;    // on the target's tp communicator and backend (or `backend`)
 };
 
 /// Opens `o.speculative.model` as the draft of `target` (open_generation_model) and
 /// `target_engine` (open_engine), on the same ranks and tp: each rank holds its slice of
 /// both models on the same backend, so a draft guess needs no message beyond the draft's
 /// own gathers. Its weights are held as the target's (the dtype, any at-load
-/// quantization); its KV pool has the target's positions (--kv-cache-tokens) in its own
-/// pages; `rows` as open_engine's. Rank 0 prints what it holds.
+/// quantization) unless o.speculative.quantization names another dtype or the draft is a
+/// pre-quantized checkpoint: then, on the CPU, on a backend of its own (same threads);
+/// its KV pool has the target's positions (--kv-cache-tokens) in its own pages; `rows`
+/// as open_engine's. Rank 0 prints what it holds.
 /// Makes no collective call (run it inside Job::load_phase).
 /// @throws Error naming --speculative-config's "model" and the draft's files when the
 ///   folder cannot be opened, its tokenizer maps any id differently from the target's
-///   (or knows another number of ids), its heads do not split over --tp, it is a
-///   pre-quantized checkpoint of another kind than the target, or it does not fit in
+///   (or knows another number of ids), its heads do not split over --tp, its dtype is
+///   refused (plan_engine) or differs from the target's on CUDA, or it does not fit in
 ///   the memory left.
 DraftModel open_draft_model(const EngineOptions& o, const GenerationModel& target, const OpenedEngine& target_engine,
                             MpiGroups& groups, int64_t rows);

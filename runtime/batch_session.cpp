@@ -442,14 +442,18 @@ bool BatchSession::step() {
       guessed = true;
     }
   }
-  // A step that carried guesses: its pass and draws count as verification time.
+  // A step that carried guesses: its pass and draws count as verification time (the
+  // proposer's next guesses, made inside advance(), count as propose time only).
   struct VerifyClock {
-    double* total;
+    SpeculativeStats* stats;
+    double propose0 = stats ? stats->propose_ms : 0.0;
     std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
     ~VerifyClock() {
-      if (total) *total += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      if (!stats) return;
+      const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      stats->verify_ms += ms - (stats->propose_ms - propose0);
     }
-  } verify_clock{guessed ? &spec_stats_.verify_ms : nullptr};
+  } verify_clock{guessed ? &spec_stats_ : nullptr};
   if (const ShardStep plan = shard_step(step->ids); plan.k > 0) {  // the shards' k best candidates
     const auto want_full = [&](int64_t row, const Engine::TopCandidates& c) {
       const size_t r = static_cast<size_t>(row);

@@ -24,6 +24,8 @@ namespace linnet {
 struct SpeculativeConfig {
   std::string method;                  ///< "" (off), "ngram" or "draft_model"
   std::string model;                   ///< draft_model: the draft checkpoint's folder (or hub name)
+  std::string quantization;            ///< draft_model: the draft's held weight dtype, as
+                                       ///< --weight-dtype ("": the target's)
   int64_t num_speculative_tokens = 0;  ///< k: guesses per step and sequence (>= 1 when on)
   int64_t prompt_lookup_max = 4;       ///< longest n-gram matched
   int64_t prompt_lookup_min = 2;       ///< shortest n-gram matched (1 matches too often in open text)

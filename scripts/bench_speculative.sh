@@ -8,7 +8,8 @@
 # Never a pass/fail: numbers for docs/benchmarks.md. The two runs' outputs are compared
 # (greedy: they must be equal) and a difference is reported.
 # Usage: scripts/bench_speculative.sh --model DIR [--np N] [--threads N] [--max-tokens T]
-#        [--reps R] [--k K] [--min N] [--build DIR] [--llamacpp BINDIR --gguf FILE]
+#        [--reps R] [--k K] [--min N] [--draft DIR] [--build DIR] [--llamacpp BINDIR --gguf FILE]
+# --draft DIR: a draft model (method draft_model, same tokenizer) instead of prompt lookup.
 # Defaults: np 1, 256 new tokens, 2 repetitions, k 4, prompt_lookup_min 2 (max 4).
 # With --llamacpp (tools/get_llamacpp.sh OUTDIR llama-lookup; OUTDIR/bin) and --gguf (the
 # same weights, convert_hf_to_gguf.py --outtype f32): the same prompts, rendered by
@@ -26,6 +27,7 @@ K=4
 MIN=2
 LLAMACPP=""
 GGUF=""
+DRAFT=""
 EXTRA=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -36,6 +38,7 @@ while [ $# -gt 0 ]; do
     --reps) R=$2; shift 2 ;;
     --k) K=$2; shift 2 ;;
     --min) MIN=$2; shift 2 ;;
+    --draft) DRAFT=$2; shift 2 ;;
     --llamacpp) LLAMACPP=$2; shift 2 ;;
     --gguf) GGUF=$2; shift 2 ;;
     --build) BUILD=$2; shift 2 ;;
@@ -88,6 +91,7 @@ for name, prompts in (("grounded", grounded), ("open", open_ended)):
 EOF
 
 SPEC="{\"method\": \"ngram\", \"num_speculative_tokens\": $K, \"prompt_lookup_min\": $MIN, \"prompt_lookup_max\": $(( MIN > 4 ? MIN : 4 ))}"
+[ -n "$DRAFT" ] && SPEC="{\"method\": \"draft_model\", \"model\": \"$DRAFT\", \"num_speculative_tokens\": $K}"
 run() {  # set, mode (plain|spec), rep
   local args=(--model "$MODEL" --input "$TMP/$1.jsonl" --output "$TMP/$1.$2.$3.jsonl" --max-batch 1
               --max-new-tokens "$T" --temperature 0 "${EXTRA[@]}")

@@ -208,6 +208,11 @@ TEST(CommandLine, SpeculativeConfigKeysAndErrors) {
   EXPECT_EQ(m.method, "draft_model");
   EXPECT_EQ(m.model, "/m/draft");
   EXPECT_EQ(m.num_speculative_tokens, 4);
+  EXPECT_EQ(m.quantization, "");
+  EXPECT_EQ(parse_speculative_config(R"({"method": "draft_model", "model": "d", "num_speculative_tokens": 2, )"
+                                     R"("quantization": "int4"})")
+                .quantization,
+            "int4");
   EXPECT_EQ(parse_speculative_config(R"({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 6})")
                 .prompt_lookup_max,
             6);  // follows a larger min
@@ -221,6 +226,10 @@ TEST(CommandLine, SpeculativeConfigKeysAndErrors) {
             "--speculative-config key \"model\": is required with method \"draft_model\""},
            {R"({"method": "draft_model", "model": 7, "num_speculative_tokens": 3})",
             "--speculative-config key \"model\": is required with method \"draft_model\""},
+           {R"({"method": "draft_model", "model": "d", "num_speculative_tokens": 3, "quantization": "awq"})",
+            "--speculative-config key \"quantization\": invalid value (expected the draft's weight dtype"},
+           {R"({"method": "ngram", "num_speculative_tokens": 3, "quantization": "int4"})",
+            "--speculative-config key \"quantization\": invalid key"},
            {R"({"method": "draft_model", "model": "d", "num_speculative_tokens": 3, "prompt_lookup_max": 3})",
             "--speculative-config key \"prompt_lookup_max\": invalid key (expected only with method \"ngram\""},
            {R"({"method": "ngram"})", "--speculative-config key \"num_speculative_tokens\": is required"},
