@@ -308,14 +308,14 @@ TEST_F(Cli, DraftModelWritesWhatPlainDecodingWrites) {
     }
     EXPECT_EQ(outputs[0], outputs[1]) << "tp " << tp;
     EXPECT_EQ(printed[0], printed[1]) << "tp " << tp;
-    if (tp == 1) {  // the draft held in int8 (a CPU backend of its own): the same output
-      const fs::path out = tmp_ / "out_int8.jsonl";
+    if (tp == 1) {  // the draft held in bf16 (a CPU backend of its own): the same output
+      const fs::path out = tmp_ / "out_bf16.jsonl";
       const Result r = run(tp, model + " --input " + quote(in.string()) + " --output " + quote(out.string()) +
                                    " --max-new-tokens 50 --temperature 0 --speculative-config '{\"method\": "
                                    "\"draft_model\", \"model\": \"" + draft.string() +
-                                   "\", \"num_speculative_tokens\": 3, \"quantization\": \"int8\"}'");
+                                   "\", \"num_speculative_tokens\": 3, \"quantization\": \"bf16\"}'");
       ASSERT_EQ(r.code, 0) << r.err;
-      EXPECT_NE(r.err.find("(int8, groups of 64 quantized at load)"), std::string::npos) << r.err;
+      EXPECT_NE(r.err.find(" (bf16), KV cache"), std::string::npos) << r.err;
       EXPECT_EQ(slurp(out), outputs[0]);
     }
   }
