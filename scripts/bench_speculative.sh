@@ -8,8 +8,13 @@
 # Never a pass/fail: numbers for docs/benchmarks.md. The two runs' outputs are compared
 # (greedy: they must be equal) and a difference is reported.
 # Usage: scripts/bench_speculative.sh --model DIR [--np N] [--threads N] [--max-tokens T]
-#        [--reps R] [--k K] [--min N] [--draft DIR] [--build DIR] [--llamacpp BINDIR --gguf FILE]
-# --draft DIR: a draft model (method draft_model, same tokenizer) instead of prompt lookup.
+#        [--reps R] [--k K] [--min N] [--draft DIR [--draft-quantization Q]] [--build DIR]
+#        [--llamacpp BINDIR --gguf FILE [--draft-gguf FILE]]
+# --draft DIR: a draft model (method draft_model, same tokenizer) instead of prompt lookup,
+# held as --draft-quantization says (the speculative config's "quantization": f32, bf16,
+# int8, int4); with --draft-gguf the peer is llama-speculative-simple with that draft
+# (--spec-draft-n-max K) instead of llama-lookup (its plain runs stay llama-lookup's with
+# no drafts: the same generation loop).
 # Defaults: np 1, 256 new tokens, 2 repetitions, k 4, prompt_lookup_min 2 (max 4).
 # With --llamacpp (tools/get_llamacpp.sh OUTDIR llama-lookup; OUTDIR/bin) and --gguf (the
 # same weights, convert_hf_to_gguf.py --outtype f32): the same prompts, rendered by
@@ -28,6 +33,8 @@ MIN=2
 LLAMACPP=""
 GGUF=""
 DRAFT=""
+DRAFT_Q=""
+DRAFT_GGUF=""
 EXTRA=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -39,6 +46,8 @@ while [ $# -gt 0 ]; do
     --k) K=$2; shift 2 ;;
     --min) MIN=$2; shift 2 ;;
     --draft) DRAFT=$2; shift 2 ;;
+    --draft-quantization) DRAFT_Q=$2; shift 2 ;;
+    --draft-gguf) DRAFT_GGUF=$2; shift 2 ;;
     --llamacpp) LLAMACPP=$2; shift 2 ;;
     --gguf) GGUF=$2; shift 2 ;;
     --build) BUILD=$2; shift 2 ;;
@@ -91,7 +100,11 @@ for name, prompts in (("grounded", grounded), ("open", open_ended)):
 EOF
 
 SPEC="{\"method\": \"ngram\", \"num_speculative_tokens\": $K, \"prompt_lookup_min\": $MIN, \"prompt_lookup_max\": $(( MIN > 4 ? MIN : 4 ))}"
-[ -n "$DRAFT" ] && SPEC="{\"method\": \"draft_model\", \"model\": \"$DRAFT\", \"num_speculative_tokens\": $K}"
+if [ -n "$DRAFT" ]; then
+  SPEC="{\"method\": \"draft_model\", \"model\": \"$DRAFT\", \"num_speculative_tokens\": $K"
+  [ -n "$DRAFT_Q" ] && SPEC="$SPEC, \"quantization\": \"$DRAFT_Q\""
+  SPEC="$SPEC}"
+fi
 run() {  # set, mode (plain|spec), rep
   local args=(--model "$MODEL" --input "$TMP/$1.jsonl" --output "$TMP/$1.$2.$3.jsonl" --max-batch 1
               --max-new-tokens "$T" --temperature 0 "${EXTRA[@]}")
@@ -122,15 +135,20 @@ if [ -n "$LLAMACPP" ]; then
     local tokens=0 secs=0 line n s f
     for f in "$TMP/$1".prompt.*; do
       # plain: the same binary and flags with no drafts (--spec-draft-n-max 0)
-      "$LLAMACPP/llama-lookup" -m "$GGUF" -n "$T" -t 2 --temp 0 --spec-draft-n-max "$([ "$2" = plain ] && echo 0 || echo "$K")" \
-        -f "$f" >/dev/null 2>"$TMP/peer.err" || true
+      if [ "$2" = lookup ] && [ -n "$DRAFT_GGUF" ]; then
+        "$LLAMACPP/llama-speculative-simple" -m "$GGUF" -md "$DRAFT_GGUF" -n "$T" -t 2 -td 2 --temp 0 \
+          --spec-draft-n-max "$K" -f "$f" >/dev/null 2>"$TMP/peer.err" || true
+      else
+        "$LLAMACPP/llama-lookup" -m "$GGUF" -n "$T" -t 2 --temp 0 --spec-draft-n-max "$([ "$2" = plain ] && echo 0 || echo "$K")" \
+          -f "$f" >/dev/null 2>"$TMP/peer.err" || true
+      fi
       line=$(grep -o 'decoded *[0-9]* tokens in *[0-9.]* s' "$TMP/peer.err" | tail -1)
       n=$(echo "$line" | awk '{print $2}'); s=$(echo "$line" | awk '{print $5}')
       [ -n "$n" ] || { echo "llama-$2 printed no timing:"; tail -3 "$TMP/peer.err"; continue; }
       tokens=$((tokens + n)); secs=$(python3 -c "print($secs + $s)")
-      [ "$2" = lookup ] && grep -oE '(n_drafted|n_accept) += [0-9]+' "$TMP/peer.err" | tr -s ' ' | tr '\n' ' ' >> "$TMP/$1.lookup.stats"
+      [ "$2" = lookup ] && grep -oE '(n_drafted|n_accept) += [0-9]+' "$TMP/peer.err" | tr -s ' ' | tr '\n' ' ' >> "$TMP/$1.lookup.stats" || true
     done
-    printf '%-9s llama-lookup %-6s: decoded %s tokens in %.2f s, %.1f tokens/s\n' "$1" "$2" "$tokens" "$secs" "$(python3 -c "print($tokens / $secs if $secs else 0)")"
+    printf '%-9s llama-%s %-6s: decoded %s tokens in %.2f s, %.1f tokens/s\n' "$1" "$([ "$2" = lookup ] && [ -n "$DRAFT_GGUF" ] && echo speculative-simple || echo lookup)" "$2" "$tokens" "$secs" "$(python3 -c "print($tokens / $secs if $secs else 0)")"
   }
   for set in grounded open; do
     "$BIN" template --model "$MODEL" --input "$TMP/$set.jsonl" |
