@@ -136,13 +136,13 @@ if [ -n "$LLAMACPP" ]; then
     for f in "$TMP/$1".prompt.*; do
       # plain: the same binary and flags with no drafts (--spec-draft-n-max 0)
       if [ "$2" = lookup ] && [ -n "$DRAFT_GGUF" ]; then
-        "$LLAMACPP/llama-speculative-simple" -m "$GGUF" -md "$DRAFT_GGUF" -n "$T" -t 2 -td 2 --temp 0 \
+        "$LLAMACPP/llama-speculative-simple" -m "$GGUF" -md "$DRAFT_GGUF" --spec-type draft-simple -n "$T" -t 2 -td 2 --temp 0 \
           --spec-draft-n-max "$K" -f "$f" >/dev/null 2>"$TMP/peer.err" || true
       else
         "$LLAMACPP/llama-lookup" -m "$GGUF" -n "$T" -t 2 --temp 0 --spec-draft-n-max "$([ "$2" = plain ] && echo 0 || echo "$K")" \
           -f "$f" >/dev/null 2>"$TMP/peer.err" || true
       fi
-      line=$(grep -o 'decoded *[0-9]* tokens in *[0-9.]* s' "$TMP/peer.err" | tail -1)
+      line=$(grep -o 'decoded *[0-9]* tokens in *[0-9.]* s' "$TMP/peer.err" | tail -1 || true)
       n=$(echo "$line" | awk '{print $2}'); s=$(echo "$line" | awk '{print $5}')
       [ -n "$n" ] || { echo "llama-$2 printed no timing:"; tail -3 "$TMP/peer.err"; continue; }
       tokens=$((tokens + n)); secs=$(python3 -c "print($secs + $s)")
