@@ -1,6 +1,7 @@
 #include "launch/engine_setup.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <cstdio>
 #include <string>
@@ -141,6 +142,8 @@ OpenedEngine open_engine(const EngineOptions& o, const ModelConfig& config, cons
          format_bytes(groups.devices[me].total_bytes) + ", shared by " + std::to_string(sharing) + " rank(s)");
   }
   e.plan = plan_engine(o, config, plan, auto_dtype, sizing, available, sharing);
+  e.available_bytes = available;
+  e.sharing = sharing;
   if (cuda || sizing.kv != EngineSizing::Kv::kRows) check_memory(e.plan.need, available, sharing, source);
   e.threads = kernel_threads_per_rank(o.threads, w.local_size);
   cpu::set_int4_activation_dtype(o.activation_dtype == "int8" ? DType::kI8 : DType::kF32);
@@ -270,10 +273,14 @@ DraftModel open_draft_model(const EngineOptions& o, const GenerationModel& targe
                 dtype_name(p.weight_dtype));
   }
   // The memory left once the target is loaded: the host's MemAvailable now; on a GPU its
-  // free memory at start-up less what the target took.
+  // free memory at start-up less what the ranks sharing it took for the target.
   const auto me = static_cast<size_t>(w.world_rank);
   if (cuda && me < groups.devices.size() && groups.devices[me].cuda) {
-    check_memory(p.need, groups.devices[me].free_bytes - target_engine.plan.need.total(), 1,
+    const int64_t free = target_engine.available_bytes;
+    const int64_t taken = target_engine.plan.need.total() > INT64_MAX / target_engine.sharing
+                              ? INT64_MAX
+                              : target_engine.plan.need.total() * target_engine.sharing;
+    check_memory(p.need, free < 0 ? -1 : std::max<int64_t>(0, free - taken), target_engine.sharing,
                  "free memory of the GPU after the target model");
   } else {
     check_memory(p.need, available_host_memory(), w.local_size, "available memory after the target model");

@@ -68,6 +68,8 @@ EnginePlan plan_engine(const EngineOptions& o, const ModelConfig& config, const 
 struct OpenedEngine {
   EnginePlan plan;
   int threads = 0;  // kernel threads per rank (CPU backend)
+  int64_t available_bytes = -1;  // the memory the preflight divided (-1: unknown) ...
+  int sharing = 1;               // ... over this many ranks (the node's, or the GPU's)
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Engine> engine;
 };

@@ -43,6 +43,10 @@ std::vector<std::vector<int32_t>> DraftProposer::propose(const std::vector<Want>
     // (j < k) at n - 1 + j, within its own reserve.
     const int64_t k = std::min({w.k, w.length - n - 1, reserve - n + 1});
     if (k <= 0 || n < 1) continue;
+    // An id the draft has no row for (a target with a larger vocab_size; the target
+    // checked the ids against its own): no guesses for this sequence.
+    const int64_t V = engine_.config().vocab_size;
+    if (std::any_of(w.tokens.begin(), w.tokens.end(), [V](int32_t t) { return t < 0 || t >= V; })) continue;
     auto it = seqs_.find(w.id);
     if (it == seqs_.end()) {
       const auto pages = pool_.allocate((reserve + page - 1) / page);

@@ -33,7 +33,8 @@ class DraftProposer {
   /// @param draft        the draft's Engine, on the target's tp communicator, with a
   ///                     paged KV pool (its num_pages x page_size positions).
   /// @param vocab_limit  guesses are ids below min(vocab_limit, draft vocab_size) (the
-  ///                     ids the shared tokenizer knows); > 0.
+  ///                     target's vocab_size: a guess among padded ids is never kept,
+  ///                     as no request draws one); > 0.
   /// @param token_budget most tokens in one draft pass (a longer catch-up, e.g. a
   ///                     first prompt, is split over passes); >= 1.
   /// @throws Error on a non-positive limit or budget.
@@ -49,7 +50,8 @@ class DraftProposer {
   };
   /// Up to want.k guesses for each want, in order (as many as fit before want.length - 1
   /// and in the draft's max_seq_len; none when the draft's pool has no pages for the
-  /// sequence now, or its row holds a non-finite logit). The same on every rank.
+  /// sequence now, when a token is outside [0, the draft's vocab_size), or after a row
+  /// with a non-finite logit). The same on every rank.
   /// A sequence's first call reserves pages for `length` positions; they are kept until
   /// finish(id).
   /// @throws Error from the draft Engine (a collective or backend failure).

@@ -305,6 +305,13 @@ TEST_F(SpeculativeTest, DraftProposerGuessesAsIfItStartedAfresh) {
   const int64_t n = static_cast<int64_t>(t.size());
   EXPECT_EQ(tight.propose({{9, t, 4, n + 3}}).at(0).size(), 2u);
   EXPECT_EQ(tight.propose({{10, t, 4, n + 1}}).at(0).size(), 0u);
+  // An id the draft has no row for (a target with more rows): no guesses, no pages, and
+  // the other sequences of the call still guess.
+  const int64_t pages_before = tight.sequences();
+  const auto mixed = tight.propose({{11, Ids{5, 600, 7}, 3, 100}, {12, Ids{5, 6, 7}, 3, 100}});
+  EXPECT_TRUE(mixed.at(0).empty());
+  EXPECT_EQ(mixed.at(1).size(), 3u);
+  EXPECT_EQ(tight.sequences(), pages_before + 1);
 }
 
 // The draft model (issue 27): the same batch and each request alone, with an early-exit
