@@ -208,22 +208,18 @@ DraftModel open_draft_model(const EngineOptions& o, const GenerationModel& targe
   const WorldConfig& w = groups.world_config;
   const std::string key = "--speculative-config key \"model\"";
   DraftModel d;
+  std::optional<Tokenizer> draft_tok;
   try {
     d.model_dir = resolve_model_dir(o.speculative.model);
     d.files = std::make_unique<ModelFiles>(open_model(d.model_dir));
+    draft_tok.emplace(Tokenizer::from_dir(d.model_dir));
   } catch (const Error& e) {
     throw Error(key + " (the draft model): " + e.what());
   }
   const ModelConfig& config = d.files->config;
   // The same tokenizer: every id the same token (a draft's embedding may be padded to
-  // another vocab_size; its guesses stay below the ids the tokenizer knows).
+  // another vocab_size; a guess among the padded ids is never kept).
   const std::filesystem::path mine = d.model_dir / "tokenizer.json", theirs = target.model_dir / "tokenizer.json";
-  std::optional<Tokenizer> draft_tok;
-  try {
-    draft_tok.emplace(Tokenizer::from_dir(d.model_dir));
-  } catch (const Error& e) {
-    throw Error(key + " (the draft model): " + e.what());
-  }
   const Tokenizer& tok = *draft_tok;
   const Tokenizer& t = *target.tokenizer;
   if (tok.vocab_size() != t.vocab_size()) {

@@ -96,7 +96,6 @@ std::vector<std::vector<int32_t>> DraftProposer::propose(const std::vector<Want>
     }
     if (batch.tokens.empty()) break;
     const std::vector<Engine::TopCandidates> best = engine_.step_paged_top(batch, vocab_limit_, 1);
-    ++passes_;
     for (size_t r = 0; r < rows.size(); ++r) {
       Work& wk = *rows[r];
       Seq& s = *wk.seq;

@@ -63,8 +63,6 @@ class DraftProposer {
 
   /// Sequences holding draft pages now.
   int64_t sequences() const { return static_cast<int64_t>(seqs_.size()); }
-  /// Draft passes run so far (catch-up and guess passes).
-  int64_t passes() const { return passes_; }
 
  private:
   struct Seq {
@@ -76,7 +74,6 @@ class DraftProposer {
   int64_t vocab_limit_, token_budget_;
   PagePool pool_;
   std::map<int64_t, Seq> seqs_;
-  int64_t passes_ = 0;
 };
 
 }  // namespace linnet
