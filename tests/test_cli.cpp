@@ -284,8 +284,13 @@ TEST_F(Cli, DraftModelWritesWhatPlainDecodingWrites) {
       << R"({"prompt": "Tom had a red ball", "temperature": 0.9, "seed": 4, "top_logprobs": 1})" "\n";
   }
   const std::string model = "--model " + quote(test::stories_dir().string());
-  const std::string spec = " --speculative-config '{\"method\": \"draft_model\", \"model\": \"" + draft.string() +
-                           "\", \"num_speculative_tokens\": 3}'";
+  // --speculative-config with the draft in `dir` (k 3), and `quantization` when given.
+  const auto draft_config = [](const fs::path& dir, const std::string& quantization = "") {
+    nlohmann::json c = {{"method", "draft_model"}, {"model", dir.string()}, {"num_speculative_tokens", 3}};
+    if (!quantization.empty()) c["quantization"] = quantization;
+    return " --speculative-config " + quote(c.dump());
+  };
+  const std::string spec = draft_config(draft);
   for (const int tp : {1, 2}) {
     std::string outputs[2], printed[2];
     for (int k = 0; k < 2; ++k) {
@@ -311,9 +316,7 @@ TEST_F(Cli, DraftModelWritesWhatPlainDecodingWrites) {
     if (tp == 1) {  // the draft held in bf16 (a CPU backend of its own): the same output
       const fs::path out = tmp_ / "out_bf16.jsonl";
       const Result r = run(tp, model + " --input " + quote(in.string()) + " --output " + quote(out.string()) +
-                                   " --max-new-tokens 50 --temperature 0 --speculative-config '{\"method\": "
-                                   "\"draft_model\", \"model\": \"" + draft.string() +
-                                   "\", \"num_speculative_tokens\": 3, \"quantization\": \"bf16\"}'");
+                                   " --max-new-tokens 50 --temperature 0" + draft_config(draft, "bf16"));
       ASSERT_EQ(r.code, 0) << r.err;
       EXPECT_NE(r.err.find(" (bf16), KV cache"), std::string::npos) << r.err;
       EXPECT_EQ(slurp(out), outputs[0]);
@@ -331,12 +334,9 @@ TEST_F(Cli, DraftModelWritesWhatPlainDecodingWrites) {
   }
   vocab[a] = 301, vocab[b] = 300;
   std::ofstream(other / "tokenizer.json") << tokenizer.dump();
-  const std::string swapped = " --speculative-config '{\"method\": \"draft_model\", \"model\": \"" + other.string() +
-                              "\", \"num_speculative_tokens\": 3}'";
-  expect_clean_failure(model + " --prompt hi" + swapped, "the draft model's tokenizer differs from the target's");
-  expect_clean_failure(model + " --prompt hi" + swapped, "id 300");
-  expect_clean_failure(model + " --prompt hi --speculative-config '{\"method\": \"draft_model\", \"model\": \"" +
-                           (tmp_ / "absent").string() + "\", \"num_speculative_tokens\": 3}'",
+  expect_clean_failure(model + " --prompt hi" + draft_config(other),
+                       "tokenizer.json id 300: the draft model's tokenizer differs from the target's");
+  expect_clean_failure(model + " --prompt hi" + draft_config(tmp_ / "absent"),
                        "--speculative-config key \"model\" (the draft model)");
 }
 

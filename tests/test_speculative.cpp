@@ -200,25 +200,51 @@ std::unique_ptr<Engine> draft_engine(const ModelFiles& files, const ShardPlan& p
   return std::make_unique<Engine>(config, plan, std::move(w), backend, comm, max_seq_len, max_batch, 16, pages);
 }
 
+// stories260k, its tokenizer, this rank's slice and a CPU backend, once for the suite.
 class SpeculativeTest : public testing::Test {
  protected:
   static constexpr int64_t kMaxSeqLen = 256;
-  static void SetUpTestSuite() { world_ = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD); }
-  static void TearDownTestSuite() { world_.reset(); }
+  static void SetUpTestSuite() {
+    world_ = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD);
+    files_ = std::make_unique<ModelFiles>(open_model(test::stories_dir()));
+    tok_ = std::make_unique<Tokenizer>(Tokenizer::from_dir(test::stories_dir()));
+    plan_ = std::make_unique<ShardPlan>(ShardPlan::make(files_->config, world_->rank(), world_->size()));
+    backend_ = make_cpu_backend(1);
+  }
+  static void TearDownTestSuite() {
+    backend_.reset();
+    plan_.reset();
+    tok_.reset();
+    files_.reset();
+    world_.reset();
+  }
+  // The target on this suite's backend: `pages` KV pages of 16 for up to `max_batch` rows.
+  static std::unique_ptr<Engine> target(int64_t max_batch, int64_t pages) {
+    return make_engine(*files_, *plan_, *backend_, *world_, kMaxSeqLen, max_batch, /*page_size=*/16, pages);
+  }
+  // draft_engine of stories260k (its first `layers` layers; 0: all of them).
+  static std::unique_ptr<Engine> draft(int64_t layers, int64_t max_batch, int64_t pages) {
+    return draft_engine(*files_, *plan_, *backend_, *world_, layers, kMaxSeqLen, max_batch, pages);
+  }
   static std::unique_ptr<MpiCommunicator> world_;
+  static std::unique_ptr<ModelFiles> files_;
+  static std::unique_ptr<Tokenizer> tok_;
+  static std::unique_ptr<ShardPlan> plan_;
+  static std::unique_ptr<Backend> backend_;
 };
 std::unique_ptr<MpiCommunicator> SpeculativeTest::world_;
+std::unique_ptr<ModelFiles> SpeculativeTest::files_;
+std::unique_ptr<Tokenizer> SpeculativeTest::tok_;
+std::unique_ptr<ShardPlan> SpeculativeTest::plan_;
+std::unique_ptr<Backend> SpeculativeTest::backend_;
 
 // The real stories260k model retells its own story: prompt lookup guesses well. A batch
 // of greedy requests (EOS, short and long max_new_tokens, logprobs through the shard
 // path, a repetition penalty, logprobs with a penalty through the full-logits path) and
 // a sampled one that does not speculate; then each greedy request alone.
 TEST_F(SpeculativeTest, GreedyStoriesAreTheSameWithPromptLookup) {
-  const ModelFiles files = open_model(test::stories_dir());
-  auto backend = make_cpu_backend(1);
-  const ShardPlan plan = ShardPlan::make(files.config, world_->rank(), world_->size());
-  auto engine = make_engine(files, plan, *backend, *world_, kMaxSeqLen, /*max_batch=*/4, /*page_size=*/16, 96);
-  const Tokenizer tok = Tokenizer::from_dir(test::stories_dir());
+  auto engine = target(/*max_batch=*/4, 96);
+  const Tokenizer& tok = *tok_;
   const Ids story = tok.encode(
       "Once upon a time, there was a little girl named Lily. She loved to play outside in the park. One day, she "
       "saw a big red ball. Once upon a time, there was a little girl named Lily. She loved to");
@@ -249,13 +275,10 @@ TEST_F(SpeculativeTest, GreedyStoriesAreTheSameWithPromptLookup) {
 // of 5 (prompts split over passes), random acceptance, calls skipped (longer catch-ups),
 // a sequence finished and another taking its place.
 TEST_F(SpeculativeTest, DraftProposerGuessesAsIfItStartedAfresh) {
-  const ModelFiles files = open_model(test::stories_dir());
-  auto backend = make_cpu_backend(1);
-  const ShardPlan plan = ShardPlan::make(files.config, world_->rank(), world_->size());
-  auto kept = draft_engine(files, plan, *backend, *world_, 4, kMaxSeqLen, 4, 64);
-  auto fresh = draft_engine(files, plan, *backend, *world_, 4, kMaxSeqLen, 4, 64);
-  DraftProposer proposer(*kept, files.config.vocab_size, 5);
-  const Tokenizer tok = Tokenizer::from_dir(test::stories_dir());
+  auto kept = draft(4, 4, 64);
+  auto fresh = draft(4, 4, 64);
+  DraftProposer proposer(*kept, files_->config.vocab_size, 5);
+  const Tokenizer& tok = *tok_;
   std::vector<Ids> seqs = {tok.encode("Once upon a time, there was a little girl"), tok.encode("One day, a big dog"),
                            tok.encode("Tom and Sue went to the park. They")};
   std::vector<int64_t> ids = {0, 1, 2};
@@ -272,7 +295,7 @@ TEST_F(SpeculativeTest, DraftProposerGuessesAsIfItStartedAfresh) {
     const auto got = proposer.propose(wants);
     ASSERT_EQ(got.size(), wants.size());
     for (size_t j = 0; j < wants.size(); ++j) {
-      DraftProposer alone(*fresh, files.config.vocab_size, 4096);
+      DraftProposer alone(*fresh, files_->config.vocab_size, 4096);
       const auto want = alone.propose({wants[j]});
       ASSERT_EQ(got[j], want.at(0)) << "round " << round << " sequence " << which[j];
       ASSERT_EQ(static_cast<int64_t>(got[j].size()), wants[j].k);
@@ -300,7 +323,7 @@ TEST_F(SpeculativeTest, DraftProposerGuessesAsIfItStartedAfresh) {
   EXPECT_GT(rewound, 10);
   EXPECT_EQ(proposer.sequences(), 3);
   // Room: no guess at or past the request's last position (length - 1).
-  DraftProposer tight(*fresh, files.config.vocab_size, 4096);
+  DraftProposer tight(*fresh, files_->config.vocab_size, 4096);
   const Ids t = seqs[0];
   const int64_t n = static_cast<int64_t>(t.size());
   EXPECT_EQ(tight.propose({{9, t, 4, n + 3}}).at(0).size(), 2u);
@@ -320,14 +343,11 @@ TEST_F(SpeculativeTest, DraftProposerGuessesAsIfItStartedAfresh) {
 // past its end), and with a draft pool that holds one request at a time (the others go
 // without guesses until it is free).
 TEST_F(SpeculativeTest, GreedyStoriesAreTheSameWithADraftModel) {
-  const ModelFiles files = open_model(test::stories_dir());
-  auto backend = make_cpu_backend(1);
-  const ShardPlan plan = ShardPlan::make(files.config, world_->rank(), world_->size());
-  auto engine = make_engine(files, plan, *backend, *world_, kMaxSeqLen, /*max_batch=*/4, /*page_size=*/16, 96);
-  auto early = draft_engine(files, plan, *backend, *world_, 4, kMaxSeqLen, 4, 96);
-  auto self = draft_engine(files, plan, *backend, *world_, 0, kMaxSeqLen, 4, 96);
-  auto small = draft_engine(files, plan, *backend, *world_, 4, kMaxSeqLen, 4, 8);
-  const Tokenizer tok = Tokenizer::from_dir(test::stories_dir());
+  auto engine = target(/*max_batch=*/4, 96);
+  auto early = draft(4, 4, 96);
+  auto self = draft(0, 4, 96);
+  auto small = draft(4, 4, 8);
+  const Tokenizer& tok = *tok_;
   const Ids story = tok.encode("Once upon a time, there was a little girl named Lily. She loved to play outside");
   std::vector<BatchRequest> reqs(6);
   for (size_t i = 0; i < reqs.size(); ++i) {
@@ -367,11 +387,8 @@ TEST_F(SpeculativeTest, GreedyStoriesAreTheSameWithADraftModel) {
 // model's softmax at that temperature (Pearson's chi-square over the ids
 // expected at least 5 times, the rest pooled, below the 0.9999 quantile).
 TEST_F(SpeculativeTest, SampledOutputIsPlainDecodingsAndFollowsTheSoftmax) {
-  const ModelFiles files = open_model(test::stories_dir());
-  auto backend = make_cpu_backend(1);
-  const ShardPlan plan = ShardPlan::make(files.config, world_->rank(), world_->size());
-  auto engine = make_engine(files, plan, *backend, *world_, kMaxSeqLen, /*max_batch=*/16, /*page_size=*/16, 64);
-  const Tokenizer tok = Tokenizer::from_dir(test::stories_dir());
+  auto engine = target(/*max_batch=*/16, 64);
+  const Tokenizer& tok = *tok_;
   const Ids story =
       tok.encode("Once upon a time, there was a girl. She had a dog. Once upon a time, there was a girl. She had a");
   std::vector<BatchRequest> reqs(400);
@@ -392,9 +409,9 @@ TEST_F(SpeculativeTest, SampledOutputIsPlainDecodingsAndFollowsTheSoftmax) {
     EXPECT_GT(stats.accepted, 10) << "k " << k;  // 34 and 29 at the time of writing
   }
   {  // the draft model: an early-exit draft's greedy guesses, kept by the same rule
-    auto draft = draft_engine(files, plan, *backend, *world_, 4, kMaxSeqLen, 16, 64);
+    auto early = draft(4, 16, 64);
     SpeculativeStats stats;
-    const auto got = generate_batch(*engine, reqs, draft_options(*draft, 3, 4096, &stats));
+    const auto got = generate_batch(*engine, reqs, draft_options(*early, 3, 4096, &stats));
     for (size_t i = 0; i < reqs.size(); ++i) {
       ASSERT_EQ(got[i].ids, plain[i].ids) << "seed " << i << " with a draft model at tp " << world_->size();
     }
